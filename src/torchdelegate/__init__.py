@@ -1,0 +1,56 @@
+"""torchdelegate: hand parts of a torch.export program to the backends that run them best."""
+
+from torchdelegate.backend import (
+    BackendDetails,
+    PreprocessResult,
+    get_backend,
+    register_backend,
+    registered_backend_ids,
+)
+from torchdelegate.data import DataEntry, NamedDataMap, NamedDataStore, NamedDataStoreOutput
+from torchdelegate.errors import (
+    BackendNotFoundError,
+    BackendRegistrationError,
+    DelegateExecutionError,
+    GraphChangedError,
+    PartitionError,
+    PreprocessError,
+    TorchDelegateError,
+)
+from torchdelegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
+from torchdelegate.lowering.to_backend import to_backend
+from torchdelegate.lowering.validation import disable_validation, validation_disabled
+from torchdelegate.partition import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.specs import CompileSpec, DelegationSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DELEGATION_TAG",
+    "BackendDetails",
+    "BackendNotFoundError",
+    "BackendRegistrationError",
+    "CompileSpec",
+    "DataEntry",
+    "DelegateExecutionError",
+    "DelegationSpec",
+    "GraphChangedError",
+    "LoweredBackendModule",
+    "NamedDataMap",
+    "NamedDataStore",
+    "NamedDataStoreOutput",
+    "PartitionError",
+    "PartitionResult",
+    "Partitioner",
+    "PreprocessError",
+    "PreprocessResult",
+    "TorchDelegateError",
+    "call_delegate",
+    "disable_validation",
+    "get_backend",
+    "register_backend",
+    "registered_backend_ids",
+    "run_original_subprograms",
+    "to_backend",
+    "validation_disabled",
+]

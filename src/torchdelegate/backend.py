@@ -1,0 +1,167 @@
+"""The backend contract and the registry of backends.
+
+One :class:`BackendDetails` subclass is one backend, both halves: ``preprocess`` compiles a
+sub-program ahead of time into bytes; ``init``/``execute``/``destroy`` run those bytes.
+Every concrete subclass registers itself under its ``backend_id`` when it is defined;
+installed packages add backends through the entry-point group ``torchdelegate.backends``
+(name = backend id, value = ``module:Class``), so a program loads without importing its
+backends by hand.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, ClassVar
+
+import torch
+from torch.export import ExportedProgram
+
+from torchdelegate.data import NamedDataMap, NamedDataStoreOutput
+from torchdelegate.errors import (
+    BackendNotFoundError,
+    BackendRegistrationError,
+    DelegateExecutionError,
+)
+from torchdelegate.specs import CompileSpec
+
+ENTRY_POINT_GROUP = "torchdelegate.backends"
+
+
+@dataclass
+class PreprocessResult:
+    """What ``preprocess`` returns for one partition.
+
+    ``processed_bytes`` is the blob the runtime hands back to ``init``;
+    ``debug_handle_map`` maps backend-side handles to graph node names, for reports;
+    ``data_store_output`` carries named data (typically weights) stored beside the blob.
+    """
+
+    processed_bytes: bytes = b""
+    debug_handle_map: dict[Any, Any] | None = None
+    data_store_output: NamedDataStoreOutput | None = None
+
+
+_REGISTRY: dict[str, type[BackendDetails]] = {}
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class BackendDetails(ABC):
+    """A backend: ahead-of-time ``preprocess`` and the run-time ``init``/``execute``/``destroy``.
+
+    ``backend_id`` defaults to the class name; a subclass of a backend is a new backend with
+    its own id. ``execute`` receives the sub-program's user inputs in order (tensors, or
+    ints for symbolic sizes) and returns its user outputs in order; buffers that the
+    sub-program mutates are the backend's own state to keep between calls.
+    """
+
+    backend_id: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "backend_id" not in cls.__dict__:
+            cls.backend_id = cls.__name__
+        if not isinstance(cls.backend_id, str) or not cls.backend_id:
+            raise BackendRegistrationError(
+                f"{_qualified_name(cls)}.backend_id must be a non-empty str, got {cls.backend_id!r}"
+            )
+        if not inspect.isabstract(cls):
+            register_backend(cls)
+
+    @staticmethod
+    @abstractmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
+        """Compile one sub-program into a blob."""
+
+    @classmethod
+    def preprocess_multimethod(
+        cls,
+        edge_programs: dict[str, list[ExportedProgram]],
+        compile_specs: dict[str, list[list[CompileSpec]]],
+    ) -> dict[str, list[PreprocessResult]]:
+        """Compile every partition of every method at once; override to share data between them."""
+        return {
+            method: [
+                cls.preprocess(program, specs)
+                for program, specs in zip(programs, compile_specs[method], strict=True)
+            ]
+            for method, programs in edge_programs.items()
+        }
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether this backend's runtime can run here."""
+        return True
+
+    @classmethod
+    def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
+        """Prepare a blob for execution; the handle returned is passed to ``execute``."""
+        raise DelegateExecutionError(
+            f"backend {cls.backend_id!r} has no Python runtime: it does not implement init(); "
+            "run the program with a runtime that has this backend, or implement init/execute"
+        )
+
+    @classmethod
+    def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
+        """Run one call of a delegate."""
+        raise DelegateExecutionError(
+            f"backend {cls.backend_id!r} does not implement execute(); implement it to run delegates"
+        )
+
+    @classmethod
+    def destroy(cls, handle: Any) -> None:
+        """Release a handle returned by ``init``."""
+
+
+def register_backend(cls: type[BackendDetails]) -> None:
+    """Register ``cls`` under its ``backend_id``; a different class with that id is an error."""
+    backend_id = cls.backend_id
+    current = _REGISTRY.get(backend_id)
+    if current is not None and current is not cls and _qualified_name(current) != _qualified_name(cls):
+        raise BackendRegistrationError(
+            f"backend id {backend_id!r} is claimed by both {_qualified_name(current)} and "
+            f"{_qualified_name(cls)}; set a distinct backend_id on one of them"
+        )
+    _REGISTRY[backend_id] = cls
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def registered_backend_ids() -> list[str]:
+    """Every backend id known: registered classes and installed entry points, sorted."""
+    return sorted(set(_REGISTRY) | set(_entry_points()))
+
+
+def get_backend(backend_id: str) -> type[BackendDetails]:
+    """The backend class for ``backend_id``, importing it through its entry point if needed."""
+    cls = _REGISTRY.get(backend_id)
+    if cls is not None:
+        return cls
+    entry_point = _entry_points().get(backend_id)
+    if entry_point is not None:
+        loaded = entry_point.load()
+        if not (isinstance(loaded, type) and issubclass(loaded, BackendDetails)):
+            raise BackendNotFoundError(
+                f"entry point {backend_id!r} in group {ENTRY_POINT_GROUP!r} points to "
+                f"{entry_point.value}, which is not a BackendDetails subclass"
+            )
+        if loaded.backend_id != backend_id:
+            raise BackendNotFoundError(
+                f"entry point {backend_id!r} loads {_qualified_name(loaded)}, whose backend_id is "
+                f"{loaded.backend_id!r}; make the entry point's name equal the backend_id"
+            )
+        register_backend(loaded)
+        return loaded
+    known = ", ".join(repr(i) for i in registered_backend_ids()) or "none"
+    raise BackendNotFoundError(
+        f"no backend with id {backend_id!r}; registered backends: {known}. Import the module "
+        f"that defines it, or install a package that declares it in the entry-point group "
+        f"{ENTRY_POINT_GROUP!r}"
+    )

@@ -1,0 +1,164 @@
+"""Named data: blobs that backends store beside their compiled code, shared by key.
+
+Ahead of time a backend adds data (typically weights) to a :class:`NamedDataStore`; its
+:class:`PreprocessResult` carries the store's output. Identical bytes are stored once,
+whatever their keys, so two partitions or two methods that use the same weight share it.
+At run time a backend reads the data through a :class:`NamedDataMap`, as zero-copy views.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+Buffer = bytes | memoryview
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """A read-only byte view of a tensor's data: no copy unless it is not contiguous.
+
+    The view keeps the tensor's storage alive. Bytes are in the machine's native order.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"named data must live on the CPU, got a tensor on {tensor.device}")
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).toreadonly()
+
+
+def _as_buffer(data: bytes | bytearray | memoryview | torch.Tensor) -> Buffer:
+    if isinstance(data, torch.Tensor):
+        return tensor_bytes(data)
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"named data must be bytes or a torch.Tensor, got {type(data).__name__}")
+
+
+def _digest(buffer: Buffer) -> bytes:
+    return hashlib.sha256(buffer).digest()
+
+
+@dataclass(frozen=True)
+class DataEntry:
+    """Where a key's bytes are: an index into the output's buffers, and their alignment."""
+
+    buffer_index: int
+    alignment: int
+
+
+@dataclass(frozen=True)
+class NamedDataStoreOutput:
+    """A frozen snapshot of a store: unique buffers and the keys that point into them."""
+
+    buffers: tuple[Buffer, ...] = ()
+    entries: Mapping[str, DataEntry] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entries", MappingProxyType(dict(sorted(self.entries.items()))))
+
+    def get(self, key: str) -> Buffer:
+        return self.buffers[self.entries[key].buffer_index]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def nbytes(self) -> int:
+        """Bytes held, each unique buffer counted once."""
+        return sum(len(b) for b in self.buffers)
+
+
+def _check_alignment(key: str, alignment: int) -> None:
+    if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+        raise ValueError(f"named data {key!r}: alignment must be a power of two >= 1, got {alignment!r}")
+
+
+class NamedDataStore:
+    """The ahead-of-time half of named data: add blobs by key, deduplicated by content.
+
+    Adding the same key twice with the same bytes is a no-op (the larger alignment wins);
+    the same key with different bytes is a ``ValueError``.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: list[Buffer] = []
+        self._by_digest: dict[bytes, int] = {}
+        self._digests: list[bytes] = []
+        self._entries: dict[str, DataEntry] = {}
+
+    def add_named_data(
+        self, key: str, data: bytes | bytearray | memoryview | torch.Tensor, alignment: int = 1
+    ) -> None:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"named data key must be a non-empty str, got {key!r}")
+        _check_alignment(key, alignment)
+        self._add(key, _as_buffer(data), alignment, None)
+
+    def _add(self, key: str, buffer: Buffer, alignment: int, digest: bytes | None) -> None:
+        digest = digest if digest is not None else _digest(buffer)
+        previous = self._entries.get(key)
+        if previous is not None:
+            if self._digests[previous.buffer_index] != digest:
+                raise ValueError(
+                    f"named data {key!r} is already stored with different bytes; "
+                    "use a key derived from the content (e.g. its hash) or a distinct name"
+                )
+            if alignment > previous.alignment:
+                self._entries[key] = DataEntry(previous.buffer_index, alignment)
+            return
+        index = self._by_digest.get(digest)
+        if index is None:
+            index = len(self._buffers)
+            self._buffers.append(buffer)
+            self._digests.append(digest)
+            self._by_digest[digest] = index
+        self._entries[key] = DataEntry(index, alignment)
+
+    def merge(self, output: NamedDataStoreOutput) -> None:
+        """Add every entry of ``output``; a key already stored with other bytes is a ``ValueError``."""
+        digests = [_digest(b) for b in output.buffers]
+        for key, entry in output.entries.items():
+            self._add(key, output.buffers[entry.buffer_index], entry.alignment, digests[entry.buffer_index])
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_named_data_store_output(self) -> NamedDataStoreOutput:
+        return NamedDataStoreOutput(tuple(self._buffers), dict(self._entries))
+
+
+class NamedDataMap:
+    """The run-time view of named data: ``get_data(key)`` is a zero-copy, read-only view."""
+
+    def __init__(self, output: NamedDataStoreOutput | None = None) -> None:
+        self._output = output if output is not None else NamedDataStoreOutput()
+
+    def get_data(self, key: str) -> memoryview:
+        try:
+            entry = self._output.entries[key]
+        except KeyError:
+            raise KeyError(
+                f"no named data {key!r}; {len(self._output.entries)} keys are stored "
+                "(did the backend's preprocess add it to its data store?)"
+            ) from None
+        return memoryview(self._output.buffers[entry.buffer_index]).toreadonly()
+
+    def keys(self) -> Iterator[str]:
+        return iter(self._output.entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._output.entries
+
+    def __len__(self) -> int:
+        return len(self._output.entries)

@@ -1,0 +1,36 @@
+"""The exception hierarchy.
+
+Every error the package raises derives from :class:`TorchDelegateError`, and also from the
+built-in exception a caller would naturally catch (``ValueError``, ``RuntimeError``,
+``NotImplementedError``), so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class TorchDelegateError(Exception):
+    """Base class of every error raised by torchdelegate."""
+
+
+class BackendNotFoundError(TorchDelegateError, NotImplementedError):
+    """No backend is registered under the requested id."""
+
+
+class BackendRegistrationError(TorchDelegateError, ValueError):
+    """Two different classes claim the same backend id."""
+
+
+class PartitionError(TorchDelegateError, ValueError):
+    """A partitioner's result cannot be lowered: bad tags, tagged inputs or outputs, cycles."""
+
+
+class GraphChangedError(PartitionError):
+    """A partitioner changed the graph it was only allowed to tag."""
+
+
+class PreprocessError(TorchDelegateError, RuntimeError):
+    """A backend failed, or returned something unusable, while compiling a partition."""
+
+
+class DelegateExecutionError(TorchDelegateError, RuntimeError):
+    """A backend failed while initialising or executing a delegate."""

@@ -1,0 +1,277 @@
+"""The delegate: a compiled partition, and the graph operator that calls it.
+
+In a lowered program each delegate is a :class:`LoweredBackendModule` attached to its graph
+module as ``lowered_module_N`` (a ``get_attr`` node), invoked by one ``call_delegate`` node
+whose outputs ``getitem`` nodes read. Calling the module runs the blob on its backend:
+``init`` once (lazily, thread-safe), ``execute`` per call, ``destroy`` when the module goes
+away. Inside :func:`run_original_subprograms` the original sub-programs run instead, to
+compare numerics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._higher_order_ops.utils import register_fake
+from torch._ops import HigherOrderOperator
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.proxy_tensor import (
+    ProxyTorchDispatchMode,
+    disable_proxy_modes_tracing,
+    get_proxy_slot,
+    track_tensor_tree,
+)
+
+from torchdelegate.backend import get_backend
+from torchdelegate.data import NamedDataMap, NamedDataStoreOutput
+from torchdelegate.errors import DelegateExecutionError
+from torchdelegate.specs import CompileSpec
+
+_mode = threading.local()
+
+
+@contextlib.contextmanager
+def run_original_subprograms() -> Iterator[None]:
+    """Within this block (in this thread) delegates run their original sub-programs with torch."""
+    previous = getattr(_mode, "original", False)
+    _mode.original = True
+    try:
+        yield
+    finally:
+        _mode.original = previous
+
+
+def _user_output_count(program: ExportedProgram) -> int:
+    return sum(1 for s in program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT)
+
+
+class LoweredBackendModule(torch.nn.Module):
+    """A partition compiled by a backend; calling it runs the blob (flat inputs, flat outputs)."""
+
+    def __init__(
+        self,
+        backend_id: str,
+        processed_bytes: bytes,
+        compile_specs: Sequence[CompileSpec],
+        original_module: ExportedProgram,
+        named_data_store_output: NamedDataStoreOutput | None = None,
+        *,
+        named_data: NamedDataStoreOutput | None = None,
+        meta: dict[str, Any] | None = None,
+        name: str = "",
+    ) -> None:
+        super().__init__()
+        self.backend_id = backend_id
+        self.processed_bytes = processed_bytes
+        self.compile_specs = list(compile_specs)
+        self.original_module = original_module
+        self.named_data_store_output = named_data_store_output
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.name = name or backend_id
+        # Named data visible at run time: the whole lowering's store, so one backend's
+        # partitions (and methods) can share data that only one of their results added.
+        self._named_data = named_data if named_data is not None else named_data_store_output
+        self._lock = threading.Lock()
+        self._handle: Any = None
+        self._finalizer: weakref.finalize | None = None
+        self._original_runner: _OriginalRunner | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LoweredBackendModule:
+        # The blob and sub-program are immutable: share them; the copy inits its own handle.
+        return LoweredBackendModule(
+            self.backend_id,
+            self.processed_bytes,
+            self.compile_specs,
+            self.original_module,
+            self.named_data_store_output,
+            named_data=self._named_data,
+            meta=dict(self.meta),
+            name=self.name,
+        )
+
+    def extra_repr(self) -> str:
+        return f"backend_id={self.backend_id!r}, name={self.name!r}, blob={len(self.processed_bytes)} bytes"
+
+    def _ensure_initialized(self) -> Any:
+        if self._finalizer is not None and self._finalizer.alive:
+            return self._handle
+        with self._lock:
+            if self._finalizer is None or not self._finalizer.alive:
+                backend = get_backend(self.backend_id)
+                try:
+                    handle = backend.init(
+                        memoryview(self.processed_bytes),
+                        list(self.compile_specs),
+                        NamedDataMap(self._named_data),
+                    )
+                except DelegateExecutionError:
+                    raise
+                except Exception as e:
+                    raise DelegateExecutionError(
+                        f"backend {self.backend_id!r} failed to init delegate {self.name!r}: {e}"
+                    ) from e
+                self._handle = handle
+                self._finalizer = weakref.finalize(self, backend.destroy, handle)
+        return self._handle
+
+    def release(self) -> None:
+        """Destroy the backend handle now (it is re-created on the next call)."""
+        with self._lock:
+            if self._finalizer is not None:
+                self._finalizer()
+            self._finalizer = None
+            self._handle = None
+
+    def forward(self, *inputs: Any) -> tuple[Any, ...]:
+        if getattr(_mode, "original", False):
+            return self._run_original(inputs)
+        handle = self._ensure_initialized()
+        backend = get_backend(self.backend_id)
+        try:
+            outputs = backend.execute(handle, list(inputs))
+        except DelegateExecutionError:
+            raise
+        except Exception as e:
+            raise DelegateExecutionError(
+                f"backend {self.backend_id!r} failed to execute delegate {self.name!r}: {e}"
+            ) from e
+        expected = _user_output_count(self.original_module)
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != expected:
+            got = f"{len(outputs)} values" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+            raise DelegateExecutionError(
+                f"backend {self.backend_id!r} execute() for delegate {self.name!r} returned {got}; "
+                f"expected a list of {expected} outputs"
+            )
+        return tuple(outputs)
+
+    def _run_original(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        with self._lock:
+            if self._original_runner is None:
+                self._original_runner = _OriginalRunner(self.original_module)
+        return self._original_runner(inputs)
+
+
+class _OriginalRunner:
+    """Runs a sub-program with torch, keeping its mutated buffers as private state."""
+
+    def __init__(self, program: ExportedProgram) -> None:
+        self._program = program
+        signature = program.graph_signature
+        mutated = set(signature.buffers_to_mutate.values())
+        self._state: dict[str, Any] = {}
+        for spec in signature.input_specs:
+            if spec.kind == InputKind.USER_INPUT or spec.target is None:
+                continue
+            value = program.state_dict.get(spec.target, program.constants.get(spec.target))
+            self._state[spec.target] = value.clone() if spec.target in mutated else value
+
+    def __call__(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        signature = self._program.graph_signature
+        user = iter(inputs)
+        args = [
+            next(user) if spec.kind == InputKind.USER_INPUT else self._state[spec.target]  # type: ignore[index]
+            for spec in signature.input_specs
+        ]
+        outputs = torch.fx.Interpreter(self._program.graph_module).run(*args)
+        results = []
+        for spec, value in zip(signature.output_specs, outputs, strict=True):
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                self._state[spec.target].copy_(value)  # type: ignore[index]
+            elif spec.kind == OutputKind.USER_OUTPUT:
+                results.append(value)
+        return tuple(results)
+
+
+def _fake_outputs(lowered: LoweredBackendModule, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Outputs of a delegate call under fake tensors, by interpreting the sub-program."""
+    program = lowered.original_module
+    mode = torch._guards.detect_fake_mode(args)
+    signature = program.graph_signature
+    user = iter(args)
+    values = []
+    for spec in signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            values.append(next(user))
+            continue
+        value = program.state_dict.get(spec.target, program.constants.get(spec.target))  # type: ignore[arg-type]
+        if mode is not None and isinstance(value, torch.Tensor):
+            value = mode.from_tensor(value, static_shapes=True)
+        values.append(value)
+    outputs = torch.fx.Interpreter(program.graph_module).run(*values)
+    return tuple(
+        v for s, v in zip(signature.output_specs, outputs, strict=True) if s.kind == OutputKind.USER_OUTPUT
+    )
+
+
+class CallDelegate(HigherOrderOperator):
+    """``call_delegate(lowered_module, *inputs) -> tuple``: run one delegate."""
+
+    def __init__(self) -> None:
+        super().__init__("torchdelegate_call_delegate")
+
+    def __call__(self, lowered_module: LoweredBackendModule, *args: Any) -> Any:
+        return super().__call__(lowered_module, *args)
+
+
+call_delegate = CallDelegate()
+for _key in (
+    torch._C.DispatchKey.PythonDispatcher,
+    torch._C.DispatchKey.PythonTLSSnapshot,
+    torch._C.DispatchKey.ADInplaceOrView,
+    torch._C.DispatchKey.AutocastCPU,
+):
+    call_delegate.fallthrough(_key)
+
+
+@call_delegate.py_impl(torch._C.DispatchKey.CompositeExplicitAutograd)
+def _call_delegate_dense(lowered_module: LoweredBackendModule, *args: Any) -> tuple[Any, ...]:
+    return lowered_module(*args)
+
+
+@call_delegate.py_autograd_impl
+def _call_delegate_autograd(lowered_module: LoweredBackendModule, *args: Any) -> tuple[Any, ...]:
+    # Delegates are inference-only: run below autograd; outputs carry no grad_fn.
+    with torch._C._AutoDispatchBelowAutograd():
+        return call_delegate(lowered_module, *args)
+
+
+@register_fake(call_delegate, skip_cache=True)
+def _call_delegate_fake(lowered_module: LoweredBackendModule, *args: Any) -> tuple[Any, ...]:
+    return _fake_outputs(lowered_module, args)
+
+
+@call_delegate.py_impl(ProxyTorchDispatchMode)
+def _call_delegate_trace(mode: ProxyTorchDispatchMode, lowered_module: LoweredBackendModule, *args: Any) -> Any:
+    with disable_proxy_modes_tracing():
+        out = call_delegate(lowered_module, *args)
+    root = mode.tracer.root
+    index = 0
+    while hasattr(root, f"lowered_module_{index}"):
+        if getattr(root, f"lowered_module_{index}") is lowered_module:
+            break
+        index += 1
+    else:
+        root.add_module(f"lowered_module_{index}", lowered_module)
+
+    def unwrap(value: Any) -> Any:
+        if isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat)):
+            return get_proxy_slot(value, mode.tracer, value, lambda e: e.proxy)
+        return value
+
+    proxy_args = pytree.tree_map(unwrap, (lowered_module, *args))
+    out_proxy = mode.tracer.create_proxy("call_function", call_delegate, proxy_args, {}, name="call_delegate")
+    return track_tensor_tree(out, out_proxy, constant=None, tracer=mode.tracer)
+
+
+@call_delegate.py_functionalize_impl
+def _call_delegate_functionalize(ctx: Any, lowered_module: LoweredBackendModule, *args: Any) -> Any:
+    unwrapped = tuple(ctx.unwrap_tensors(a) for a in args)
+    with ctx.redispatch_to_next():
+        return ctx.wrap_tensors(call_delegate(lowered_module, *unwrapped))

@@ -1,0 +1,1 @@
+"""Lowering: extract partitions into sub-programs, preprocess them, splice delegates back."""

@@ -1,0 +1,298 @@
+"""Finding partitions: one pass groups a graph's tagged nodes and checks they can be fused.
+
+The result says, for each tag, which nodes form the partition, what flows in and out, which
+tagged state (parameters, buffers, constants) it carries inside, and which buffer
+mutations it owns; and it gives an order of the fused graph (each partition one unit)
+that is topological, found by Kahn's algorithm in ``O((nodes + edges) log nodes)``. A
+partition whose fusion would create a cycle has no such order: that is reported with a
+node on the cycle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind
+from torch.fx import GraphModule, Node
+
+from torchdelegate.errors import PartitionError
+from torchdelegate.partition.partitioner import DELEGATION_TAG
+from torchdelegate.specs import DelegationSpec
+
+STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
+
+
+@dataclass(eq=False)
+class Partition:
+    """The nodes of one tag in one graph, and its boundary."""
+
+    tag: str
+    spec: DelegationSpec
+    nodes: list[Node] = field(default_factory=list)
+    inputs: dict[Node, None] = field(default_factory=dict)
+    """Values computed outside and passed in, in order of first use."""
+    state: dict[Node, None] = field(default_factory=dict)
+    """Tagged parameter/buffer/constant placeholders the partition carries inside."""
+    attrs: dict[Node, None] = field(default_factory=dict)
+    """``get_attr`` nodes (sub-graphs) the partition's nodes read, copied into it."""
+    outputs: list[Node] = field(default_factory=list)
+    """Member nodes whose values are used outside."""
+    mutations: list[int] = field(default_factory=list)
+    """Positions of the owner's outputs whose buffer mutation moves into the partition."""
+
+
+Unit = Union[Node, Partition]
+
+
+@dataclass
+class GraphPartitions:
+    """Everything splicing needs about one graph's partitions."""
+
+    partitions: list[Partition]
+    order: list[Unit]
+    dropped: set[Node]
+    """Placeholders and ``get_attr`` nodes the owner no longer needs."""
+    owned_outputs: set[int]
+    """Output positions (buffer mutations) that leave the owner for a delegate."""
+    input_specs: dict[str, InputSpec]
+    """The owner's input specs by placeholder name (empty for a sub-graph)."""
+
+
+def output_values(output: Node) -> list[Any]:
+    """The flat list of values an output node returns."""
+    values = output.args[0]
+    return list(values) if isinstance(values, (list, tuple)) else [values]
+
+
+def find_partitions(
+    gm: GraphModule,
+    signature: ExportGraphSignature | None,
+    partition_tags: Mapping[str, DelegationSpec],
+    where: str,
+) -> GraphPartitions:
+    """Group ``gm``'s tagged nodes into partitions and order the fused graph.
+
+    ``signature`` is the program's (``None`` for a control-flow sub-graph, whose
+    placeholders are all inputs). ``where`` names the graph in error messages.
+    """
+    specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")} if signature else {}
+    nodes = list(gm.graph.nodes)
+    index = {node: i for i, node in enumerate(nodes)}
+    groups: dict[str, Partition] = {}
+    group_of: dict[Node, Partition] = {}
+    tagged_state: set[Node] = set()
+
+    for node in nodes:
+        tag = node.meta.get(DELEGATION_TAG)
+        if tag is None or node.op == "get_attr":
+            continue
+        _check_tag(tag, node, partition_tags, where)
+        if node.op == "output":
+            raise PartitionError(
+                f"{where}: the output node {node.name!r} is tagged {tag!r}; a partition holds "
+                "computations, never the graph's output: remove the tag"
+            )
+        if node.op == "placeholder":
+            spec = specs.get(node.name)
+            if spec is None or spec.kind not in STATE_KINDS:
+                raise PartitionError(
+                    f"{where}: user input {node.name!r} is tagged {tag!r}; inputs cannot be "
+                    "delegated (their users can): remove the tag from the placeholder"
+                )
+            tagged_state.add(node)
+            continue
+        group = groups.get(tag)
+        if group is None:
+            group = groups[tag] = Partition(tag, partition_tags[tag])
+        group.nodes.append(node)
+        group_of[node] = group
+
+    outputs = output_values(nodes[-1])
+    owned_uses = _assign_owned_mutations(signature, specs, outputs, tagged_state, group_of, where)
+    for group in groups.values():
+        _find_boundary(group, group_of, tagged_state, owned_uses, index)
+
+    order = _fused_order(nodes, group_of, index, where)
+    partitions = [u for u in order if isinstance(u, Partition)]
+    owned_outputs = {i for p in partitions for i in p.mutations}
+    passed_in = {n for p in partitions for n in p.inputs}
+    dropped = {
+        node
+        for node in nodes
+        if node.op in ("placeholder", "get_attr")
+        and node.users
+        and node not in passed_in
+        and all(user in group_of for user in node.users)
+        and (node.op == "get_attr" or node in tagged_state)
+        and not _mutated_in_owner(node, specs, signature, owned_outputs)
+    }
+    return GraphPartitions(partitions, order, dropped, owned_outputs, specs)
+
+
+def _check_tag(tag: Any, node: Node, partition_tags: Mapping[str, DelegationSpec], where: str) -> None:
+    if not isinstance(tag, str):
+        raise PartitionError(f"{where}: node {node.name!r} has a delegation tag {tag!r} that is not a str")
+    if tag not in partition_tags:
+        known = ", ".join(repr(t) for t in partition_tags) or "none"
+        raise PartitionError(
+            f"{where}: node {node.name!r} is tagged {tag!r}, which is not in the partitioner's "
+            f"partition_tags (known tags: {known}); return a DelegationSpec for every tag used"
+        )
+
+
+def _mutated_in_owner(
+    node: Node, specs: Mapping[str, InputSpec], signature: ExportGraphSignature | None, owned: set[int]
+) -> bool:
+    spec = specs.get(node.name)
+    if signature is None or spec is None or spec.kind != InputKind.BUFFER:
+        return False
+    return any(
+        s.kind == OutputKind.BUFFER_MUTATION and s.target == spec.target and i not in owned
+        for i, s in enumerate(signature.output_specs)
+    )
+
+
+def _assign_owned_mutations(
+    signature: ExportGraphSignature | None,
+    specs: Mapping[str, InputSpec],
+    outputs: Sequence[Any],
+    tagged_state: set[Node],
+    group_of: Mapping[Node, Partition],
+    where: str,
+) -> dict[Node, int]:
+    """Give each tagged, mutated buffer's mutation to the partition that reads and writes it.
+
+    Returns, for each producer of an owned mutation, how many output slots it fills that way.
+    """
+    owned_uses: dict[Node, int] = {}
+    if signature is None:
+        return owned_uses
+    buffer_nodes = {s.target: n for n in tagged_state if (s := specs[n.name]).kind == InputKind.BUFFER}
+    for i, spec in enumerate(signature.output_specs):
+        if spec.kind != OutputKind.BUFFER_MUTATION or spec.target not in buffer_nodes:
+            continue
+        buffer = buffer_nodes[spec.target]
+        producer = outputs[i]
+        group = group_of.get(producer) if isinstance(producer, Node) else None
+        tag = buffer.meta[DELEGATION_TAG]
+        if group is None or group.tag != tag:
+            raise PartitionError(
+                f"{where}: buffer {spec.target!r} is tagged {tag!r}, so its partition would own its "
+                f"state, but its new value {getattr(producer, 'name', producer)!r} is computed "
+                f"outside that partition; tag the update with {tag!r}, or untag the buffer "
+                "(then it is passed in and its new value returned)"
+            )
+        for user in buffer.users:
+            if group_of.get(user) is not group:
+                raise PartitionError(
+                    f"{where}: buffer {spec.target!r} is tagged {tag!r} and mutated there, but node "
+                    f"{user.name!r} outside the partition reads it; a delegate's state cannot be "
+                    f"shared: tag {user.name!r} with {tag!r}, or untag the buffer"
+                )
+        group.mutations.append(i)
+        group.state[buffer] = None
+        owned_uses[producer] = owned_uses.get(producer, 0) + 1
+    return owned_uses
+
+
+def _find_boundary(
+    group: Partition,
+    group_of: Mapping[Node, Partition],
+    tagged_state: set[Node],
+    owned_uses: Mapping[Node, int],
+    index: Mapping[Node, int],
+) -> None:
+    for node in group.nodes:
+        for value in node.all_input_nodes:
+            if group_of.get(value) is group:
+                continue
+            if value.op == "get_attr":
+                group.attrs[value] = None
+            elif value in tagged_state:
+                group.state[value] = None
+            else:
+                group.inputs[value] = None
+        if _used_outside(node, group, group_of, owned_uses.get(node, 0)):
+            group.outputs.append(node)
+    group.state = dict.fromkeys(sorted(group.state, key=index.__getitem__))
+
+
+def _used_outside(node: Node, group: Partition, group_of: Mapping[Node, Partition], owned: int) -> bool:
+    for user in node.users:
+        if group_of.get(user) is group:
+            continue
+        if user.op != "output" or owned == 0:
+            return True
+        uses = sum(1 for v in output_values(user) if v is node)
+        if uses > owned:
+            return True
+    return False
+
+
+def _fused_order(nodes: list[Node], group_of: Mapping[Node, Partition], index: Mapping[Node, int], where: str) -> list[Unit]:
+    """A topological order of the graph with each partition fused into one unit."""
+    key: dict[Unit, int] = {}
+    indegree: dict[Unit, int] = {}
+    successors: dict[Unit, list[Unit]] = {}
+    for node in nodes:
+        unit: Unit = group_of.get(node, node)
+        if unit not in key:
+            key[unit] = index[node]
+            indegree.setdefault(unit, 0)
+            successors[unit] = []
+        for user in node.users:
+            target: Unit = group_of.get(user, user)
+            if target is not unit:
+                successors[unit].append(target)
+                indegree[target] = indegree.get(target, 0) + 1
+    by_key = {k: u for u, k in key.items()}
+    heap = [k for u, k in key.items() if indegree[u] == 0]
+    heapq.heapify(heap)
+    order: list[Unit] = []
+    while heap:
+        unit = by_key[heapq.heappop(heap)]
+        order.append(unit)
+        for target in successors[unit]:
+            indegree[target] -= 1
+            if indegree[target] == 0:
+                heapq.heappush(heap, key[target])
+    if len(order) != len(key):
+        emitted = set(order)
+        _raise_cycle([u for u in key if u not in emitted], group_of, where)
+    return order
+
+
+def _raise_cycle(remaining: list[Unit], group_of: Mapping[Node, Partition], where: str) -> None:
+    """Walk predecessors among the units Kahn's algorithm could not emit until one repeats."""
+    left = set(remaining)
+
+    def predecessor(unit: Unit) -> Unit:
+        members = unit.nodes if isinstance(unit, Partition) else [unit]
+        for node in members:
+            for value in node.all_input_nodes:
+                pred: Unit = group_of.get(value, value)
+                if pred is not unit and pred in left:
+                    return pred
+        raise AssertionError("a unit left by Kahn's algorithm has no remaining predecessor")
+
+    seen: dict[Unit, int] = {}
+    path: list[Unit] = []
+    unit = remaining[0]
+    while unit not in seen:
+        seen[unit] = len(path)
+        path.append(unit)
+        unit = predecessor(unit)
+    cycle = path[seen[unit]:]
+    partition = next(u for u in cycle if isinstance(u, Partition))
+    outside = next((u for u in cycle if isinstance(u, Node)), None)
+    via = outside.name if outside is not None else next(
+        p.nodes[0].name for p in cycle if isinstance(p, Partition) and p is not partition
+    )
+    raise PartitionError(
+        f"{where}: partition {partition.tag!r} cannot be fused into one delegate: node {via!r} "
+        f"outside it both depends on the partition and feeds it, so fusing would make a cycle; "
+        f"tag {via!r} with {partition.tag!r} too, or split the partition at that node"
+    )

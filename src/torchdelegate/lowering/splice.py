@@ -1,0 +1,121 @@
+"""Splicing: rebuild a graph with each partition replaced by a call to its delegate.
+
+One pass over the fused order copies every remaining node and emits, for each partition,
+``lowered_module_N`` (``get_attr``), one ``call_delegate`` node, and one ``getitem`` per
+output. A ``getitem`` takes the name and meta of the node whose value it now carries, so
+the printed graph reads like the original and the signature keeps its names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.export.graph_signature import ExportGraphSignature
+from torch.fx import GraphModule, Node
+
+from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
+from torchdelegate.lowering.partitions import GraphPartitions, Partition
+from torchdelegate.lowering.structural_copy import fetch_attr
+from torchdelegate.lowering.subprogram import copy_meta
+from torchdelegate.partition.partitioner import DELEGATION_TAG
+
+LOWERED_MODULE_PREFIX = "lowered_module_"
+
+
+def next_delegate_index(gm: GraphModule) -> int:
+    """The first free ``lowered_module_N`` index in ``gm`` (earlier lowerings keep theirs)."""
+    taken = [
+        int(name[len(LOWERED_MODULE_PREFIX):])
+        for name, _ in gm.named_children()
+        if name.startswith(LOWERED_MODULE_PREFIX) and name[len(LOWERED_MODULE_PREFIX):].isdigit()
+    ]
+    return max(taken, default=-1) + 1
+
+
+def splice(
+    gm: GraphModule,
+    found: GraphPartitions,
+    delegates: Mapping[Partition, LoweredBackendModule],
+    submodules: Mapping[str, GraphModule],
+) -> tuple[GraphModule, dict[str, str]]:
+    """``gm`` rebuilt with its partitions replaced by delegate calls.
+
+    ``submodules`` replaces sub-graphs that were lowered themselves. Returns the new graph
+    module and the renaming of every kept value (old node name to new node name).
+    """
+    graph = torch.fx.Graph()
+    graph._codegen = gm.graph._codegen
+    env: dict[Node, Node] = {}
+    attrs: dict[str, Any] = {}
+    index = next_delegate_index(gm)
+    for unit in found.order:
+        if isinstance(unit, Partition):
+            name = f"{LOWERED_MODULE_PREFIX}{index}"
+            index += 1
+            attrs[name] = delegates[unit]
+            _emit_delegate(graph, name, unit, env)
+            continue
+        node = unit
+        if node in found.dropped:
+            continue
+        if node.op == "output":
+            _emit_output(graph, node, env, found.owned_outputs)
+            continue
+        env[node] = new = graph.node_copy(node, env.__getitem__)
+        new.meta.pop(DELEGATION_TAG, None)
+        if node.op == "get_attr":
+            target = str(node.target)
+            attrs[target] = submodules[target] if target in submodules else fetch_attr(gm, target)
+    new_gm = GraphModule(attrs, graph, class_name=type(gm).__name__)
+    new_gm.meta.update(gm.meta)
+    return new_gm, {old.name: new.name for old, new in env.items()}
+
+
+def _emit_delegate(graph: torch.fx.Graph, name: str, partition: Partition, env: dict[Node, Node]) -> None:
+    module_node = graph.get_attr(name)
+    call = graph.call_function(call_delegate, (module_node, *(env[n] for n in partition.inputs)))
+    call.meta["val"] = tuple(n.meta.get("val") for n in partition.outputs)
+    call.meta["delegate"] = name
+    for i, produced in enumerate(partition.outputs):
+        item = graph.create_node("call_function", operator.getitem, (call, i), name=produced.name)
+        copy_meta(produced, item)
+        env[produced] = item
+
+
+def _emit_output(graph: torch.fx.Graph, node: Node, env: Mapping[Node, Node], owned: set[int]) -> None:
+    values = node.args[0]
+    if isinstance(values, (list, tuple)):
+        kept = [v for i, v in enumerate(values) if i not in owned]
+        values = type(values)(kept) if isinstance(values, tuple) else kept
+    mapped = torch.fx.node.map_arg(values, env.__getitem__)
+    output = graph.output(mapped)
+    copy_meta(node, output)
+
+
+def rename_signature(
+    signature: ExportGraphSignature, renamed: Mapping[str, str], dropped: set[str], owned: set[int]
+) -> ExportGraphSignature:
+    """The owner's signature after splicing: dropped inputs and owned mutations removed."""
+
+    def renamed_spec(spec: Any) -> Any:
+        name = getattr(spec.arg, "name", None)
+        if name is None or name not in renamed or renamed[name] == name:
+            return spec
+        return dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=renamed[name]))
+
+    inputs = [renamed_spec(s) for s in signature.input_specs if getattr(s.arg, "name", None) not in dropped]
+    outputs = [renamed_spec(s) for i, s in enumerate(signature.output_specs) if i not in owned]
+    return ExportGraphSignature(input_specs=inputs, output_specs=outputs)
+
+
+def dropped_targets(found: GraphPartitions) -> list[str]:
+    """FQNs of the state the owner gives up entirely (no user of it remains)."""
+    return sorted(
+        str(found.input_specs[n.name].target)
+        for n in found.dropped
+        if n.op == "placeholder" and n.name in found.input_specs
+    )

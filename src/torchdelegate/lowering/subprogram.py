@@ -1,0 +1,120 @@
+"""Building a partition's sub-program: an ExportedProgram of its own, sharing the owner's tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    SymBoolArgument,
+    SymFloatArgument,
+    SymIntArgument,
+    TensorArgument,
+)
+from torch.fx import GraphModule, Node
+
+from torchdelegate.lowering.partitions import GraphPartitions, Partition, output_values
+from torchdelegate.lowering.structural_copy import fetch_attr
+from torchdelegate.partition.partitioner import DELEGATION_TAG
+
+
+def graph_argument(name: str, value: Any) -> TensorArgument | SymIntArgument | SymFloatArgument | SymBoolArgument:
+    """The signature argument for a value named ``name`` whose ``meta["val"]`` is ``value``."""
+    if isinstance(value, torch.SymInt):
+        return SymIntArgument(name=name)
+    if isinstance(value, torch.SymFloat):
+        return SymFloatArgument(name=name)
+    if isinstance(value, torch.SymBool):
+        return SymBoolArgument(name=name)
+    return TensorArgument(name=name)
+
+
+def copy_meta(source: Node, target: Node) -> None:
+    """Give ``target`` a shallow copy of ``source``'s meta, without its delegation tag."""
+    meta = dict(source.meta)
+    meta.pop(DELEGATION_TAG, None)
+    target.meta = meta
+
+
+def calling_specs(n_inputs: int, n_outputs: int) -> ModuleCallEntry:
+    """The root module-call entry for flat positional inputs and a flat tuple of outputs."""
+    in_spec = pytree.tree_flatten((tuple(range(n_inputs)), {}))[1]
+    out_spec = pytree.tree_flatten(tuple(range(n_outputs)))[1]
+    return ModuleCallEntry(fqn="", signature=ModuleCallSignature([], [], in_spec, out_spec))
+
+
+def build_subprogram(
+    owner: GraphModule,
+    partition: Partition,
+    found: GraphPartitions,
+    program: ExportedProgram,
+    output_specs: list[OutputSpec] | None,
+) -> ExportedProgram:
+    """The partition as an ExportedProgram: its state inside, its inputs as user inputs.
+
+    ``program`` is the top-level program the graph belongs to (for its tensors, range
+    constraints and verifiers); ``output_specs`` are the owner graph's (``None`` for a
+    control-flow sub-graph).
+    """
+    graph = torch.fx.Graph()
+    env: dict[Node, Node] = {}
+    input_specs: list[InputSpec] = []
+    state_dict: dict[str, Any] = {}
+    constants: dict[str, Any] = {}
+    for node in partition.state:
+        spec = found.input_specs[node.name]
+        env[node] = placeholder = graph.placeholder(node.name)
+        copy_meta(node, placeholder)
+        input_specs.append(spec)  # same placeholder name: the owner's names are unique
+        assert spec.target is not None
+        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+            state_dict[spec.target] = program.state_dict[spec.target]
+        else:
+            constants[spec.target] = program.constants[spec.target]
+    for node in partition.inputs:
+        env[node] = placeholder = graph.placeholder(node.name)
+        copy_meta(node, placeholder)
+        value = node.meta.get("val")
+        input_specs.append(InputSpec(InputKind.USER_INPUT, graph_argument(placeholder.name, value), None))
+    attrs: dict[str, Any] = {}
+    for node in (*partition.attrs, *(n for n in partition.nodes if n.op == "get_attr")):
+        attrs[node.target] = fetch_attr(owner, node.target)  # type: ignore[arg-type]
+    for node in partition.attrs:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    for node in partition.nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+        env[node].meta.pop(DELEGATION_TAG, None)
+
+    values: list[Node] = []
+    out_specs: list[OutputSpec] = []
+    if partition.mutations:
+        assert output_specs is not None
+        owner_outputs = output_values(next(reversed(owner.graph.nodes)))
+        for i in partition.mutations:
+            produced = env[owner_outputs[i]]
+            values.append(produced)
+            out_specs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(produced.name), output_specs[i].target))
+    for node in partition.outputs:
+        values.append(env[node])
+        out_specs.append(OutputSpec(OutputKind.USER_OUTPUT, graph_argument(env[node].name, node.meta.get("val")), None))
+    graph.output(tuple(values))
+
+    gm = GraphModule(attrs, graph, class_name="GraphModule")
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=ExportGraphSignature(input_specs, out_specs),
+        state_dict=state_dict,
+        range_constraints=dict(program.range_constraints),
+        module_call_graph=[calling_specs(len(partition.inputs), len(partition.outputs))],
+        constants=constants,
+        verifiers=list(program.verifiers),
+    )

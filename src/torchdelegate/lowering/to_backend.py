@@ -1,0 +1,416 @@
+"""``to_backend`` in its three forms, and the batch algorithm behind them.
+
+1. partition: each method's partitioner tags a structural copy of its program;
+2. extract: one pass per graph groups the tagged nodes; each group becomes a sub-program;
+3. preprocess: grouped by backend id, one ``preprocess_multimethod`` call per backend;
+4. splice: each graph is rebuilt with delegate calls in place of its groups.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.fx import GraphModule
+
+from torchdelegate.backend import BackendDetails, PreprocessResult, get_backend
+from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.errors import GraphChangedError, PartitionError, PreprocessError, TorchDelegateError
+from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
+from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
+from torchdelegate.lowering.structural_copy import copy_program, fetch_attr
+from torchdelegate.lowering.subprogram import build_subprogram
+from torchdelegate.lowering.validation import first_graph_difference, validation_enabled
+from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.specs import CompileSpec, DelegationSpec
+
+WHOLE_PROGRAM_TAG = "whole_program"
+
+PartitionerLike = Union[Partitioner, DelegationSpec]
+
+
+@dataclass(eq=False)
+class _Job:
+    """One partition on its way to a backend and back."""
+
+    method: str
+    partition: Partition
+    subprogram: ExportedProgram
+    result: PreprocessResult | None = None
+    delegate: LoweredBackendModule | None = None
+
+
+@dataclass(eq=False)
+class _GraphPlan:
+    gm: GraphModule
+    found: GraphPartitions
+    jobs: list[_Job]
+    children: dict[str, _GraphPlan] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _MethodPlan:
+    method: str
+    program: ExportedProgram
+    root: _GraphPlan
+
+
+@functools.singledispatch
+def to_backend(*args: Any, **kwargs: Any) -> Any:
+    """Lower to backends; dispatches on the first argument.
+
+    - ``to_backend(backend_id, edge_program, compile_specs) -> LoweredBackendModule``:
+      the whole program to one backend;
+    - ``to_backend(edge_program, partitioner) -> ExportedProgram``: the partitions a
+      partitioner tags (a ``DelegationSpec`` instead lowers the whole graph);
+    - ``to_backend(method_to_program, method_to_partitioner) -> dict``: several methods at
+      once, one ``preprocess_multimethod`` call per backend; methods without a partitioner
+      come back unchanged.
+    """
+    first = args[0] if args else None
+    raise TypeError(
+        "to_backend(x, ...): x must be a backend id (str), an ExportedProgram, or a mapping of "
+        f"method names to ExportedPrograms; got {type(first).__name__}"
+    )
+
+
+@to_backend.register
+def _(backend_id: str, edge_program: ExportedProgram, compile_specs: Any = ()) -> LoweredBackendModule:
+    backend = get_backend(backend_id)
+    specs = _compile_spec_list(compile_specs, backend_id)
+    program = copy_program(_check_program(edge_program, "edge_program"))
+    result = _check_result(_preprocess_one(backend, program, specs, "forward", WHOLE_PROGRAM_TAG), backend_id, "forward")
+    return LoweredBackendModule(
+        backend_id,
+        result.processed_bytes,
+        specs,
+        program,
+        result.data_store_output,
+        meta=_delegate_meta(result, "forward", WHOLE_PROGRAM_TAG),
+        name=f"forward:{WHOLE_PROGRAM_TAG}",
+    )
+
+
+@to_backend.register
+def _(edge_program: ExportedProgram, partitioner: PartitionerLike) -> ExportedProgram:
+    return lower_methods({"forward": edge_program}, {"forward": partitioner})["forward"]
+
+
+@to_backend.register(Mapping)
+def _(
+    method_to_program: Mapping[str, ExportedProgram], method_to_partitioner: Mapping[str, PartitionerLike]
+) -> dict[str, ExportedProgram]:
+    return lower_methods(method_to_program, method_to_partitioner)
+
+
+def lower_methods(
+    programs: Mapping[str, ExportedProgram],
+    partitioners: Mapping[str, PartitionerLike],
+    named_data: NamedDataStore | None = None,
+) -> dict[str, ExportedProgram]:
+    """The batch algorithm: partition and extract every method, preprocess once per backend, splice.
+
+    Named data returned by the backends is merged into ``named_data`` when given.
+    """
+    if not isinstance(programs, Mapping) or not isinstance(partitioners, Mapping):
+        raise TypeError("to_backend(method_to_program, method_to_partitioner) takes two mappings")
+    unknown = [m for m in partitioners if m not in programs]
+    if unknown:
+        raise PartitionError(
+            f"partitioners given for unknown method(s) {', '.join(map(repr, unknown))}; "
+            f"the methods are {', '.join(map(repr, programs))}"
+        )
+    plans: list[_MethodPlan] = []
+    jobs: list[_Job] = []
+    for method, program in programs.items():
+        if method in partitioners:
+            _check_program(program, f"method {method!r}")
+            plans.append(_plan_method(method, program, partitioners[method], jobs))
+    _preprocess(jobs)
+    store = NamedDataStore()
+    for job in jobs:
+        assert job.result is not None
+        if job.result.data_store_output is not None:
+            _merge_named_data(store, job)
+    merged = store.get_named_data_store_output()
+    if named_data is not None:
+        named_data.merge(merged)
+    for job in jobs:
+        job.delegate = _make_delegate(job, merged)
+    lowered = dict(programs)
+    for plan in plans:
+        lowered[plan.method] = _splice_method(plan)
+    return lowered
+
+
+def _check_program(program: Any, what: str) -> ExportedProgram:
+    if not isinstance(program, ExportedProgram):
+        raise TypeError(f"{what} must be a torch.export.ExportedProgram, got {type(program).__name__}")
+    return program
+
+
+def _compile_spec_list(compile_specs: Any, backend_id: str) -> list[CompileSpec]:
+    specs = list(compile_specs or ())
+    for spec in specs:
+        if not isinstance(spec, CompileSpec):
+            raise TypeError(
+                f"compile_specs for backend {backend_id!r} must be CompileSpec objects, got {type(spec).__name__}"
+            )
+    return specs
+
+
+def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLike) -> PartitionResult:
+    """Run the partitioner on a structural copy; check it only tagged the graph."""
+    tagged = copy_program(program)
+    if isinstance(partitioner, DelegationSpec):
+        return _tag_whole_program(tagged, partitioner)
+    if not isinstance(partitioner, Partitioner):
+        raise TypeError(
+            f"method {method!r}: expected a Partitioner or a DelegationSpec, got {type(partitioner).__name__}"
+        )
+    name = type(partitioner).__name__
+    try:
+        result = partitioner.partition(tagged)
+    except TorchDelegateError:
+        raise
+    except Exception as e:
+        raise PartitionError(f"partitioner {name} failed on method {method!r}: {e}") from e
+    if not isinstance(result, PartitionResult) or not isinstance(result.tagged_exported_program, ExportedProgram):
+        raise PartitionError(
+            f"partitioner {name} returned {type(result).__name__} for method {method!r}; expected a "
+            "PartitionResult holding the tagged ExportedProgram"
+        )
+    for tag, spec in result.partition_tags.items():
+        if not isinstance(spec, DelegationSpec):
+            raise PartitionError(
+                f"partitioner {name}: partition_tags[{tag!r}] is a {type(spec).__name__}, expected a DelegationSpec"
+            )
+    if validation_enabled():
+        difference = first_graph_difference(
+            program.graph_module, result.tagged_exported_program.graph_module, f"method {method!r}"
+        )
+        if difference:
+            raise GraphChangedError(
+                f"partitioner {name} changed the graph it may only tag: {difference}. Set only "
+                "node.meta['delegation_tag']; transform the program before lowering, or lower "
+                "inside torchdelegate.validation_disabled() if the change is intended"
+            )
+    return result
+
+
+def _tag_whole_program(program: ExportedProgram, spec: DelegationSpec) -> PartitionResult:
+    """Tag everything but user inputs and the output: one delegate for the whole graph."""
+    user_inputs = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    for node in program.graph.nodes:
+        if node.op != "output" and node.name not in user_inputs:
+            node.meta[DELEGATION_TAG] = WHOLE_PROGRAM_TAG
+    return PartitionResult(program, {WHOLE_PROGRAM_TAG: spec})
+
+
+def _plan_method(method: str, program: ExportedProgram, partitioner: PartitionerLike, jobs: list[_Job]) -> _MethodPlan:
+    result = _partition(method, program, partitioner)
+    tagged = result.tagged_exported_program
+    root = _plan_graph(method, tagged, tagged.graph_module, True, result.partition_tags, f"method {method!r}", jobs)
+    return _MethodPlan(method, tagged, root)
+
+
+def _plan_graph(
+    method: str,
+    program: ExportedProgram,
+    gm: GraphModule,
+    top_level: bool,
+    tags: Mapping[str, DelegationSpec],
+    where: str,
+    jobs: list[_Job],
+) -> _GraphPlan:
+    """Find the partitions of ``gm`` and of the sub-graphs it keeps, and build their sub-programs."""
+    children: dict[str, _GraphPlan] = {}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or node.target in children:
+            continue
+        value = fetch_attr(gm, str(node.target))
+        delegated_whole = node.meta.get(DELEGATION_TAG) is not None or any(
+            user.meta.get(DELEGATION_TAG) is not None for user in node.users
+        )
+        if isinstance(value, GraphModule) and not delegated_whole:
+            children[str(node.target)] = _plan_graph(
+                method, program, value, False, tags, f"{where}, sub-graph {node.target!r}", jobs
+            )
+    signature = program.graph_signature if top_level else None
+    found = find_partitions(gm, signature, tags, where)
+    own_jobs = []
+    for partition in found.partitions:
+        subprogram = build_subprogram(
+            gm, partition, found, program, signature.output_specs if signature else None
+        )
+        own_jobs.append(_Job(method, partition, subprogram))
+    jobs.extend(own_jobs)
+    return _GraphPlan(gm, found, own_jobs, children)
+
+
+def _preprocess(jobs: list[_Job]) -> None:
+    """One ``preprocess_multimethod`` call per backend, in order of first appearance."""
+    by_backend: dict[str, list[_Job]] = {}
+    for job in jobs:
+        by_backend.setdefault(job.partition.spec.backend_id, []).append(job)
+    for backend_id, backend_jobs in by_backend.items():
+        backend = get_backend(backend_id)
+        if _overrides_multimethod(backend):
+            _preprocess_multimethod(backend, backend_jobs)
+        else:
+            for job in backend_jobs:
+                specs = list(job.partition.spec.compile_specs)
+                result = _preprocess_one(backend, job.subprogram, specs, job.method, job.partition.tag)
+                job.result = _check_result(result, backend_id, job.method)
+
+
+def _overrides_multimethod(backend: type[BackendDetails]) -> bool:
+    return backend.preprocess_multimethod.__func__ is not BackendDetails.preprocess_multimethod.__func__  # type: ignore[attr-defined]
+
+
+def _preprocess_one(
+    backend: type[BackendDetails], program: ExportedProgram, specs: list[CompileSpec], method: str, tag: str
+) -> Any:
+    try:
+        return backend.preprocess(program, specs)
+    except Exception as e:
+        raise PreprocessError(
+            f"backend {backend.backend_id!r} failed to preprocess partition {tag!r} of method {method!r}: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+
+
+def _preprocess_multimethod(backend: type[BackendDetails], jobs: list[_Job]) -> None:
+    programs: dict[str, list[ExportedProgram]] = {}
+    specs: dict[str, list[list[CompileSpec]]] = {}
+    for job in jobs:
+        programs.setdefault(job.method, []).append(job.subprogram)
+        specs.setdefault(job.method, []).append(list(job.partition.spec.compile_specs))
+    backend_id = backend.backend_id
+    try:
+        results = backend.preprocess_multimethod(programs, specs)
+    except Exception as e:
+        raise PreprocessError(
+            f"backend {backend_id!r} failed in preprocess_multimethod for method(s) "
+            f"{', '.join(map(repr, programs))}: {type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(results, Mapping) or list(results) != list(programs):
+        got = list(results) if isinstance(results, Mapping) else type(results).__name__
+        raise PreprocessError(
+            f"backend {backend_id!r}: preprocess_multimethod returned {got!r}; expected a dict with "
+            f"exactly the methods {list(programs)!r}"
+        )
+    position = dict.fromkeys(programs, 0)
+    for job in jobs:
+        method_results = results[job.method]
+        expected = len(programs[job.method])
+        if not isinstance(method_results, (list, tuple)) or len(method_results) != expected:
+            got = f"{len(method_results)} results" if isinstance(method_results, (list, tuple)) else type(method_results).__name__
+            raise PreprocessError(
+                f"backend {backend_id!r}: preprocess_multimethod returned {got} for method "
+                f"{job.method!r}; expected a list of {expected} PreprocessResult, one per partition"
+            )
+        job.result = _check_result(method_results[position[job.method]], backend_id, job.method)
+        position[job.method] += 1
+
+
+def _check_result(result: Any, backend_id: str, method: str) -> PreprocessResult:
+    if not isinstance(result, PreprocessResult):
+        raise PreprocessError(
+            f"backend {backend_id!r} returned {type(result).__name__} for method {method!r}; expected a PreprocessResult"
+        )
+    if not isinstance(result.processed_bytes, bytes):
+        raise PreprocessError(
+            f"backend {backend_id!r}: PreprocessResult.processed_bytes for method {method!r} is a "
+            f"{type(result.processed_bytes).__name__}; expected bytes"
+        )
+    if result.data_store_output is not None and not isinstance(result.data_store_output, NamedDataStoreOutput):
+        raise PreprocessError(
+            f"backend {backend_id!r}: PreprocessResult.data_store_output for method {method!r} is a "
+            f"{type(result.data_store_output).__name__}; use NamedDataStore.get_named_data_store_output()"
+        )
+    return result
+
+
+def _merge_named_data(store: NamedDataStore, job: _Job) -> None:
+    assert job.result is not None and job.result.data_store_output is not None
+    try:
+        store.merge(job.result.data_store_output)
+    except ValueError as e:
+        raise PreprocessError(
+            f"backend {job.partition.spec.backend_id!r}, partition {job.partition.tag!r} of method "
+            f"{job.method!r}: {e}"
+        ) from e
+
+
+def _delegate_meta(result: PreprocessResult, method: str, tag: str) -> dict[str, Any]:
+    return {"method": method, "tag": tag, "debug_handle_map": result.debug_handle_map}
+
+
+def _make_delegate(job: _Job, named_data: NamedDataStoreOutput) -> LoweredBackendModule:
+    assert job.result is not None
+    spec = job.partition.spec
+    return LoweredBackendModule(
+        spec.backend_id,
+        job.result.processed_bytes,
+        spec.compile_specs,
+        job.subprogram,
+        job.result.data_store_output,
+        named_data=named_data,
+        meta=_delegate_meta(job.result, job.method, job.partition.tag),
+        name=f"{job.method}:{job.partition.tag}",
+    )
+
+
+def _splice_graph(plan: _GraphPlan) -> tuple[GraphModule, dict[str, str]]:
+    submodules = {target: _splice_graph(child)[0] for target, child in plan.children.items()}
+    delegates = {}
+    for job in plan.jobs:
+        assert job.delegate is not None
+        delegates[job.partition] = job.delegate
+    return splice(plan.gm, plan.found, delegates, submodules)
+
+
+def _splice_method(plan: _MethodPlan) -> ExportedProgram:
+    program = plan.program
+    gm, renamed = _splice_graph(plan.root)
+    found = plan.root.found
+    dropped = set(dropped_targets(found))
+    signature = rename_signature(
+        program.graph_signature, renamed, {n.name for n in found.dropped}, found.owned_outputs
+    )
+    names = {node.name for node in gm.graph.nodes}
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=signature,
+        state_dict={k: v for k, v in program.state_dict.items() if k not in dropped},
+        range_constraints=dict(program.range_constraints),
+        module_call_graph=_module_call_graph(program, renamed, names),
+        example_inputs=program.example_inputs,
+        constants={k: v for k, v in program.constants.items() if k not in dropped},
+        verifiers=list(program.verifiers),
+    )
+
+
+def _module_call_graph(program: ExportedProgram, renamed: Mapping[str, str], names: set[str]) -> list[Any]:
+    """The module call graph with renamed values; entries of submodules whose values left are dropped."""
+    entries = []
+    for entry in copy.deepcopy(program.module_call_graph):
+        signature = entry.signature
+        if signature is not None:
+            arguments = [*signature.inputs, *signature.outputs]
+            for argument in arguments:
+                name = getattr(argument, "name", None)
+                if name in renamed:
+                    argument.name = renamed[name]
+            if entry.fqn and any(getattr(a, "name", None) not in (None, *names) for a in arguments):
+                continue
+        entries.append(entry)
+    return entries

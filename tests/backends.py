@@ -1,0 +1,119 @@
+"""Backends and partitioners used by the tests (never shipped)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from torchdelegate import (
+    DELEGATION_TAG,
+    BackendDetails,
+    CompileSpec,
+    DelegationSpec,
+    NamedDataMap,
+    Partitioner,
+    PartitionResult,
+    PreprocessResult,
+)
+
+
+class TorchExportBackend(BackendDetails):
+    """Compiles a sub-program with torch.export's serializer; runs it with torch."""
+
+    backend_id = "TestTorchExport"
+    calls: list[str] = []
+
+    @staticmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
+        buffer = io.BytesIO()
+        torch.export.save(edge_program, buffer)
+        return PreprocessResult(processed_bytes=buffer.getvalue())
+
+    @classmethod
+    def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
+        cls.calls.append("init")
+        return torch.export.load(io.BytesIO(bytes(processed))).module()
+
+    @classmethod
+    def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
+        cls.calls.append("execute")
+        return list(handle(*inputs))
+
+    @classmethod
+    def destroy(cls, handle: Any) -> None:
+        cls.calls.append("destroy")
+
+
+class OpSetPartitioner(Partitioner):
+    """Tags maximal runs of supported call_function nodes, one tag per connected run.
+
+    Simple on purpose: consecutive supported nodes (in graph order) that are connected by
+    an edge share a tag; an unsupported node ends the run.
+    """
+
+    def __init__(
+        self,
+        supported: Iterable[Any] | Callable[[torch.fx.Node], bool],
+        backend_id: str = TorchExportBackend.backend_id,
+        tag_constants: bool = True,
+    ) -> None:
+        self.is_supported = supported if callable(supported) else (lambda n, s=frozenset(supported): n.target in s)
+        self.spec = DelegationSpec(backend_id, [CompileSpec("test", b"1")])
+        self.tag_constants = tag_constants
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        tags: dict[str, DelegationSpec] = {}
+        current: str | None = None
+        members: set[torch.fx.Node] = set()
+        for node in exported_program.graph.nodes:
+            if node.op != "call_function" or not self.is_supported(node):
+                if node.op == "call_function":
+                    current = None
+                continue
+            connected = any(inp in members for inp in node.all_input_nodes)
+            if current is None or not connected:
+                current = f"tag{len(tags)}"
+                tags[current] = self.spec
+                members = set()
+            node.meta[DELEGATION_TAG] = current
+            members.add(node)
+        if self.tag_constants:
+            tag_constant_data(exported_program)
+        return PartitionResult(exported_program, tags)
+
+
+def tag_constant_data(program: ExportedProgram) -> None:
+    """Tag each parameter/buffer/constant placeholder whose users are all tagged."""
+    signature = program.graph_signature
+    state = set(signature.inputs_to_parameters) | set(signature.inputs_to_buffers) | set(
+        signature.inputs_to_lifted_tensor_constants
+    )
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in state and node.users:
+            tags = {u.meta.get(DELEGATION_TAG) for u in node.users}
+            if None not in tags:
+                node.meta[DELEGATION_TAG] = sorted(tags)[0]
+
+
+class FunctionPartitioner(Partitioner):
+    """Tags nodes with whatever ``tagger(node)`` returns (None: untagged)."""
+
+    def __init__(self, tagger: Callable[[torch.fx.Node], str | None], backend_id: str = TorchExportBackend.backend_id):
+        self.tagger = tagger
+        self.backend_id = backend_id
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        tags: dict[str, DelegationSpec] = {}
+        for gm in exported_program.graph_module.modules():
+            if not isinstance(gm, torch.fx.GraphModule):
+                continue
+            for node in gm.graph.nodes:
+                tag = self.tagger(node)
+                if tag is not None:
+                    node.meta[DELEGATION_TAG] = tag
+                    tags[tag] = DelegationSpec(self.backend_id)
+        return PartitionResult(exported_program, tags)
