@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
 from torchdelegate import (
@@ -41,7 +42,7 @@ class TorchExportBackend(BackendDetails):
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         cls.calls.append("execute")
-        return list(handle(*inputs))
+        return pytree.tree_leaves(handle(*inputs))
 
     @classmethod
     def destroy(cls, handle: Any) -> None:

@@ -11,6 +11,7 @@ node on the cycle.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -87,6 +88,13 @@ def find_partitions(
 
     for node in nodes:
         tag = node.meta.get(DELEGATION_TAG)
+        if node.op == "call_function" and node.target is operator.getitem:
+            # A projection follows the node it reads from: tuples never cross a boundary.
+            source = group_of.get(node.args[0])  # type: ignore[arg-type]
+            if source is not None:
+                source.nodes.append(node)
+                group_of[node] = source
+            continue
         if tag is None or node.op == "get_attr":
             continue
         _check_tag(tag, node, partition_tags, where)

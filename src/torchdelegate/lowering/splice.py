@@ -41,11 +41,11 @@ def splice(
     found: GraphPartitions,
     delegates: Mapping[Partition, LoweredBackendModule],
     submodules: Mapping[str, GraphModule],
-) -> tuple[GraphModule, dict[str, str]]:
-    """``gm`` rebuilt with its partitions replaced by delegate calls.
+) -> tuple[torch.fx.Graph, dict[str, Any], dict[str, str]]:
+    """``gm``'s graph rebuilt with its partitions replaced by delegate calls.
 
-    ``submodules`` replaces sub-graphs that were lowered themselves. Returns the new graph
-    module and the renaming of every kept value (old node name to new node name).
+    ``submodules`` replaces sub-graphs that were lowered themselves. Returns the new graph,
+    the attributes it reads, and the renaming of every kept value (old name to new name).
     """
     graph = torch.fx.Graph()
     graph._codegen = gm.graph._codegen
@@ -70,9 +70,7 @@ def splice(
         if node.op == "get_attr":
             target = str(node.target)
             attrs[target] = submodules[target] if target in submodules else fetch_attr(gm, target)
-    new_gm = GraphModule(attrs, graph, class_name=type(gm).__name__)
-    new_gm.meta.update(gm.meta)
-    return new_gm, {old.name: new.name for old, new in env.items()}
+    return graph, attrs, {old.name: new.name for old, new in env.items()}
 
 
 def _emit_delegate(graph: torch.fx.Graph, name: str, partition: Partition, env: dict[Node, Node]) -> None:

@@ -23,8 +23,8 @@ def fetch_attr(module: torch.nn.Module, target: str) -> Any:
     return value
 
 
-def copy_graph_module(gm: GraphModule) -> GraphModule:
-    """A new GraphModule with copied nodes (shallow-copied meta) and shared attributes.
+def copy_graph(gm: GraphModule) -> tuple[torch.fx.Graph, dict[str, Any]]:
+    """A copy of ``gm``'s graph (nodes copied, meta shallow-copied) and the attributes it reads.
 
     Sub-GraphModules reached by ``get_attr`` (control-flow branches and bodies) are copied
     the same way, recursively; tensors and other attributes are shared.
@@ -38,8 +38,19 @@ def copy_graph_module(gm: GraphModule) -> GraphModule:
         if node.op == "get_attr" and node.target not in attrs:
             value = fetch_attr(gm, node.target)
             attrs[node.target] = copy_graph_module(value) if isinstance(value, GraphModule) else value
-    new = GraphModule(attrs, graph, class_name=type(gm).__name__)
-    new.meta.update(gm.meta)
+    return graph, attrs
+
+
+def copy_graph_module(gm: GraphModule) -> GraphModule:
+    """A structural copy of ``gm``: see :func:`copy_graph`."""
+    graph, attrs = copy_graph(gm)
+    return make_graph_module(attrs, graph, gm)
+
+
+def make_graph_module(attrs: dict[str, Any], graph: torch.fx.Graph, like: GraphModule) -> GraphModule:
+    """A GraphModule of ``graph`` with ``attrs``, carrying ``like``'s class name and meta."""
+    new = GraphModule(attrs, graph, class_name=type(like).__name__)
+    new.meta.update(like.meta)
     return new
 
 
@@ -52,10 +63,11 @@ def copy_signature(signature: ExportGraphSignature) -> ExportGraphSignature:
 
 def copy_program(program: ExportedProgram) -> ExportedProgram:
     """A structural copy of ``program``: its graphs copied, its tensors shared."""
-    gm = copy_graph_module(program.graph_module)
-    return ExportedProgram(
-        root=gm,
-        graph=gm.graph,
+    # The attributes as root: ExportedProgram compiles the one GraphModule itself.
+    graph, attrs = copy_graph(program.graph_module)
+    copied = ExportedProgram(
+        root=attrs,
+        graph=graph,
         graph_signature=copy_signature(program.graph_signature),
         state_dict=dict(program.state_dict),
         range_constraints=dict(program.range_constraints),
@@ -64,3 +76,24 @@ def copy_program(program: ExportedProgram) -> ExportedProgram:
         constants=dict(program.constants),
         verifiers=list(program.verifiers),
     )
+    copied.graph_module.meta.update(program.graph_module.meta)
+    return copied
+
+
+class MutableStateCopies:
+    """Private copies of the buffers a lowered program mutates, one per source tensor.
+
+    Lowering shares weights with the caller's program, but a buffer the lowered program
+    writes (a KV cache) must not write into the caller's tensor. Programs lowered together
+    that share a buffer get the same copy, so their methods still share its state.
+    """
+
+    def __init__(self) -> None:
+        self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        entry = self._copies.get(id(tensor))
+        if entry is None:
+            entry = (tensor, tensor.detach().clone())
+            self._copies[id(tensor)] = entry
+        return entry[1]

@@ -22,7 +22,7 @@ from torch.export.graph_signature import (
 from torch.fx import GraphModule, Node
 
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, output_values
-from torchdelegate.lowering.structural_copy import fetch_attr
+from torchdelegate.lowering.structural_copy import MutableStateCopies, fetch_attr
 from torchdelegate.partition.partitioner import DELEGATION_TAG
 
 
@@ -57,28 +57,31 @@ def build_subprogram(
     found: GraphPartitions,
     program: ExportedProgram,
     output_specs: list[OutputSpec] | None,
+    state_copies: MutableStateCopies,
 ) -> ExportedProgram:
     """The partition as an ExportedProgram: its state inside, its inputs as user inputs.
 
     ``program`` is the top-level program the graph belongs to (for its tensors, range
     constraints and verifiers); ``output_specs`` are the owner graph's (``None`` for a
-    control-flow sub-graph).
+    control-flow sub-graph). Buffers whose mutation the partition owns get private copies.
     """
     graph = torch.fx.Graph()
     env: dict[Node, Node] = {}
     input_specs: list[InputSpec] = []
     state_dict: dict[str, Any] = {}
     constants: dict[str, Any] = {}
+    owned = {output_specs[i].target for i in partition.mutations} if output_specs else set()
     for node in partition.state:
         spec = found.input_specs[node.name]
         env[node] = placeholder = graph.placeholder(node.name)
         copy_meta(node, placeholder)
         input_specs.append(spec)  # same placeholder name: the owner's names are unique
         assert spec.target is not None
-        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
-            state_dict[spec.target] = program.state_dict[spec.target]
-        else:
-            constants[spec.target] = program.constants[spec.target]
+        persistent = spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent)
+        value = (program.state_dict if persistent else program.constants)[spec.target]
+        if spec.target in owned:
+            value = state_copies(value)
+        (state_dict if persistent else constants)[spec.target] = value
     for node in partition.inputs:
         env[node] = placeholder = graph.placeholder(node.name)
         copy_meta(node, placeholder)
@@ -107,10 +110,9 @@ def build_subprogram(
         out_specs.append(OutputSpec(OutputKind.USER_OUTPUT, graph_argument(env[node].name, node.meta.get("val")), None))
     graph.output(tuple(values))
 
-    gm = GraphModule(attrs, graph, class_name="GraphModule")
     return ExportedProgram(
-        root=gm,
-        graph=gm.graph,
+        root=attrs,
+        graph=graph,
         graph_signature=ExportGraphSignature(input_specs, out_specs),
         state_dict=state_dict,
         range_constraints=dict(program.range_constraints),

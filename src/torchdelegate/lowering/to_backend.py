@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import GraphModule
@@ -24,7 +25,12 @@ from torchdelegate.errors import GraphChangedError, PartitionError, PreprocessEr
 from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
 from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
-from torchdelegate.lowering.structural_copy import copy_program, fetch_attr
+from torchdelegate.lowering.structural_copy import (
+    MutableStateCopies,
+    copy_program,
+    fetch_attr,
+    make_graph_module,
+)
 from torchdelegate.lowering.subprogram import build_subprogram
 from torchdelegate.lowering.validation import first_graph_difference, validation_enabled
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
@@ -128,10 +134,11 @@ def lower_methods(
         )
     plans: list[_MethodPlan] = []
     jobs: list[_Job] = []
+    state_copies = MutableStateCopies()
     for method, program in programs.items():
         if method in partitioners:
             _check_program(program, f"method {method!r}")
-            plans.append(_plan_method(method, program, partitioners[method], jobs))
+            plans.append(_plan_method(method, program, partitioners[method], jobs, state_copies))
     _preprocess(jobs)
     store = NamedDataStore()
     for job in jobs:
@@ -145,7 +152,7 @@ def lower_methods(
         job.delegate = _make_delegate(job, merged)
     lowered = dict(programs)
     for plan in plans:
-        lowered[plan.method] = _splice_method(plan)
+        lowered[plan.method] = _splice_method(plan, state_copies)
     return lowered
 
 
@@ -213,10 +220,17 @@ def _tag_whole_program(program: ExportedProgram, spec: DelegationSpec) -> Partit
     return PartitionResult(program, {WHOLE_PROGRAM_TAG: spec})
 
 
-def _plan_method(method: str, program: ExportedProgram, partitioner: PartitionerLike, jobs: list[_Job]) -> _MethodPlan:
+def _plan_method(
+    method: str,
+    program: ExportedProgram,
+    partitioner: PartitionerLike,
+    jobs: list[_Job],
+    state_copies: MutableStateCopies,
+) -> _MethodPlan:
     result = _partition(method, program, partitioner)
     tagged = result.tagged_exported_program
-    root = _plan_graph(method, tagged, tagged.graph_module, True, result.partition_tags, f"method {method!r}", jobs)
+    where = f"method {method!r}"
+    root = _plan_graph(method, tagged, tagged.graph_module, True, result.partition_tags, where, jobs, state_copies)
     return _MethodPlan(method, tagged, root)
 
 
@@ -228,6 +242,7 @@ def _plan_graph(
     tags: Mapping[str, DelegationSpec],
     where: str,
     jobs: list[_Job],
+    state_copies: MutableStateCopies,
 ) -> _GraphPlan:
     """Find the partitions of ``gm`` and of the sub-graphs it keeps, and build their sub-programs."""
     children: dict[str, _GraphPlan] = {}
@@ -240,14 +255,14 @@ def _plan_graph(
         )
         if isinstance(value, GraphModule) and not delegated_whole:
             children[str(node.target)] = _plan_graph(
-                method, program, value, False, tags, f"{where}, sub-graph {node.target!r}", jobs
+                method, program, value, False, tags, f"{where}, sub-graph {node.target!r}", jobs, state_copies
             )
     signature = program.graph_signature if top_level else None
     found = find_partitions(gm, signature, tags, where)
     own_jobs = []
     for partition in found.partitions:
         subprogram = build_subprogram(
-            gm, partition, found, program, signature.output_specs if signature else None
+            gm, partition, found, program, signature.output_specs if signature else None, state_copies
         )
         own_jobs.append(_Job(method, partition, subprogram))
     jobs.extend(own_jobs)
@@ -368,8 +383,11 @@ def _make_delegate(job: _Job, named_data: NamedDataStoreOutput) -> LoweredBacken
     )
 
 
-def _splice_graph(plan: _GraphPlan) -> tuple[GraphModule, dict[str, str]]:
-    submodules = {target: _splice_graph(child)[0] for target, child in plan.children.items()}
+def _splice_graph(plan: _GraphPlan) -> tuple[torch.fx.Graph, dict[str, Any], dict[str, str]]:
+    submodules = {}
+    for target, child in plan.children.items():
+        graph, attrs, _ = _splice_graph(child)
+        submodules[target] = make_graph_module(attrs, graph, child.gm)
     delegates = {}
     for job in plan.jobs:
         assert job.delegate is not None
@@ -377,26 +395,33 @@ def _splice_graph(plan: _GraphPlan) -> tuple[GraphModule, dict[str, str]]:
     return splice(plan.gm, plan.found, delegates, submodules)
 
 
-def _splice_method(plan: _MethodPlan) -> ExportedProgram:
+def _splice_method(plan: _MethodPlan, state_copies: MutableStateCopies) -> ExportedProgram:
     program = plan.program
-    gm, renamed = _splice_graph(plan.root)
+    graph, attrs, renamed = _splice_graph(plan.root)
     found = plan.root.found
     dropped = set(dropped_targets(found))
     signature = rename_signature(
         program.graph_signature, renamed, {n.name for n in found.dropped}, found.owned_outputs
     )
-    names = {node.name for node in gm.graph.nodes}
-    return ExportedProgram(
-        root=gm,
-        graph=gm.graph,
+    names = {node.name for node in graph.nodes}
+    mutated = set(signature.buffers_to_mutate.values())
+
+    def kept(tensors: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: state_copies(v) if k in mutated else v for k, v in tensors.items() if k not in dropped}
+
+    lowered = ExportedProgram(
+        root=attrs,
+        graph=graph,
         graph_signature=signature,
-        state_dict={k: v for k, v in program.state_dict.items() if k not in dropped},
+        state_dict=kept(program.state_dict),
         range_constraints=dict(program.range_constraints),
         module_call_graph=_module_call_graph(program, renamed, names),
         example_inputs=program.example_inputs,
-        constants={k: v for k, v in program.constants.items() if k not in dropped},
+        constants=kept(program.constants),
         verifiers=list(program.verifiers),
     )
+    lowered.graph_module.meta.update(program.graph_module.meta)
+    return lowered
 
 
 def _module_call_graph(program: ExportedProgram, renamed: Mapping[str, str], names: set[str]) -> list[Any]:

@@ -1,0 +1,201 @@
+"""Lowering cost against model size: is it linear, and does it copy weights?
+
+A stack of L transformer blocks (attention + MLP, d=64) is exported and decomposed; a
+partitioner built on torch.fx's CapabilityBasedPartitioner claims linear/addmm/mm/permute/
+view/add/mul/gelu, so every block yields several partitions; the backend's preprocess
+does nothing, so the time measured is the framework's. For each L the script prints the
+graph's nodes, the partitions, the median seconds of ``to_backend`` over a few runs, the
+ratio to L=32, and the peak growth of resident memory during one lowering against the
+weights' bytes.
+
+    python benchmarks/lowering.py [--layers 2 8 32 128] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import threading
+import time
+
+import torch
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from torchdelegate import (
+    DELEGATION_TAG,
+    BackendDetails,
+    DelegationSpec,
+    Partitioner,
+    PartitionResult,
+    PreprocessResult,
+    to_backend,
+)
+
+aten = torch.ops.aten
+SUPPORTED = {
+    aten.linear.default,
+    aten.addmm.default,
+    aten.mm.default,
+    aten.permute.default,
+    aten.view.default,
+    aten.add.Tensor,
+    aten.mul.Tensor,
+    aten.gelu.default,
+}
+
+
+class BenchmarkBackend(BackendDetails):
+    """Does no work, so that what is timed is the framework."""
+
+    backend_id = "BenchmarkNoop"
+
+    @staticmethod
+    def preprocess(edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        return PreprocessResult(processed_bytes=b"noop")
+
+
+class _Support(OperatorSupportBase):
+    def is_node_supported(self, submodules, node):  # type: ignore[no-untyped-def]
+        return node.op == "call_function" and node.target in SUPPORTED
+
+
+def fx_partitions(program: torch.export.ExportedProgram) -> dict[str, str]:
+    """Node name -> tag, as torch.fx's CapabilityBasedPartitioner proposes (it is quadratic)."""
+    proposer = CapabilityBasedPartitioner(program.graph_module, _Support(), allows_single_node_partition=True)
+    return {
+        node.name: f"tag{partition.id}" for partition in proposer.propose_partitions() for node in partition.nodes
+    }
+
+
+class ReplayPartitioner(Partitioner):
+    """Tags the nodes fx's partitioner proposed (computed once), so the timing is lowering's."""
+
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.tags = tags
+
+    def partition(self, exported_program):  # type: ignore[no-untyped-def]
+        spec = DelegationSpec(BenchmarkBackend.backend_id)
+        for node in exported_program.graph.nodes:
+            if node.name in self.tags:
+                node.meta[DELEGATION_TAG] = self.tags[node.name]
+        return PartitionResult(exported_program, dict.fromkeys(sorted(set(self.tags.values())), spec))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        attention = ((q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5).softmax(-1)
+        y = (attention @ v).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, layers: int, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*(Block(d, heads) for _ in range(layers)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Samples resident memory in a thread; ``growth`` is the peak above the start."""
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = _rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.0005):
+            self.peak = max(self.peak, _rss_bytes())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start
+
+
+def measure(layers: int, repeats: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    model = Stack(layers).eval()
+    program = torch.export.export(model, (torch.randn(1, 8, 64),)).run_decompositions()
+    weight_bytes = sum(t.numel() * t.element_size() for t in program.state_dict.values())
+    start = time.perf_counter()
+    tags = fx_partitions(program)
+    fx_seconds = time.perf_counter() - start
+    partitioner = ReplayPartitioner(tags)
+    times = []
+    lowered = None
+    for _ in range(repeats):
+        del lowered
+        gc.collect()
+        start = time.perf_counter()
+        lowered = to_backend(program, partitioner)
+        times.append(time.perf_counter() - start)
+    del lowered
+    gc.collect()
+    with PeakRss() as rss:
+        lowered = to_backend(program, partitioner)
+    partitions = sum(1 for n in lowered.graph.nodes if n.op == "get_attr" and n.target.startswith("lowered_module_"))
+    return {
+        "layers": layers,
+        "nodes": len(program.graph.nodes),
+        "partitions": partitions,
+        "seconds": statistics.median(times),
+        "fx_seconds": fx_seconds,
+        "rss_growth": rss.growth,
+        "weights": weight_bytes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32, 128])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores")
+    rows = [measure(layers, args.repeats) for layers in args.layers]
+    base = next((r for r in rows if r["layers"] == 32), rows[0])
+    print(
+        f"{'L':>5} {'nodes':>7} {'partitions':>10} {'to_backend s':>12} {'/L=32':>7} {'fx tagging s':>12} "
+        f"{'peak RSS +MiB':>14} {'weights MiB':>12} {'RSS/weights':>12}"
+    )
+    for r in rows:
+        print(
+            f"{r['layers']:>5} {r['nodes']:>7} {r['partitions']:>10} {r['seconds']:>12.3f} "
+            f"{r['seconds'] / base['seconds']:>7.2f} {r['fx_seconds']:>12.2f} {r['rss_growth'] / 2**20:>14.2f} "
+            f"{r['weights'] / 2**20:>12.2f} {r['rss_growth'] / r['weights']:>12.2%}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""to_backend(edge_program, partitioner): partitions become delegates that really run."""
+
+import copy
+import gc
+import operator
+
+import torch
+from backends import FunctionPartitioner, OpSetPartitioner, TorchExportBackend
+from models import LINEAR_OPS, SharedConstant, TwoLinears, aten, export
+
+from torchdelegate import LoweredBackendModule, call_delegate, run_original_subprograms, to_backend
+
+
+def delegates(program: torch.export.ExportedProgram) -> list[LoweredBackendModule]:
+    return [m for _, m in program.graph_module.named_children() if isinstance(m, LoweredBackendModule)]
+
+
+def snapshot(program: torch.export.ExportedProgram) -> tuple:
+    return (
+        program.graph_module.code,
+        str(program.graph_signature),
+        {k: v for k, v in program.state_dict.items()},
+        {k: v.clone() for k, v in program.state_dict.items()},
+        [dict(n.meta) for n in program.graph.nodes],
+    )
+
+
+def assert_unchanged(program: torch.export.ExportedProgram, before: tuple) -> None:
+    code, signature, tensors, values, metas = before
+    assert program.graph_module.code == code
+    assert str(program.graph_signature) == signature
+    assert program.state_dict.keys() == tensors.keys()
+    for key, tensor in tensors.items():
+        assert program.state_dict[key] is tensor and torch.equal(tensor, values[key])
+    assert [dict(n.meta) for n in program.graph.nodes] == metas
+
+
+def test_two_partitions_split_by_an_unsupported_op() -> None:
+    model = TwoLinears()
+    program = export(model, torch.randn(2, 4))
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS))
+
+    calls = [n for n in lowered.graph.nodes if n.target is call_delegate]
+    assert len(calls) == 2
+    assert [n.target for n in lowered.graph.nodes if n.op == "call_function" and n.target not in (call_delegate, operator.getitem)] == [aten.sigmoid.default]
+    # The second delegate reads the first one's output too (the residual).
+    assert [a.name for a in calls[1].args[1:]] == ["sigmoid", "relu"]
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(lowered.module()(x), model(x))
+    lowered.validate()
+
+
+def test_tagged_params_move_into_the_delegate() -> None:
+    program = export(TwoLinears(), torch.randn(2, 4))
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS, tag_constants=True))
+    assert lowered.state_dict == {}
+    assert [s.arg.name for s in lowered.graph_signature.input_specs] == ["x"]
+    first, second = delegates(lowered)
+    assert set(first.original_module.state_dict) == {"l1.weight", "l1.bias"}
+    assert set(second.original_module.state_dict) == {"l2.weight", "l2.bias"}
+    assert first.original_module.state_dict["l1.weight"] is program.state_dict["l1.weight"]
+
+
+def test_untagged_params_stay_and_are_passed_in() -> None:
+    model = TwoLinears()
+    program = export(model, torch.randn(2, 4))
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS, tag_constants=False))
+    assert set(lowered.state_dict) == {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}
+    assert all(lowered.state_dict[k] is program.state_dict[k] for k in lowered.state_dict)
+    first = delegates(lowered)[0]
+    assert first.original_module.state_dict == {}
+    assert [s.arg.name for s in first.original_module.graph_signature.input_specs] == ["p_l1_weight", "p_l1_bias", "x"]
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(lowered.module()(x), model(x))
+
+
+def test_a_constant_shared_by_two_partitions_and_a_residual_node_is_never_copied() -> None:
+    model = SharedConstant()
+    program = export(model, torch.randn(3, 4))
+    lowered = to_backend(program, OpSetPartitioner({aten.mm.default}, tag_constants=False))
+    # mm's users are tagged but tanh is not, so the weight is not tagged: passed in to both.
+    assert lowered.state_dict["w"] is program.state_dict["w"]
+
+    def tag_weight_too(node: torch.fx.Node) -> str | None:
+        if node.op == "call_function" and node.target is aten.mm.default:
+            return f"mm{node.name}"
+        return "mm" + "mm" if node.name == "p_w" else None
+
+    lowered = to_backend(program, FunctionPartitioner(tag_weight_too))
+    weights = [d.original_module.state_dict["w"] for d in delegates(lowered)]
+    assert len(weights) == 2
+    pointer = program.state_dict["w"].data_ptr()
+    assert all(w.data_ptr() == pointer for w in weights)
+    assert lowered.state_dict["w"].data_ptr() == pointer  # tanh still reads it
+    x = torch.randn(3, 4)
+    for got, want in zip(lowered.module()(x), model(x)):
+        torch.testing.assert_close(got, want)
+
+
+def test_delegates_init_once_execute_per_call_and_destroy_when_released() -> None:
+    model = TwoLinears()
+    program = export(model, torch.randn(2, 4))
+    gc.collect()  # earlier tests' delegates must not be destroyed during this one
+    TorchExportBackend.calls.clear()
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS))
+    module = lowered.module()
+    for _ in range(3):
+        module(torch.randn(2, 4))
+    assert TorchExportBackend.calls.count("init") == 2
+    assert TorchExportBackend.calls.count("execute") == 6
+    del module, lowered
+    gc.collect()
+    assert TorchExportBackend.calls.count("destroy") == 2
+
+
+def test_run_original_subprograms_matches_the_backend() -> None:
+    model = TwoLinears()
+    program = export(model, torch.randn(2, 4))
+    TorchExportBackend.calls.clear()
+    module = to_backend(program, OpSetPartitioner(LINEAR_OPS)).module()
+    x = torch.randn(2, 4)
+    with run_original_subprograms():
+        original = module(x)
+    assert TorchExportBackend.calls == []
+    torch.testing.assert_close(module(x), original)
+
+
+def test_delegate_names_are_deterministic_and_topological() -> None:
+    program = export(TwoLinears(), torch.randn(2, 4))
+    first = to_backend(program, OpSetPartitioner(LINEAR_OPS))
+    second = to_backend(program, OpSetPartitioner(LINEAR_OPS))
+    assert first.graph_module.code == second.graph_module.code
+    names = [n.target for n in first.graph.nodes if n.op == "get_attr"]
+    assert names == ["lowered_module_0", "lowered_module_1"]
+    assert [d.meta["tag"] for d in delegates(first)] == ["tag0", "tag1"]
+    text = str(first)
+    assert "lowered_module_0" in text and "call_delegate" in text
+
+
+def test_lowering_a_lowered_program_again_keeps_its_delegates() -> None:
+    model = TwoLinears()
+    program = export(model, torch.randn(2, 4))
+    once = to_backend(program, OpSetPartitioner({aten.relu.default}))
+    twice = to_backend(once, OpSetPartitioner({aten.sigmoid.default}))
+    assert [n.target for n in twice.graph.nodes if n.op == "get_attr"] == ["lowered_module_0", "lowered_module_1"]
+    assert delegates(twice)[0] is delegates(once)[0]
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(twice.module()(x), model(x))
+
+
+def test_the_callers_program_is_unchanged_after_lowering() -> None:
+    program = export(TwoLinears(), torch.randn(2, 4))
+    before = snapshot(program)
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS))
+    lowered.module()(torch.randn(2, 4))
+    assert_unchanged(program, before)
+
+
+def test_a_lowered_program_can_be_decomposed_and_traced_again() -> None:
+    model = TwoLinears()
+    program = export(model, torch.randn(2, 4))
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS)).run_decompositions()
+    assert sum(1 for n in lowered.graph.nodes if n.target is call_delegate) == 2
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(lowered.module()(x), model(x))
+
+
+def test_dynamic_batch_sizes_run_through_delegates() -> None:
+    model = TwoLinears()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = export(model, torch.randn(2, 4), dynamic_shapes=({0: batch},))
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS))
+    module = lowered.module()
+    for n in (1, 5, 33):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(module(x), model(x))
+
+
+def test_deepcopy_shares_the_blob_but_not_the_handle() -> None:
+    program = export(TwoLinears(), torch.randn(2, 4))
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS))
+    delegate = delegates(lowered)[0]
+    x = torch.randn(2, 4)
+    expected = delegate(x)
+    TorchExportBackend.calls.clear()
+    clone = copy.deepcopy(delegate)
+    assert clone.processed_bytes is delegate.processed_bytes
+    assert clone.original_module is delegate.original_module
+    torch.testing.assert_close(clone(x), expected)
+    assert TorchExportBackend.calls == ["init", "execute"]

@@ -1,0 +1,82 @@
+"""Small models for the lowering tests."""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+
+class TwoLinears(torch.nn.Module):
+    """linear -> relu | sigmoid (unsupported) | linear + residual: two partitions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(4, 4)
+        self.l2 = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.l1(x).relu()
+        z = torch.sigmoid(y)
+        return self.l2(z) + y
+
+
+LINEAR_OPS = {aten.permute.default, aten.addmm.default, aten.relu.default, aten.add.Tensor}
+
+
+class SharedConstant(torch.nn.Module):
+    """One weight read by two partitions (split by sigmoid) and by an untagged node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.mm(x, self.w)
+        b = torch.mm(torch.sigmoid(a), self.w)
+        return b, torch.tanh(self.w)
+
+
+class KVCache(torch.nn.Module):
+    """A projection written into a static cache at ``pos``, read back whole."""
+
+    def __init__(self, length: int = 4, d: int = 4) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d)
+        self.register_buffer("cache", torch.zeros(length, d))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k = self.proj(x)
+        self.cache.index_copy_(0, pos, k)
+        return (self.cache * 2).sum(0) + k.sum(0)
+
+
+class Cond(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def true_fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return (x @ w).relu() + 1
+
+        def false_fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return (x - 1).sigmoid() * 2
+
+        return torch.cond(x.sum() > 0, true_fn, false_fn, (x, self.w)) + x
+
+
+class WhileLoop(torch.nn.Module):
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        def cond_fn(i: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return i < n.size(0)
+
+        def body_fn(i: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return i + 1, (x * 2).sin() + 1
+
+        i0 = torch.zeros((), dtype=torch.int64)
+        return torch._higher_order_ops.while_loop(cond_fn, body_fn, (i0, x))[1]
+
+
+def export(model: torch.nn.Module, *args: torch.Tensor, **kwargs: object) -> torch.export.ExportedProgram:
+    return torch.export.export(model, args, **kwargs).run_decompositions()  # type: ignore[arg-type]
