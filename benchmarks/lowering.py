@@ -66,9 +66,7 @@ class _Support(OperatorSupportBase):
 def fx_partitions(program: torch.export.ExportedProgram) -> dict[str, str]:
     """Node name -> tag, as torch.fx's CapabilityBasedPartitioner proposes (it is quadratic)."""
     proposer = CapabilityBasedPartitioner(program.graph_module, _Support(), allows_single_node_partition=True)
-    return {
-        node.name: f"tag{partition.id}" for partition in proposer.propose_partitions() for node in partition.nodes
-    }
+    return {node.name: f"tag{partition.id}" for partition in proposer.propose_partitions() for node in partition.nodes}
 
 
 class ReplayPartitioner(Partitioner):
@@ -182,7 +180,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32, 128])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores")
+    print(
+        f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores"
+    )
     rows = [measure(layers, args.repeats) for layers in args.layers]
     base = next((r for r in rows if r["layers"] == 32), rows[0])
     print(

@@ -90,8 +90,10 @@ class OpSetPartitioner(Partitioner):
 def tag_constant_data(program: ExportedProgram) -> None:
     """Tag each parameter/buffer/constant placeholder whose users are all tagged."""
     signature = program.graph_signature
-    state = set(signature.inputs_to_parameters) | set(signature.inputs_to_buffers) | set(
-        signature.inputs_to_lifted_tensor_constants
+    state = (
+        set(signature.inputs_to_parameters)
+        | set(signature.inputs_to_buffers)
+        | set(signature.inputs_to_lifted_tensor_constants)
     )
     for node in program.graph.nodes:
         if node.op == "placeholder" and node.name in state and node.users:

@@ -51,6 +51,19 @@ class KVCache(torch.nn.Module):
         return (self.cache * 2).sum(0) + k.sum(0)
 
 
+class ReadThenWrite(torch.nn.Module):
+    """Reads its buffer before updating it: the old value is used after the update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        old = self.state * 3
+        self.state.add_(x)
+        return old.tanh() + self.state
+
+
 class Cond(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -87,8 +87,7 @@ class BackendDetails(ABC):
         """Compile every partition of every method at once; override to share data between them."""
         return {
             method: [
-                cls.preprocess(program, specs)
-                for program, specs in zip(programs, compile_specs[method], strict=True)
+                cls.preprocess(program, specs) for program, specs in zip(programs, compile_specs[method], strict=True)
             ]
             for method, programs in edge_programs.items()
         }
@@ -115,7 +114,8 @@ class BackendDetails(ABC):
 
     @classmethod
     def destroy(cls, handle: Any) -> None:
-        """Release a handle returned by ``init``."""
+        """Release a handle returned by ``init``; the default keeps nothing to release."""
+        del handle
 
 
 def register_backend(cls: type[BackendDetails]) -> None:

@@ -30,7 +30,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).toreadonly()
+    return memoryview(flat.view(torch.uint8).numpy()).toreadonly()  # type: ignore[arg-type]
 
 
 def _as_buffer(data: bytes | bytearray | memoryview | torch.Tensor) -> Buffer:
@@ -94,9 +94,7 @@ class NamedDataStore:
         self._digests: list[bytes] = []
         self._entries: dict[str, DataEntry] = {}
 
-    def add_named_data(
-        self, key: str, data: bytes | bytearray | memoryview | torch.Tensor, alignment: int = 1
-    ) -> None:
+    def add_named_data(self, key: str, data: bytes | bytearray | memoryview | torch.Tensor, alignment: int = 1) -> None:
         if not isinstance(key, str) or not key:
             raise TypeError(f"named data key must be a non-empty str, got {key!r}")
         _check_alignment(key, alignment)

@@ -205,9 +205,7 @@ def _fake_outputs(lowered: LoweredBackendModule, args: tuple[Any, ...]) -> tuple
             value = mode.from_tensor(value, static_shapes=True)
         values.append(value)
     outputs = torch.fx.Interpreter(program.graph_module).run(*values)
-    return tuple(
-        v for s, v in zip(signature.output_specs, outputs, strict=True) if s.kind == OutputKind.USER_OUTPUT
-    )
+    return tuple(v for s, v in zip(signature.output_specs, outputs, strict=True) if s.kind == OutputKind.USER_OUTPUT)
 
 
 class CallDelegate(HigherOrderOperator):
@@ -251,7 +249,7 @@ def _call_delegate_fake(lowered_module: LoweredBackendModule, *args: Any) -> tup
 def _call_delegate_trace(mode: ProxyTorchDispatchMode, lowered_module: LoweredBackendModule, *args: Any) -> Any:
     with disable_proxy_modes_tracing():
         out = call_delegate(lowered_module, *args)
-    root = mode.tracer.root
+    root = mode.tracer.root  # type: ignore[union-attr]
     index = 0
     while hasattr(root, f"lowered_module_{index}"):
         if getattr(root, f"lowered_module_{index}") is lowered_module:

@@ -42,7 +42,11 @@ def test_two_partitions_split_by_an_unsupported_op() -> None:
 
     calls = [n for n in lowered.graph.nodes if n.target is call_delegate]
     assert len(calls) == 2
-    assert [n.target for n in lowered.graph.nodes if n.op == "call_function" and n.target not in (call_delegate, operator.getitem)] == [aten.sigmoid.default]
+    assert [
+        n.target
+        for n in lowered.graph.nodes
+        if n.op == "call_function" and n.target not in (call_delegate, operator.getitem)
+    ] == [aten.sigmoid.default]
     # The second delegate reads the first one's output too (the residual).
     assert [a.name for a in calls[1].args[1:]] == ["sigmoid", "relu"]
     x = torch.randn(2, 4)
@@ -93,7 +97,7 @@ def test_a_constant_shared_by_two_partitions_and_a_residual_node_is_never_copied
     assert all(w.data_ptr() == pointer for w in weights)
     assert lowered.state_dict["w"].data_ptr() == pointer  # tanh still reads it
     x = torch.randn(3, 4)
-    for got, want in zip(lowered.module()(x), model(x)):
+    for got, want in zip(lowered.module()(x), model(x), strict=True):
         torch.testing.assert_close(got, want)
 
 

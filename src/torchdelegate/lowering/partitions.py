@@ -14,7 +14,7 @@ import heapq
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind
 from torch.fx import GraphModule, Node
@@ -45,7 +45,7 @@ class Partition:
     """Positions of the owner's outputs whose buffer mutation moves into the partition."""
 
 
-Unit = Union[Node, Partition]
+Unit = Node | Partition
 
 
 @dataclass
@@ -240,7 +240,9 @@ def _used_outside(node: Node, group: Partition, group_of: Mapping[Node, Partitio
     return False
 
 
-def _fused_order(nodes: list[Node], group_of: Mapping[Node, Partition], index: Mapping[Node, int], where: str) -> list[Unit]:
+def _fused_order(
+    nodes: list[Node], group_of: Mapping[Node, Partition], index: Mapping[Node, int], where: str
+) -> list[Unit]:
     """A topological order of the graph with each partition fused into one unit."""
     key: dict[Unit, int] = {}
     indegree: dict[Unit, int] = {}
@@ -293,11 +295,13 @@ def _raise_cycle(remaining: list[Unit], group_of: Mapping[Node, Partition], wher
         seen[unit] = len(path)
         path.append(unit)
         unit = predecessor(unit)
-    cycle = path[seen[unit]:]
+    cycle = path[seen[unit] :]
     partition = next(u for u in cycle if isinstance(u, Partition))
     outside = next((u for u in cycle if isinstance(u, Node)), None)
-    via = outside.name if outside is not None else next(
-        p.nodes[0].name for p in cycle if isinstance(p, Partition) and p is not partition
+    via = (
+        outside.name
+        if outside is not None
+        else next(p.nodes[0].name for p in cycle if isinstance(p, Partition) and p is not partition)
     )
     raise PartitionError(
         f"{where}: partition {partition.tag!r} cannot be fused into one delegate: node {via!r} "

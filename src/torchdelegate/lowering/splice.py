@@ -29,9 +29,9 @@ LOWERED_MODULE_PREFIX = "lowered_module_"
 def next_delegate_index(gm: GraphModule) -> int:
     """The first free ``lowered_module_N`` index in ``gm`` (earlier lowerings keep theirs)."""
     taken = [
-        int(name[len(LOWERED_MODULE_PREFIX):])
+        int(name[len(LOWERED_MODULE_PREFIX) :])
         for name, _ in gm.named_children()
-        if name.startswith(LOWERED_MODULE_PREFIX) and name[len(LOWERED_MODULE_PREFIX):].isdigit()
+        if name.startswith(LOWERED_MODULE_PREFIX) and name[len(LOWERED_MODULE_PREFIX) :].isdigit()
     ]
     return max(taken, default=-1) + 1
 

@@ -89,7 +89,7 @@ def build_subprogram(
         input_specs.append(InputSpec(InputKind.USER_INPUT, graph_argument(placeholder.name, value), None))
     attrs: dict[str, Any] = {}
     for node in (*partition.attrs, *(n for n in partition.nodes if n.op == "get_attr")):
-        attrs[node.target] = fetch_attr(owner, node.target)  # type: ignore[arg-type]
+        attrs[str(node.target)] = fetch_attr(owner, str(node.target))
     for node in partition.attrs:
         env[node] = graph.node_copy(node, env.__getitem__)
     for node in partition.nodes:
@@ -104,7 +104,9 @@ def build_subprogram(
         for i in partition.mutations:
             produced = env[owner_outputs[i]]
             values.append(produced)
-            out_specs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(produced.name), output_specs[i].target))
+            out_specs.append(
+                OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(produced.name), output_specs[i].target)
+            )
     for node in partition.outputs:
         values.append(env[node])
         out_specs.append(OutputSpec(OutputKind.USER_OUTPUT, graph_argument(env[node].name, node.meta.get("val")), None))

@@ -12,7 +12,7 @@ import copy
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -38,7 +38,7 @@ from torchdelegate.specs import CompileSpec, DelegationSpec
 
 WHOLE_PROGRAM_TAG = "whole_program"
 
-PartitionerLike = Union[Partitioner, DelegationSpec]
+PartitionerLike = Partitioner | DelegationSpec
 
 
 @dataclass(eq=False)
@@ -91,7 +91,9 @@ def _(backend_id: str, edge_program: ExportedProgram, compile_specs: Any = ()) -
     backend = get_backend(backend_id)
     specs = _compile_spec_list(compile_specs, backend_id)
     program = copy_program(_check_program(edge_program, "edge_program"))
-    result = _check_result(_preprocess_one(backend, program, specs, "forward", WHOLE_PROGRAM_TAG), backend_id, "forward")
+    result = _check_result(
+        _preprocess_one(backend, program, specs, "forward", WHOLE_PROGRAM_TAG), backend_id, "forward"
+    )
     return LoweredBackendModule(
         backend_id,
         result.processed_bytes,
@@ -326,9 +328,13 @@ def _preprocess_multimethod(backend: type[BackendDetails], jobs: list[_Job]) -> 
         method_results = results[job.method]
         expected = len(programs[job.method])
         if not isinstance(method_results, (list, tuple)) or len(method_results) != expected:
-            got = f"{len(method_results)} results" if isinstance(method_results, (list, tuple)) else type(method_results).__name__
+            count = (
+                f"{len(method_results)} results"
+                if isinstance(method_results, (list, tuple))
+                else type(method_results).__name__
+            )
             raise PreprocessError(
-                f"backend {backend_id!r}: preprocess_multimethod returned {got} for method "
+                f"backend {backend_id!r}: preprocess_multimethod returned {count} for method "
                 f"{job.method!r}; expected a list of {expected} PreprocessResult, one per partition"
             )
         job.result = _check_result(method_results[position[job.method]], backend_id, job.method)
@@ -338,7 +344,8 @@ def _preprocess_multimethod(backend: type[BackendDetails], jobs: list[_Job]) -> 
 def _check_result(result: Any, backend_id: str, method: str) -> PreprocessResult:
     if not isinstance(result, PreprocessResult):
         raise PreprocessError(
-            f"backend {backend_id!r} returned {type(result).__name__} for method {method!r}; expected a PreprocessResult"
+            f"backend {backend_id!r} returned {type(result).__name__} for method {method!r}; "
+            "expected a PreprocessResult"
         )
     if not isinstance(result.processed_bytes, bytes):
         raise PreprocessError(
@@ -359,8 +366,7 @@ def _merge_named_data(store: NamedDataStore, job: _Job) -> None:
         store.merge(job.result.data_store_output)
     except ValueError as e:
         raise PreprocessError(
-            f"backend {job.partition.spec.backend_id!r}, partition {job.partition.tag!r} of method "
-            f"{job.method!r}: {e}"
+            f"backend {job.partition.spec.backend_id!r}, partition {job.partition.tag!r} of method {job.method!r}: {e}"
         ) from e
 
 
@@ -400,9 +406,7 @@ def _splice_method(plan: _MethodPlan, state_copies: MutableStateCopies) -> Expor
     graph, attrs, renamed = _splice_graph(plan.root)
     found = plan.root.found
     dropped = set(dropped_targets(found))
-    signature = rename_signature(
-        program.graph_signature, renamed, {n.name for n in found.dropped}, found.owned_outputs
-    )
+    signature = rename_signature(program.graph_signature, renamed, {n.name for n in found.dropped}, found.owned_outputs)
     names = {node.name for node in graph.nodes}
     mutated = set(signature.buffers_to_mutate.values())
 
@@ -433,7 +437,7 @@ def _module_call_graph(program: ExportedProgram, renamed: Mapping[str, str], nam
             arguments = [*signature.inputs, *signature.outputs]
             for argument in arguments:
                 name = getattr(argument, "name", None)
-                if name in renamed:
+                if name is not None and name in renamed:
                     argument.name = renamed[name]
             if entry.fqn and any(getattr(a, "name", None) not in (None, *names) for a in arguments):
                 continue

@@ -50,8 +50,12 @@ def first_graph_difference(original: GraphModule, tagged: GraphModule, where: st
     """The first structural difference between two graphs (and their sub-graphs), or None."""
     old_nodes = list(original.graph.nodes)
     new_nodes = list(tagged.graph.nodes)
-    for old, new in zip(old_nodes, new_nodes):
+    for old, new in zip(old_nodes, new_nodes, strict=False):
         if (old.op, old.name, old.target) != (new.op, new.name, new.target):
+            if new.name not in {n.name for n in old_nodes}:
+                return f"{where}: node {_describe(new)} was added before {old.name!r}"
+            if old.name not in {n.name for n in new_nodes}:
+                return f"{where}: node {_describe(old)} was removed"
             return f"{where}: node {_describe(old)} became {_describe(new)}"
         if _shape(old.args) != _shape(new.args) or _shape(old.kwargs) != _shape(new.kwargs):
             return f"{where}: the arguments of node {old.name!r} changed"
@@ -64,7 +68,7 @@ def first_graph_difference(original: GraphModule, tagged: GraphModule, where: st
             elif isinstance(old_value, torch.Tensor) != isinstance(new_value, torch.Tensor):
                 return f"{where}: attribute {old.target!r} changed type"
     if len(old_nodes) != len(new_nodes):
-        extra = new_nodes[len(old_nodes):] or old_nodes[len(new_nodes):]
+        extra = new_nodes[len(old_nodes) :] or old_nodes[len(new_nodes) :]
         verb = "added" if len(new_nodes) > len(old_nodes) else "removed"
         return f"{where}: node {_describe(extra[0])} was {verb}"
     return None
