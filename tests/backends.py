@@ -19,6 +19,7 @@ from torchdelegate import (
     Partitioner,
     PartitionResult,
     PreprocessResult,
+    tag_constant_data,
 )
 
 
@@ -85,21 +86,6 @@ class OpSetPartitioner(Partitioner):
         if self.tag_constants:
             tag_constant_data(exported_program)
         return PartitionResult(exported_program, tags)
-
-
-def tag_constant_data(program: ExportedProgram) -> None:
-    """Tag each parameter/buffer/constant placeholder whose users are all tagged."""
-    signature = program.graph_signature
-    state = (
-        set(signature.inputs_to_parameters)
-        | set(signature.inputs_to_buffers)
-        | set(signature.inputs_to_lifted_tensor_constants)
-    )
-    for node in program.graph.nodes:
-        if node.op == "placeholder" and node.name in state and node.users:
-            tags = {u.meta.get(DELEGATION_TAG) for u in node.users}
-            if None not in tags:
-                node.meta[DELEGATION_TAG] = sorted(tags)[0]
 
 
 class FunctionPartitioner(Partitioner):

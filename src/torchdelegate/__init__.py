@@ -20,7 +20,13 @@ from torchdelegate.errors import (
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
 from torchdelegate.lowering.to_backend import to_backend
 from torchdelegate.lowering.validation import disable_validation, validation_disabled
-from torchdelegate.partition import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition import (
+    DELEGATION_TAG,
+    Partitioner,
+    PartitionResult,
+    tag_constant_data,
+    tag_mutated_buffers,
+)
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 __version__ = "0.1.0"
@@ -51,6 +57,8 @@ __all__ = [
     "register_backend",
     "registered_backend_ids",
     "run_original_subprograms",
+    "tag_constant_data",
+    "tag_mutated_buffers",
     "to_backend",
     "validation_disabled",
 ]

@@ -1,10 +1,18 @@
 """A KV cache: a tagged buffer is the delegate's state; an untagged one stays with the program."""
 
 import torch
-from backends import FunctionPartitioner, tag_constant_data
+from backends import FunctionPartitioner
 from models import KVCache, ReadThenWrite, export
 
-from torchdelegate import DELEGATION_TAG, DelegationSpec, Partitioner, PartitionResult, to_backend
+from torchdelegate import (
+    DELEGATION_TAG,
+    DelegationSpec,
+    Partitioner,
+    PartitionResult,
+    tag_constant_data,
+    tag_mutated_buffers,
+    to_backend,
+)
 
 
 class AllCompute(Partitioner):
@@ -17,6 +25,7 @@ class AllCompute(Partitioner):
                 node.meta[DELEGATION_TAG] = "t"
         if self.tag_state:
             tag_constant_data(exported_program)
+            tag_mutated_buffers(exported_program)
         return PartitionResult(exported_program, {"t": DelegationSpec("TestTorchExport")})
 
 

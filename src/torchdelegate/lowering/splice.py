@@ -75,7 +75,8 @@ def splice(
 
 def _emit_delegate(graph: torch.fx.Graph, name: str, partition: Partition, env: dict[Node, Node]) -> None:
     module_node = graph.get_attr(name)
-    call = graph.call_function(call_delegate, (module_node, *(env[n] for n in partition.inputs)))
+    args = (module_node, *(env[n] for n in partition.inputs))
+    call = graph.create_node("call_function", call_delegate, args, name="call_delegate")
     call.meta["val"] = tuple(n.meta.get("val") for n in partition.outputs)
     call.meta["delegate"] = name
     for i, produced in enumerate(partition.outputs):

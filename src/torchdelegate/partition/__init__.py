@@ -1,5 +1,6 @@
 """Partitioners: who decides which nodes go to which backend."""
 
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 
-__all__ = ["DELEGATION_TAG", "PartitionResult", "Partitioner"]
+__all__ = ["DELEGATION_TAG", "PartitionResult", "Partitioner", "tag_constant_data", "tag_mutated_buffers"]
