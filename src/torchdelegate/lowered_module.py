@@ -82,6 +82,7 @@ class LoweredBackendModule(torch.nn.Module):
         self._handle: Any = None
         self._finalizer: weakref.finalize | None = None
         self._original_runner: _OriginalRunner | None = None
+        self._expected_outputs = _user_output_count(original_module)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LoweredBackendModule:
         # The blob and sub-program are immutable: share them; the copy inits its own handle.
@@ -142,7 +143,7 @@ class LoweredBackendModule(torch.nn.Module):
             raise DelegateExecutionError(
                 f"backend {self.backend_id!r} failed to execute delegate {self.name!r}: {e}"
             ) from e
-        expected = _user_output_count(self.original_module)
+        expected = self._expected_outputs
         if not isinstance(outputs, (list, tuple)) or len(outputs) != expected:
             got = f"{len(outputs)} values" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             raise DelegateExecutionError(

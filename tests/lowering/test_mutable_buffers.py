@@ -72,3 +72,25 @@ def test_a_delegate_owning_a_buffer_also_returns_the_new_value_when_it_is_read_o
     for _ in range(4):
         x = torch.randn(4)
         torch.testing.assert_close(module(x), eager(x))
+
+
+class WriteOnly(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("last", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last.copy_(x * 2)
+        return x + 1
+
+
+def test_a_delegate_may_own_a_buffer_it_only_writes_and_return_nothing() -> None:
+    program = export(WriteOnly(), torch.randn(4))
+    lowered = to_backend(program, FunctionPartitioner(lambda n: "t" if n.name in ("b_last", "mul") else None))
+    assert lowered.state_dict == {} and lowered.graph_signature.buffers_to_mutate == {}
+    (call,) = [n for n in lowered.graph.nodes if n.op == "call_function"][:1]
+    assert call.meta["val"] == () and not call.users
+    (delegate,) = [m for n, m in lowered.graph_module.named_children() if n.startswith("lowered_module")]
+    assert delegate.original_module.graph_signature.buffers_to_mutate == {"mul": "last"}
+    x = torch.randn(4)
+    torch.testing.assert_close(lowered.module()(x), x + 1)

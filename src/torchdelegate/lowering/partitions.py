@@ -43,6 +43,8 @@ class Partition:
     """Member nodes whose values are used outside."""
     mutations: list[int] = field(default_factory=list)
     """Positions of the owner's outputs whose buffer mutation moves into the partition."""
+    owned_buffers: list[Node] = field(default_factory=list)
+    """The buffer placeholders of those mutations: their state lives in the delegate."""
 
 
 Unit = Node | Partition
@@ -126,17 +128,7 @@ def find_partitions(
     order = _fused_order(nodes, group_of, index, where)
     partitions = [u for u in order if isinstance(u, Partition)]
     owned_outputs = {i for p in partitions for i in p.mutations}
-    passed_in = {n for p in partitions for n in p.inputs}
-    dropped = {
-        node
-        for node in nodes
-        if node.op in ("placeholder", "get_attr")
-        and node.users
-        and node not in passed_in
-        and all(user in group_of for user in node.users)
-        and (node.op == "get_attr" or node in tagged_state)
-        and not _mutated_in_owner(node, specs, signature, owned_outputs)
-    }
+    dropped = _dropped(nodes, partitions, group_of, tagged_state, specs, signature, owned_outputs)
     return GraphPartitions(partitions, order, dropped, owned_outputs, specs)
 
 
@@ -151,16 +143,43 @@ def _check_tag(tag: Any, node: Node, partition_tags: Mapping[str, DelegationSpec
         )
 
 
-def _mutated_in_owner(
-    node: Node, specs: Mapping[str, InputSpec], signature: ExportGraphSignature | None, owned: set[int]
-) -> bool:
-    spec = specs.get(node.name)
-    if signature is None or spec is None or spec.kind != InputKind.BUFFER:
-        return False
-    return any(
-        s.kind == OutputKind.BUFFER_MUTATION and s.target == spec.target and i not in owned
-        for i, s in enumerate(signature.output_specs)
-    )
+def _dropped(
+    nodes: list[Node],
+    partitions: list[Partition],
+    group_of: Mapping[Node, Partition],
+    tagged_state: set[Node],
+    specs: Mapping[str, InputSpec],
+    signature: ExportGraphSignature | None,
+    owned_outputs: set[int],
+) -> set[Node]:
+    """The placeholders and ``get_attr`` nodes that only partitions needed.
+
+    A tagged state placeholder whose every user is delegated leaves (unless it is passed to
+    a delegate, or the owner still writes it); so does a buffer whose state a delegate owns.
+    Inputs that had no user at all stay, as they were.
+    """
+    passed_in = {n for p in partitions for n in p.inputs}
+    owned_buffers = {n for p in partitions for n in p.owned_buffers}
+    written_by_owner = {
+        s.target
+        for i, s in enumerate(signature.output_specs if signature else ())
+        if s.kind == OutputKind.BUFFER_MUTATION and i not in owned_outputs
+    }
+
+    def only_delegated(node: Node) -> bool:
+        if node.op == "get_attr":
+            return True
+        return node in tagged_state and specs[node.name].target not in written_by_owner
+
+    return owned_buffers | {
+        node
+        for node in nodes
+        if node.op in ("placeholder", "get_attr")
+        and node.users
+        and node not in passed_in
+        and all(user in group_of for user in node.users)
+        and only_delegated(node)
+    }
 
 
 def _assign_owned_mutations(
@@ -201,6 +220,7 @@ def _assign_owned_mutations(
                     f"shared: tag {user.name!r} with {tag!r}, or untag the buffer"
                 )
         group.mutations.append(i)
+        group.owned_buffers.append(buffer)
         group.state[buffer] = None
         owned_uses[producer] = owned_uses.get(producer, 0) + 1
     return owned_uses
