@@ -75,3 +75,20 @@ def test_a_while_loop_body_is_lowered() -> None:
     lowered.validate()
     torch.testing.assert_close(lowered.module()(x, n), model(x, n))
     torch.testing.assert_close(lowered.module()(x, torch.zeros(5)), model(x, torch.zeros(5)))
+
+
+class MapBody(torch.nn.Module):
+    def forward(self, xs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        from torch._higher_order_ops.map import map as map_over
+
+        return map_over(lambda x, y: (x * y).cos() + 1, xs, y)
+
+
+def test_a_map_body_is_lowered() -> None:
+    model = MapBody()
+    xs, y = torch.randn(3, 4), torch.randn(4)
+    program = export(model, xs, y)
+    lowered = to_backend(program, FunctionPartitioner(ops(aten.mul.Tensor, aten.cos.default)))
+    assert delegate_calls(lowered.graph_module.body_graph_0) == 1
+    lowered.validate()
+    torch.testing.assert_close(lowered.module()(xs, y), model(xs, y))
