@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -16,11 +19,13 @@ from torchdelegate import (
     CompileSpec,
     DelegationSpec,
     NamedDataMap,
+    NamedDataStore,
     Partitioner,
     PartitionResult,
     PreprocessResult,
     tag_constant_data,
 )
+from torchdelegate.data import tensor_bytes
 
 
 class TorchExportBackend(BackendDetails):
@@ -106,3 +111,68 @@ class FunctionPartitioner(Partitioner):
                     node.meta[DELEGATION_TAG] = tag
                     tags[tag] = DelegationSpec(self.backend_id)
         return PartitionResult(exported_program, tags)
+
+
+class NamedWeightsBackend(BackendDetails):
+    """Stores weights once, as named data shared by all partitions; blobs carry zeros instead.
+
+    Only the first partition's result carries the data store, so a delegate can run only if
+    it sees the named data of the whole lowering. Outputs are right only if ``init`` reads
+    the real weights back from its NamedDataMap.
+    """
+
+    backend_id = "TestNamedWeights"
+
+    @classmethod
+    def preprocess_multimethod(cls, edge_programs, compile_specs):  # type: ignore[no-untyped-def]
+        store = NamedDataStore()
+        results: dict[str, list[PreprocessResult]] = {}
+        for method, programs in edge_programs.items():
+            results[method] = []
+            for program in programs:
+                weights = {}
+                for fqn, tensor in program.state_dict.items():
+                    key = hashlib.sha256(bytes(tensor_bytes(tensor))).hexdigest()
+                    store.add_named_data(key, tensor, alignment=64)
+                    weights[fqn] = [key, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)]
+                blob = io.BytesIO()
+                torch.export.save(_with_zero_weights(program), blob)
+                header = json.dumps(weights, sort_keys=True).encode()
+                results[method].append(PreprocessResult(len(header).to_bytes(8, "little") + header + blob.getvalue()))
+        first = next(iter(results.values()))[0]
+        first.data_store_output = store.get_named_data_store_output()
+        return results
+
+    @staticmethod
+    def preprocess(edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        raise AssertionError("preprocess_multimethod is overridden")
+
+    @classmethod
+    def init(cls, processed, compile_specs, named_data):  # type: ignore[no-untyped-def]
+        size = int.from_bytes(processed[:8], "little")
+        weights = json.loads(bytes(processed[8 : 8 + size]))
+        module = torch.export.load(io.BytesIO(bytes(processed[8 + size :]))).module()
+        for fqn, (key, dtype, shape) in weights.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # read-only view: never written
+                value = torch.frombuffer(named_data.get_data(key), dtype=getattr(torch, dtype)).view(shape)
+            owner, _, name = fqn.rpartition(".")
+            setattr(module.get_submodule(owner), name, torch.nn.Parameter(value, requires_grad=False))
+        return module
+
+    @classmethod
+    def execute(cls, handle, inputs):  # type: ignore[no-untyped-def]
+        return pytree.tree_leaves(handle(*inputs))
+
+
+def _with_zero_weights(program: ExportedProgram) -> ExportedProgram:
+    return ExportedProgram(
+        root=program.graph_module,
+        graph=program.graph,
+        graph_signature=program.graph_signature,
+        state_dict={k: type(v)(torch.zeros_like(v)) for k, v in program.state_dict.items()},
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph,
+        constants=program.constants,
+        verifiers=list(program.verifiers),
+    )

@@ -192,3 +192,13 @@ def test_deepcopy_shares_the_blob_but_not_the_handle() -> None:
     assert clone.original_module is delegate.original_module
     torch.testing.assert_close(clone(x), expected)
     assert TorchExportBackend.calls == ["init", "execute"]
+
+
+def test_delegates_read_the_named_data_of_the_whole_lowering() -> None:
+    model = TwoLinears()
+    program = export(model, torch.randn(2, 4))
+    lowered = to_backend(program, OpSetPartitioner(LINEAR_OPS, backend_id="TestNamedWeights"))
+    first, second = delegates(lowered)
+    assert len(first.named_data_store_output) == 4 and second.named_data_store_output is None
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(lowered.module()(x), model(x))
