@@ -223,3 +223,19 @@ def test_every_error_is_a_torchdelegate_error() -> None:
     for error in (PartitionError, GraphChangedError, PreprocessError):
         assert issubclass(error, TorchDelegateError)
     _ = FunctionPartitioner
+
+
+def test_a_partition_writing_in_place_into_its_input_asks_for_a_functional_program() -> None:
+    program = torch.export.export(KVCache(), (torch.randn(1, 4), torch.tensor([0])))  # not decomposed
+    assert any(n.target is aten.index_copy_.default for n in program.graph.nodes)
+    check_fails(
+        program,
+        Tagging(tag_nodes("index_copy_"), {"t": SPEC}),
+        PartitionError,
+        r"node 'index_copy_' in partition 't' writes in place into 'b_cache'.*run_decompositions\(\) first",
+    )
+
+
+def test_passing_the_partitioner_class_says_to_pass_an_instance(program: torch.export.ExportedProgram) -> None:
+    with pytest.raises(TypeError, match=r"got the class OpSetPartitioner; pass an instance: OpSetPartitioner\(...\)"):
+        to_backend(program, OpSetPartitioner)  # type: ignore[call-overload]

@@ -18,7 +18,7 @@ def test_constants_are_tagged_only_when_every_user_is_tagged() -> None:
     for node in program.graph.nodes:
         if node.target is aten.tanh.default:
             node.meta[DELEGATION_TAG] = "t"
-    tag_constant_data(program)
+    assert tag_constant_data(program) == ["w"]
     assert tags(program)["p_w"] == "mm"
 
 
@@ -29,7 +29,7 @@ def test_a_mutated_buffer_is_tagged_only_when_its_readers_and_update_share_one_t
             node.meta[DELEGATION_TAG] = "t"
     tag_constant_data(program)
     assert "b_cache" not in tags(program)  # mutated buffers are left to tag_mutated_buffers
-    tag_mutated_buffers(program)
+    assert tag_mutated_buffers(program) == ["cache"]
     assert tags(program)["b_cache"] == "t"
 
     program = export(ReadThenWrite(), torch.randn(4))

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch.utils._pytree as pytree
+from torch._ops import OpOverload
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind
 from torch.fx import GraphModule, Node
 
@@ -123,7 +125,7 @@ def find_partitions(
     outputs = output_values(nodes[-1])
     owned_uses = _assign_owned_mutations(signature, specs, outputs, tagged_state, group_of, where)
     for group in groups.values():
-        _find_boundary(group, group_of, tagged_state, owned_uses, index)
+        _find_boundary(group, group_of, tagged_state, owned_uses, index, where)
 
     order = _fused_order(nodes, group_of, index, where)
     partitions = [u for u in order if isinstance(u, Partition)]
@@ -232,8 +234,16 @@ def _find_boundary(
     tagged_state: set[Node],
     owned_uses: Mapping[Node, int],
     index: Mapping[Node, int],
+    where: str,
 ) -> None:
     for node in group.nodes:
+        for written in _written_arguments(node):
+            if group_of.get(written) is not group:
+                raise PartitionError(
+                    f"{where}: node {node.name!r} in partition {group.tag!r} writes in place into "
+                    f"{written.name!r}, which the partition does not compute; a delegate cannot update "
+                    "its inputs. Lower a functional program: run_decompositions() first"
+                )
         for value in node.all_input_nodes:
             if group_of.get(value) is group:
                 continue
@@ -246,6 +256,19 @@ def _find_boundary(
         if _used_outside(node, group, group_of, owned_uses.get(node, 0)):
             group.outputs.append(node)
     group.state = dict.fromkeys(sorted(group.state, key=index.__getitem__))
+
+
+def _written_arguments(node: Node) -> list[Node]:
+    """The nodes an in-place op writes into (its schema's mutable arguments)."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, OpOverload) or not target._schema.is_mutable:
+        return []
+    written: list[Node] = []
+    for i, argument in enumerate(target._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+            written.extend(v for v in pytree.tree_leaves(value) if isinstance(v, Node))
+    return written
 
 
 def _used_outside(node: Node, group: Partition, group_of: Mapping[Node, Partition], owned: int) -> bool:

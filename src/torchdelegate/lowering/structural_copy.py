@@ -7,10 +7,13 @@ so the caller's program is never touched, while weights are shared, never copied
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.export.exported_program import ModuleCallEntry
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import GraphModule
 
@@ -54,6 +57,35 @@ def make_graph_module(attrs: dict[str, Any], graph: torch.fx.Graph, like: GraphM
     return new
 
 
+def copy_module_call_graph(
+    entries: list[ModuleCallEntry], renamed: Mapping[str, str] | None = None
+) -> list[ModuleCallEntry]:
+    """The module call graph with fresh argument objects, renamed by ``renamed``.
+
+    Tree specs are immutable and shared (``copy.deepcopy`` of them is slow and deprecated).
+    """
+    renamed = renamed or {}
+
+    def argument(value: Any) -> Any:
+        new = copy.copy(value)
+        name = getattr(value, "name", None)
+        if name is not None and name in renamed:
+            new.name = renamed[name]
+        return new
+
+    copied = []
+    for entry in entries:
+        signature = entry.signature
+        if signature is not None:
+            signature = dataclasses.replace(
+                signature,
+                inputs=[argument(a) for a in signature.inputs],
+                outputs=[argument(a) for a in signature.outputs],
+            )
+        copied.append(ModuleCallEntry(entry.fqn, signature))
+    return copied
+
+
 def copy_signature(signature: ExportGraphSignature) -> ExportGraphSignature:
     return ExportGraphSignature(
         input_specs=[copy.copy(s) for s in signature.input_specs],
@@ -71,7 +103,7 @@ def copy_program(program: ExportedProgram) -> ExportedProgram:
         graph_signature=copy_signature(program.graph_signature),
         state_dict=dict(program.state_dict),
         range_constraints=dict(program.range_constraints),
-        module_call_graph=copy.deepcopy(program.module_call_graph),
+        module_call_graph=copy_module_call_graph(program.module_call_graph),
         example_inputs=program.example_inputs,
         constants=dict(program.constants),
         verifiers=list(program.verifiers),

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_p
 from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
 from torchdelegate.lowering.structural_copy import (
     MutableStateCopies,
+    copy_module_call_graph,
     copy_program,
     fetch_attr,
     make_graph_module,
@@ -179,6 +179,10 @@ def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLi
     tagged = copy_program(program)
     if isinstance(partitioner, DelegationSpec):
         return _tag_whole_program(tagged, partitioner)
+    if isinstance(partitioner, type) and issubclass(partitioner, Partitioner):
+        raise TypeError(
+            f"method {method!r}: got the class {partitioner.__name__}; pass an instance: {partitioner.__name__}(...)"
+        )
     if not isinstance(partitioner, Partitioner):
         raise TypeError(
             f"method {method!r}: expected a Partitioner or a DelegationSpec, got {type(partitioner).__name__}"
@@ -431,15 +435,11 @@ def _splice_method(plan: _MethodPlan, state_copies: MutableStateCopies) -> Expor
 def _module_call_graph(program: ExportedProgram, renamed: Mapping[str, str], names: set[str]) -> list[Any]:
     """The module call graph with renamed values; entries of submodules whose values left are dropped."""
     entries = []
-    for entry in copy.deepcopy(program.module_call_graph):
+    for entry in copy_module_call_graph(program.module_call_graph, renamed):
         signature = entry.signature
-        if signature is not None:
+        if entry.fqn and signature is not None:
             arguments = [*signature.inputs, *signature.outputs]
-            for argument in arguments:
-                name = getattr(argument, "name", None)
-                if name is not None and name in renamed:
-                    argument.name = renamed[name]
-            if entry.fqn and any(getattr(a, "name", None) not in (None, *names) for a in arguments):
+            if any(getattr(a, "name", None) not in (None, *names) for a in arguments):
                 continue
         entries.append(entry)
     return entries

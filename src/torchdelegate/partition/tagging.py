@@ -28,12 +28,14 @@ def _tags_of(users: list[Node]) -> list[str | None]:
     return [user.meta.get(DELEGATION_TAG) for user in users]
 
 
-def tag_constant_data(program: ExportedProgram) -> None:
+def tag_constant_data(program: ExportedProgram) -> list[str]:
     """Tag each parameter/constant (and unmutated buffer) whose users are all tagged.
 
     It takes its first user's tag; as with any tagged constant, every partition that reads
-    it carries it inside. Mutated buffers are left to :func:`tag_mutated_buffers`.
+    it carries it inside. Mutated buffers are left to :func:`tag_mutated_buffers`. Returns
+    the FQNs tagged.
     """
+    tagged = []
     mutated = set(program.graph_signature.buffers_to_mutate.values())
     state = _state_placeholders(program)
     for node in program.graph.nodes:
@@ -42,10 +44,17 @@ def tag_constant_data(program: ExportedProgram) -> None:
         tags = _tags_of(list(node.users))
         if tags and None not in tags:
             node.meta[DELEGATION_TAG] = tags[0]
+            tagged.append(state[node.name])
+    return tagged
 
 
-def tag_mutated_buffers(program: ExportedProgram) -> None:
-    """Tag each mutated buffer whose readers and update all carry one tag, so that delegate owns it."""
+def tag_mutated_buffers(program: ExportedProgram) -> list[str]:
+    """Tag each mutated buffer whose readers and update all carry one tag, so that delegate owns it.
+
+    Returns the FQNs tagged. Buffers are mutated only in functional programs (after
+    ``run_decompositions()``): in-place ops elsewhere are not seen as mutations.
+    """
+    tagged = []
     signature = program.graph_signature
     updates = {fqn: name for name, fqn in signature.buffers_to_mutate.items()}
     producers = {node.name: node for node in program.graph.nodes}
@@ -57,3 +66,5 @@ def tag_mutated_buffers(program: ExportedProgram) -> None:
         tags = {*_tags_of(list(node.users)), update.meta.get(DELEGATION_TAG) if update is not None else None}
         if len(tags) == 1 and None not in tags:
             node.meta[DELEGATION_TAG] = tags.pop()
+            tagged.append(fqn)
+    return tagged
