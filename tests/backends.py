@@ -176,3 +176,13 @@ def _with_zero_weights(program: ExportedProgram) -> ExportedProgram:
         constants=program.constants,
         verifiers=list(program.verifiers),
     )
+
+
+class CompileOnlyBackend(BackendDetails):
+    """Accepts any sub-program and compiles it to nothing: for tests of lowering alone."""
+
+    backend_id = "TestCompileOnly"
+
+    @staticmethod
+    def preprocess(edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        return PreprocessResult(b"")

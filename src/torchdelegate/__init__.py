@@ -18,6 +18,7 @@ from torchdelegate.errors import (
     TorchDelegateError,
 )
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
+from torchdelegate.lowering.structural_copy import copy_program
 from torchdelegate.lowering.to_backend import to_backend
 from torchdelegate.lowering.validation import disable_validation, validation_disabled
 from torchdelegate.partition import (
@@ -52,6 +53,7 @@ __all__ = [
     "PreprocessResult",
     "TorchDelegateError",
     "call_delegate",
+    "copy_program",
     "disable_validation",
     "get_backend",
     "register_backend",

@@ -61,9 +61,13 @@ class NamedDataStoreOutput:
 
     buffers: tuple[Buffer, ...] = ()
     entries: Mapping[str, DataEntry] = field(default_factory=dict)
+    digests: tuple[bytes, ...] = ()
+    """SHA-256 of each buffer (computed when not given), so merging never hashes twice."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", MappingProxyType(dict(sorted(self.entries.items()))))
+        if len(self.digests) != len(self.buffers):
+            object.__setattr__(self, "digests", tuple(_digest(b) for b in self.buffers))
 
     def get(self, key: str) -> Buffer:
         return self.buffers[self.entries[key].buffer_index]
@@ -122,9 +126,9 @@ class NamedDataStore:
 
     def merge(self, output: NamedDataStoreOutput) -> None:
         """Add every entry of ``output``; a key already stored with other bytes is a ``ValueError``."""
-        digests = [_digest(b) for b in output.buffers]
         for key, entry in output.entries.items():
-            self._add(key, output.buffers[entry.buffer_index], entry.alignment, digests[entry.buffer_index])
+            index = entry.buffer_index
+            self._add(key, output.buffers[index], entry.alignment, output.digests[index])
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
@@ -133,7 +137,7 @@ class NamedDataStore:
         return len(self._entries)
 
     def get_named_data_store_output(self) -> NamedDataStoreOutput:
-        return NamedDataStoreOutput(tuple(self._buffers), dict(self._entries))
+        return NamedDataStoreOutput(tuple(self._buffers), dict(self._entries), tuple(self._digests))
 
 
 class NamedDataMap:

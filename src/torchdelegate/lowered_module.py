@@ -180,11 +180,14 @@ class _OriginalRunner:
             next(user) if spec.kind == InputKind.USER_INPUT else self._state[spec.target]  # type: ignore[index]
             for spec in signature.input_specs
         ]
+        by_name = {spec.arg.name: arg for spec, arg in zip(signature.input_specs, args, strict=True)}  # type: ignore[union-attr]
         outputs = torch.fx.Interpreter(self._program.graph_module).run(*args)
         results = []
         for spec, value in zip(signature.output_specs, outputs, strict=True):
             if spec.kind == OutputKind.BUFFER_MUTATION:
                 self._state[spec.target].copy_(value)  # type: ignore[index]
+            elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                by_name[spec.target].copy_(value)  # type: ignore[index]
             elif spec.kind == OutputKind.USER_OUTPUT:
                 results.append(value)
         return tuple(results)
@@ -220,6 +223,8 @@ class CallDelegate(HigherOrderOperator):
 
 
 call_delegate = CallDelegate()
+# A delegate may own state (a KV cache) and return nothing: never dead code.
+torch.fx.node.has_side_effect(call_delegate)
 for _key in (
     torch._C.DispatchKey.PythonDispatcher,
     torch._C.DispatchKey.PythonTLSSnapshot,

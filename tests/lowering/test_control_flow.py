@@ -92,3 +92,37 @@ def test_a_map_body_is_lowered() -> None:
     assert delegate_calls(lowered.graph_module.body_graph_0) == 1
     lowered.validate()
     torch.testing.assert_close(lowered.module()(xs, y), model(xs, y))
+
+
+def test_a_tagged_branch_get_attr_without_its_cond_does_not_stop_lowering_inside() -> None:
+    model = Cond()
+    program = export(model, torch.randn(3, 4))
+    inner = ops(aten.mm.default, aten.relu.default, aten.sub.Tensor, aten.sigmoid.default)
+
+    def tagger(node: torch.fx.Node) -> str | None:
+        return "t" if node.op == "get_attr" else inner(node)
+
+    lowered = to_backend(program, FunctionPartitioner(tagger))
+    gm = lowered.graph_module
+    assert delegate_calls(gm.true_graph_0) == 1 and delegate_calls(gm.false_graph_0) == 1
+
+
+def test_a_whole_delegated_cond_carries_no_tags_inside() -> None:
+    program = export(Cond(), torch.randn(3, 4))
+    inner = ops(aten.mm.default, aten.relu.default)
+
+    def tagger(node: torch.fx.Node) -> str | None:
+        if node.op == "call_function" and node.target is torch.ops.higher_order.cond:
+            return "c"
+        return "c" if inner(node) else None
+
+    lowered = to_backend(program, FunctionPartitioner(tagger))
+    (delegate,) = [m for m in lowered.graph_module.children() if isinstance(m, LoweredBackendModule)]
+    tags = [
+        n.meta["delegation_tag"]
+        for gm in delegate.original_module.graph_module.modules()
+        if isinstance(gm, torch.fx.GraphModule)
+        for n in gm.graph.nodes
+        if "delegation_tag" in n.meta
+    ]
+    assert tags == []

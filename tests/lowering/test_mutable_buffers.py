@@ -94,3 +94,13 @@ def test_a_delegate_may_own_a_buffer_it_only_writes_and_return_nothing() -> None
     assert delegate.original_module.graph_signature.buffers_to_mutate == {"mul": "last"}
     x = torch.randn(4)
     torch.testing.assert_close(lowered.module()(x), x + 1)
+
+
+def test_a_delegate_that_returns_nothing_survives_dead_code_elimination() -> None:
+    program = export(WriteOnly(), torch.randn(4))
+    lowered = to_backend(program, FunctionPartitioner(lambda n: "t" if n.name in ("b_last", "mul") else None))
+    module = lowered.module()
+    module.graph.eliminate_dead_code()
+    assert any(n.op == "call_function" and "call_delegate" in n.name for n in module.graph.nodes)
+    decomposed = lowered.run_decompositions()
+    assert any("call_delegate" in n.name for n in decomposed.graph.nodes)

@@ -11,6 +11,7 @@ from test_partitioner_lowering import assert_unchanged, snapshot
 from torchdelegate import (
     DELEGATION_TAG,
     BackendDetails,
+    BackendNotFoundError,
     DelegationSpec,
     GraphChangedError,
     Partitioner,
@@ -239,3 +240,16 @@ def test_a_partition_writing_in_place_into_its_input_asks_for_a_functional_progr
 def test_passing_the_partitioner_class_says_to_pass_an_instance(program: torch.export.ExportedProgram) -> None:
     with pytest.raises(TypeError, match=r"got the class OpSetPartitioner; pass an instance: OpSetPartitioner\(...\)"):
         to_backend(program, OpSetPartitioner)  # type: ignore[call-overload]
+
+
+def test_partition_tags_that_are_not_a_dict(program: torch.export.ExportedProgram) -> None:
+    check_fails(program, Tagging(tag_nodes("relu"), None), PartitionError, "partition_tags is a NoneType")  # type: ignore[arg-type]
+
+
+def test_an_unknown_backend_on_a_tag_names_the_tag_and_method(program: torch.export.ExportedProgram) -> None:
+    check_fails(
+        program,
+        Tagging(tag_nodes("relu"), {"t": DelegationSpec("NoSuchBackend")}),
+        BackendNotFoundError,
+        r"partition 't' of method 'forward': no backend with id 'NoSuchBackend'",
+    )

@@ -202,3 +202,27 @@ def test_delegates_read_the_named_data_of_the_whole_lowering() -> None:
     assert len(first.named_data_store_output) == 4 and second.named_data_store_output is None
     x = torch.randn(2, 4)
     torch.testing.assert_close(lowered.module()(x), model(x))
+
+
+def test_new_delegates_are_numbered_after_the_ones_kept() -> None:
+    model = TwoLinears()
+    program = export(model, torch.randn(2, 4))
+    once = to_backend(program, OpSetPartitioner({aten.relu.default, aten.sigmoid.default}))
+    assert [n.target for n in once.graph.nodes if n.op == "get_attr"] == ["lowered_module_0"]
+    # The second lowering swallows the first delegate into a bigger one.
+    swallow = FunctionPartitioner(lambda n: "all" if n.op == "call_function" else None, "TestCompileOnly")
+    twice = to_backend(once, swallow)
+    assert [n.target for n in twice.graph.nodes if n.op == "get_attr"] == ["lowered_module_0"]
+
+
+def test_sub_programs_carry_only_their_own_range_constraints() -> None:
+    class TwoInputs(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x.relu().sum() + y.sigmoid().sum()
+
+    dims = ({0: torch.export.Dim("a", max=32)}, {0: torch.export.Dim("b", max=32)})
+    program = export(TwoInputs(), torch.randn(3, 4), torch.randn(5, 4), dynamic_shapes=dims)
+    assert len(program.range_constraints) == 2
+    lowered = to_backend(program, OpSetPartitioner({aten.relu.default}))
+    (delegate,) = delegates(lowered)
+    assert len(delegate.original_module.range_constraints) == 1

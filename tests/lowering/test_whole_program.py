@@ -13,6 +13,7 @@ from torchdelegate import (
     LoweredBackendModule,
     PreprocessError,
     PreprocessResult,
+    run_original_subprograms,
     to_backend,
 )
 
@@ -119,3 +120,62 @@ def test_compile_specs_must_be_compile_spec_objects() -> None:
     program = export(TwoLinears(), torch.randn(2, 4))
     with pytest.raises(TypeError, match="must be CompileSpec"):
         to_backend("TestTorchExport", program, [("k", b"v")])
+
+
+class CopyIn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.buf.copy_(x)
+        return x.sin()
+
+
+def test_whole_graph_lowering_keeps_a_buffer_update_it_does_not_compute() -> None:
+    program = export(CopyIn(), torch.randn(4))
+    lowered = to_backend(program, DelegationSpec("TestTorchExport"))
+    assert lowered.graph_signature.buffers_to_mutate == {"x": "buf"}
+    module, x = lowered.module(), torch.randn(4)
+    torch.testing.assert_close(module(x), x.sin())
+    torch.testing.assert_close(module.buf, x)
+
+
+class Mutating(BackendDetails):
+    """Rewrites the program it is given in place, as some compilers' passes do."""
+
+    backend_id = "TestMutatesItsInput"
+
+    @staticmethod
+    def preprocess(edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        for node in edge_program.graph.nodes:
+            if node.op == "call_function":
+                node.meta["rewritten"] = True
+                node.target = (
+                    torch.ops.aten.sigmoid.default if node.target is torch.ops.aten.relu.default else node.target
+                )
+        return PreprocessResult(b"")
+
+
+def test_a_backend_that_rewrites_its_sub_program_is_told_to_copy_it() -> None:
+    program = export(TwoLinears(), torch.randn(2, 4))
+    with pytest.raises(PreprocessError, match=r"'TestMutatesItsInput' changed the sub-program .*copy_program"):
+        to_backend(program, DelegationSpec("TestMutatesItsInput"))
+    with pytest.raises(PreprocessError, match="changed the sub-program of the whole program"):
+        to_backend("TestMutatesItsInput", program, [])
+
+
+class AddInPlace(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+
+def test_original_subprograms_apply_user_input_mutations_like_eager() -> None:
+    program = export(AddInPlace(), torch.ones(3))
+    lowered = to_backend("TestTorchExport", program, [])
+    x = torch.ones(3)
+    with run_original_subprograms():
+        (out,) = lowered(x)
+    torch.testing.assert_close(x, torch.full((3,), 2.0))
+    torch.testing.assert_close(out, torch.full((3,), 4.0))

@@ -26,13 +26,14 @@ from torchdelegate.partition.partitioner import DELEGATION_TAG
 LOWERED_MODULE_PREFIX = "lowered_module_"
 
 
-def next_delegate_index(gm: GraphModule) -> int:
-    """The first free ``lowered_module_N`` index in ``gm`` (earlier lowerings keep theirs)."""
-    taken = [
-        int(name[len(LOWERED_MODULE_PREFIX) :])
-        for name, _ in gm.named_children()
-        if name.startswith(LOWERED_MODULE_PREFIX) and name[len(LOWERED_MODULE_PREFIX) :].isdigit()
-    ]
+def next_delegate_index(found: GraphPartitions) -> int:
+    """The first ``lowered_module_N`` index after the delegates the graph keeps from earlier lowerings."""
+    taken = []
+    for unit in found.order:
+        if isinstance(unit, Node) and unit.op == "get_attr" and unit not in found.dropped:
+            suffix = str(unit.target).removeprefix(LOWERED_MODULE_PREFIX)
+            if suffix != str(unit.target) and suffix.isdigit():
+                taken.append(int(suffix))
     return max(taken, default=-1) + 1
 
 
@@ -51,7 +52,7 @@ def splice(
     graph._codegen = gm.graph._codegen
     env: dict[Node, Node] = {}
     attrs: dict[str, Any] = {}
-    index = next_delegate_index(gm)
+    index = next_delegate_index(found)
     for unit in found.order:
         if isinstance(unit, Partition):
             name = f"{LOWERED_MODULE_PREFIX}{index}"

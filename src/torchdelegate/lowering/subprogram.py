@@ -92,6 +92,13 @@ def build_subprogram(
         attrs[str(node.target)] = fetch_attr(owner, str(node.target))
     for node in partition.attrs:
         env[node] = graph.node_copy(node, env.__getitem__)
+        env[node].meta.pop(DELEGATION_TAG, None)
+    for value in attrs.values():
+        if isinstance(value, GraphModule):  # a control-flow op delegated whole: its tags are spent
+            for module in value.modules():
+                if isinstance(module, GraphModule):
+                    for inner in module.graph.nodes:
+                        inner.meta.pop(DELEGATION_TAG, None)
     for node in partition.nodes:
         env[node] = graph.node_copy(node, env.__getitem__)
         env[node].meta.pop(DELEGATION_TAG, None)
@@ -117,8 +124,22 @@ def build_subprogram(
         graph=graph,
         graph_signature=ExportGraphSignature(input_specs, out_specs),
         state_dict=state_dict,
-        range_constraints=dict(program.range_constraints),
+        range_constraints=_range_constraints(graph, program.range_constraints),
         module_call_graph=[calling_specs(len(partition.inputs), len(partition.outputs))],
         constants=constants,
         verifiers=list(program.verifiers),
     )
+
+
+def _range_constraints(graph: torch.fx.Graph, constraints: dict[Any, Any]) -> dict[Any, Any]:
+    """The owner's range constraints on the symbols this graph's values use."""
+    if not constraints:
+        return {}
+    symbols: set[Any] = set()
+    for node in graph.nodes:
+        for value in pytree.tree_leaves(node.meta.get("val")):
+            sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
+            for size in sizes:
+                if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                    symbols |= size.node.expr.free_symbols
+    return {symbol: bounds for symbol, bounds in constraints.items() if symbol in symbols}

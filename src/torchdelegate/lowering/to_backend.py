@@ -15,12 +15,17 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 from torch.fx import GraphModule
 
 from torchdelegate.backend import BackendDetails, PreprocessResult, get_backend
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
-from torchdelegate.errors import GraphChangedError, PartitionError, PreprocessError, TorchDelegateError
+from torchdelegate.errors import (
+    BackendNotFoundError,
+    GraphChangedError,
+    PartitionError,
+    PreprocessError,
+    TorchDelegateError,
+)
 from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
 from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
@@ -32,8 +37,9 @@ from torchdelegate.lowering.structural_copy import (
     make_graph_module,
 )
 from torchdelegate.lowering.subprogram import build_subprogram
-from torchdelegate.lowering.validation import first_graph_difference, validation_enabled
+from torchdelegate.lowering.validation import first_graph_difference, program_fingerprint, validation_enabled
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 WHOLE_PROGRAM_TAG = "whole_program"
@@ -91,9 +97,11 @@ def _(backend_id: str, edge_program: ExportedProgram, compile_specs: Any = ()) -
     backend = get_backend(backend_id)
     specs = _compile_spec_list(compile_specs, backend_id)
     program = copy_program(_check_program(edge_program, "edge_program"))
+    before = program_fingerprint(program)
     result = _check_result(
         _preprocess_one(backend, program, specs, "forward", WHOLE_PROGRAM_TAG), backend_id, "forward"
     )
+    _check_unchanged(program, before, backend_id, "the whole program", "forward")
     return LoweredBackendModule(
         backend_id,
         result.processed_bytes,
@@ -143,9 +151,12 @@ def lower_methods(
             plans.append(_plan_method(method, program, partitioners[method], jobs, state_copies))
     _preprocess(jobs)
     store = NamedDataStore()
+    merged_outputs: set[int] = set()  # a backend may attach one store to many results
     for job in jobs:
         assert job.result is not None
-        if job.result.data_store_output is not None:
+        output = job.result.data_store_output
+        if output is not None and id(output) not in merged_outputs:
+            merged_outputs.add(id(output))
             _merge_named_data(store, job)
     merged = store.get_named_data_store_output()
     if named_data is not None:
@@ -199,6 +210,11 @@ def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLi
             f"partitioner {name} returned {type(result).__name__} for method {method!r}; expected a "
             "PartitionResult holding the tagged ExportedProgram"
         )
+    if not isinstance(result.partition_tags, Mapping):
+        raise PartitionError(
+            f"partitioner {name}: partition_tags is a {type(result.partition_tags).__name__}; expected a dict "
+            "of tag -> DelegationSpec"
+        )
     for tag, spec in result.partition_tags.items():
         if not isinstance(spec, DelegationSpec):
             raise PartitionError(
@@ -218,11 +234,15 @@ def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLi
 
 
 def _tag_whole_program(program: ExportedProgram, spec: DelegationSpec) -> PartitionResult:
-    """Tag everything but user inputs and the output: one delegate for the whole graph."""
-    user_inputs = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    """Tag every computation, and the state they alone read: one delegate for the whole graph.
+
+    A mutated buffer goes inside only when the delegate computes its new value.
+    """
     for node in program.graph.nodes:
-        if node.op != "output" and node.name not in user_inputs:
+        if node.op in ("call_function", "get_attr"):
             node.meta[DELEGATION_TAG] = WHOLE_PROGRAM_TAG
+    tag_constant_data(program)
+    tag_mutated_buffers(program)
     return PartitionResult(program, {WHOLE_PROGRAM_TAG: spec})
 
 
@@ -256,9 +276,7 @@ def _plan_graph(
         if node.op != "get_attr" or node.target in children:
             continue
         value = fetch_attr(gm, str(node.target))
-        delegated_whole = node.meta.get(DELEGATION_TAG) is not None or any(
-            user.meta.get(DELEGATION_TAG) is not None for user in node.users
-        )
+        delegated_whole = any(user.meta.get(DELEGATION_TAG) is not None for user in node.users)
         if isinstance(value, GraphModule) and not delegated_whole:
             children[str(node.target)] = _plan_graph(
                 method, program, value, False, tags, f"{where}, sub-graph {node.target!r}", jobs, state_copies
@@ -281,7 +299,12 @@ def _preprocess(jobs: list[_Job]) -> None:
     for job in jobs:
         by_backend.setdefault(job.partition.spec.backend_id, []).append(job)
     for backend_id, backend_jobs in by_backend.items():
-        backend = get_backend(backend_id)
+        try:
+            backend = get_backend(backend_id)
+        except BackendNotFoundError as e:
+            job = backend_jobs[0]
+            raise BackendNotFoundError(f"partition {job.partition.tag!r} of method {job.method!r}: {e}") from e
+        before = [program_fingerprint(job.subprogram) for job in backend_jobs]
         if _overrides_multimethod(backend):
             _preprocess_multimethod(backend, backend_jobs)
         else:
@@ -289,10 +312,21 @@ def _preprocess(jobs: list[_Job]) -> None:
                 specs = list(job.partition.spec.compile_specs)
                 result = _preprocess_one(backend, job.subprogram, specs, job.method, job.partition.tag)
                 job.result = _check_result(result, backend_id, job.method)
+        for job, fingerprint in zip(backend_jobs, before, strict=True):
+            _check_unchanged(job.subprogram, fingerprint, backend_id, f"partition {job.partition.tag!r}", job.method)
 
 
 def _overrides_multimethod(backend: type[BackendDetails]) -> bool:
     return backend.preprocess_multimethod.__func__ is not BackendDetails.preprocess_multimethod.__func__  # type: ignore[attr-defined]
+
+
+def _check_unchanged(program: ExportedProgram, before: object, backend_id: str, what: str, method: str) -> None:
+    if program_fingerprint(program) != before:
+        raise PreprocessError(
+            f"backend {backend_id!r} changed the sub-program of {what} (method {method!r}) that it was given; "
+            "it is kept as the delegate's original_module, so preprocess must leave it unchanged: transform "
+            "a structural copy instead (torchdelegate.copy_program(edge_program))"
+        )
 
 
 def _preprocess_one(
@@ -321,8 +355,8 @@ def _preprocess_multimethod(backend: type[BackendDetails], jobs: list[_Job]) -> 
             f"backend {backend_id!r} failed in preprocess_multimethod for method(s) "
             f"{', '.join(map(repr, programs))}: {type(e).__name__}: {e}"
         ) from e
-    if not isinstance(results, Mapping) or list(results) != list(programs):
-        got = list(results) if isinstance(results, Mapping) else type(results).__name__
+    if not isinstance(results, Mapping) or set(results) != set(programs):
+        got = sorted(results) if isinstance(results, Mapping) else type(results).__name__
         raise PreprocessError(
             f"backend {backend_id!r}: preprocess_multimethod returned {got!r}; expected a dict with "
             f"exactly the methods {list(programs)!r}"

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
 from torchdelegate.lowering.structural_copy import fetch_attr
@@ -72,3 +73,19 @@ def first_graph_difference(original: GraphModule, tagged: GraphModule, where: st
         verb = "added" if len(new_nodes) > len(old_nodes) else "removed"
         return f"{where}: node {_describe(extra[0])} was {verb}"
     return None
+
+
+def program_fingerprint(program: ExportedProgram) -> tuple[Any, ...]:
+    """Everything about a program's structure that a backend could change in place.
+
+    Compared before and after ``preprocess``: the graphs (all sub-graphs too), the signature,
+    and which tensors the program holds. Cost is linear in nodes; no tensor data is read.
+    """
+    nodes = tuple(
+        (node.op, node.name, str(node.target), _shape(node.args), _shape(node.kwargs))
+        for gm in program.graph_module.modules()
+        if isinstance(gm, GraphModule)
+        for node in gm.graph.nodes
+    )
+    state = tuple((k, id(v)) for k, v in (*program.state_dict.items(), *program.constants.items()))
+    return nodes, str(program.graph_signature), state
