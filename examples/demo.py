@@ -89,10 +89,14 @@ def main() -> None:
     for name, module in lowered.graph_module.named_children():
         if isinstance(module, LoweredBackendModule):
             ops = Counter(
-                str(n.target).removeprefix("aten.") for n in module.original_module.graph.nodes if n.op == "call_function"
+                str(n.target).removeprefix("aten.")
+                for n in module.original_module.graph.nodes
+                if n.op == "call_function"
             )
             weights = ", ".join(module.original_module.state_dict) or "none"
-            print(f"{name}: backend {module.backend_id}, tag {module.meta['tag']!r}, blob {len(module.processed_bytes)} B")
+            print(
+                f"{name}: backend {module.backend_id}, tag {module.meta['tag']!r}, blob {len(module.processed_bytes)} B"
+            )
             print(f"    ops: {dict(ops)}")
             print(f"    weights inside: {weights}")
     kept = Counter(
