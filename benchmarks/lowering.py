@@ -9,7 +9,9 @@ ratio to L=32, the seconds fx's partitioner took to propose the partitions (comp
 and cached under benchmarks/.cache, outside the timing: it is quadratic, about 11 minutes
 at L=128 here; lowering sees its tags replayed), the peak growth of resident memory during
 the first lowering in a fresh process against the weights' bytes, and the bytes of tensor
-storage the lowered program holds that the original does not share (0: nothing copied).
+storage the lowered program holds that the original does not share (0: nothing copied),
+and the Python objects (graphs, nodes, generated code) a lowering allocates: kept in the
+result, and at its peak (tracemalloc; tensor data is not Python objects).
 
     python benchmarks/lowering.py [--layers 2 8 32 128] [--width 64] [--repeats 5]
 """
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -202,6 +205,12 @@ def measure(layers: int, width: int, repeats: int) -> dict[str, float]:
     copied = copied_bytes(program, lowered)
     partitions = sum(1 for m in lowered.graph_module.children() if isinstance(m, LoweredBackendModule))
     del lowered
+    gc.collect()
+    tracemalloc.start()
+    kept = to_backend(program, partitioner)
+    python_bytes, python_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del kept
     times = []
     for _ in range(repeats):
         gc.collect()
@@ -216,6 +225,8 @@ def measure(layers: int, width: int, repeats: int) -> dict[str, float]:
         "fx_seconds": fx_seconds,
         "rss_growth": rss.growth,
         "copied": copied,
+        "python_kept": python_bytes,
+        "python_peak": python_peak,
         "weights": weight_bytes,
     }
 
@@ -241,13 +252,15 @@ def main() -> None:
     base = next((r for r in rows if r["layers"] == 32), rows[0])
     print(
         f"{'L':>5} {'nodes':>7} {'partitions':>10} {'to_backend s':>12} {'/L=32':>7} {'fx tagging s':>12} "
-        f"{'peak RSS +MiB':>14} {'weights MiB':>12} {'RSS/weights':>12} {'copied B':>9}"
+        f"{'peak RSS +MiB':>14} {'weights MiB':>12} {'RSS/weights':>12} {'copied B':>9} "
+        f"{'py objs kept/peak MiB':>22}"
     )
     for r in rows:
         print(
             f"{r['layers']:>5} {r['nodes']:>7} {r['partitions']:>10} {r['seconds']:>12.3f} "
             f"{r['seconds'] / base['seconds']:>7.2f} {r['fx_seconds']:>12.2f} {r['rss_growth'] / 2**20:>14.2f} "
-            f"{r['weights'] / 2**20:>12.2f} {r['rss_growth'] / r['weights']:>12.2%} {r['copied']:>9}"
+            f"{r['weights'] / 2**20:>12.2f} {r['rss_growth'] / r['weights']:>12.2%} {r['copied']:>9} "
+            f"{r['python_kept'] / 2**20:>12.2f} / {r['python_peak'] / 2**20:>7.2f}"
         )
 
 

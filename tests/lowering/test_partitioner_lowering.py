@@ -86,9 +86,8 @@ def test_a_constant_shared_by_two_partitions_and_a_residual_node_is_never_copied
     assert lowered.state_dict["w"] is program.state_dict["w"]
 
     def tag_weight_too(node: torch.fx.Node) -> str | None:
-        if node.op == "call_function" and node.target is aten.mm.default:
-            return f"mm{node.name}"
-        return "mm" + "mm" if node.name == "p_w" else None
+        # The two matmuls go to two partitions; the weight is tagged, so both carry it inside.
+        return {"mm": "first", "mm_1": "second", "p_w": "first"}.get(node.name)
 
     lowered = to_backend(program, FunctionPartitioner(tag_weight_too))
     weights = [d.original_module.state_dict["w"] for d in delegates(lowered)]
@@ -226,3 +225,41 @@ def test_sub_programs_carry_only_their_own_range_constraints() -> None:
     lowered = to_backend(program, OpSetPartitioner({aten.relu.default}))
     (delegate,) = delegates(lowered)
     assert len(delegate.original_module.range_constraints) == 1
+
+
+DETERMINISM_SCRIPT = """
+import hashlib, sys
+sys.path.insert(0, {tests!r})
+import torch
+from backends import OpSetPartitioner
+from models import LINEAR_OPS, TwoLinears, export
+from torchdelegate import LoweredBackendModule, to_backend
+torch.manual_seed(0)
+lowered = to_backend(export(TwoLinears(), torch.randn(2, 4)), OpSetPartitioner(LINEAR_OPS))
+parts = [lowered.graph_module.code, str(lowered.graph_signature)]
+for name, module in lowered.graph_module.named_children():
+    if isinstance(module, LoweredBackendModule):
+        sub = module.original_module
+        parts += [name, module.meta["tag"], sub.graph_module.code, str(sub.graph_signature)]
+print(hashlib.sha256("\\n".join(parts).encode()).hexdigest())
+"""
+
+
+def test_lowering_is_the_same_whatever_the_hash_seed() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = DETERMINISM_SCRIPT.format(tests=str(Path(__file__).parents[1]))
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in ("0", "12345")
+    }
+    assert len(digests) == 1

@@ -79,10 +79,11 @@ def program_fingerprint(program: ExportedProgram) -> tuple[Any, ...]:
     """Everything about a program's structure that a backend could change in place.
 
     Compared before and after ``preprocess``: the graphs (all sub-graphs too), the signature,
-    and which tensors the program holds. Cost is linear in nodes; no tensor data is read.
+    and which tensors the program holds. fx keeps arguments in immutable containers, so
+    holding them is a snapshot. Cost is linear in nodes; no tensor data is read.
     """
     nodes = tuple(
-        (node.op, node.name, str(node.target), _shape(node.args), _shape(node.kwargs))
+        (node, node.op, node.name, node.target, node.args, node.kwargs)
         for gm in program.graph_module.modules()
         if isinstance(gm, GraphModule)
         for node in gm.graph.nodes
