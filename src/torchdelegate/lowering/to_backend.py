@@ -126,13 +126,11 @@ def _(
 
 
 def lower_methods(
-    programs: Mapping[str, ExportedProgram],
-    partitioners: Mapping[str, PartitionerLike],
-    named_data: NamedDataStore | None = None,
+    programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, PartitionerLike]
 ) -> dict[str, ExportedProgram]:
     """The batch algorithm: partition and extract every method, preprocess once per backend, splice.
 
-    Named data returned by the backends is merged into ``named_data`` when given.
+    Every delegate sees, at run time, the named data of all results of this lowering.
     """
     if not isinstance(programs, Mapping) or not isinstance(partitioners, Mapping):
         raise TypeError("to_backend(method_to_program, method_to_partitioner) takes two mappings")
@@ -159,8 +157,6 @@ def lower_methods(
             merged_outputs.add(id(output))
             _merge_named_data(store, job)
     merged = store.get_named_data_store_output()
-    if named_data is not None:
-        named_data.merge(merged)
     for job in jobs:
         job.delegate = _make_delegate(job, merged)
     lowered = dict(programs)
