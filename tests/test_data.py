@@ -18,7 +18,7 @@ def test_identical_bytes_are_stored_once() -> None:
 def test_same_key_with_other_bytes_is_an_error() -> None:
     store = NamedDataStore()
     store.add_named_data("w", b"one")
-    with pytest.raises(ValueError, match="'w' is already stored with different bytes"):
+    with pytest.raises(ValueError, match="'w' is stored twice with different bytes"):
         store.add_named_data("w", b"two")
 
 

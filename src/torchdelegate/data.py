@@ -15,6 +15,8 @@ from types import MappingProxyType
 
 import torch
 
+from torchdelegate.errors import NamedDataConflictError
+
 Buffer = bytes | memoryview
 
 
@@ -63,9 +65,12 @@ class NamedDataStoreOutput:
     entries: Mapping[str, DataEntry] = field(default_factory=dict)
     digests: tuple[bytes, ...] = ()
     """SHA-256 of each buffer (computed when not given), so merging never hashes twice."""
+    owners: Mapping[str, str] = field(default_factory=dict)
+    """Which delegate added each key, where known (for reports and conflict messages)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", MappingProxyType(dict(sorted(self.entries.items()))))
+        object.__setattr__(self, "owners", MappingProxyType(dict(sorted(self.owners.items()))))
         if len(self.digests) != len(self.buffers):
             object.__setattr__(self, "digests", tuple(_digest(b) for b in self.buffers))
 
@@ -78,6 +83,28 @@ class NamedDataStoreOutput:
     def nbytes(self) -> int:
         """Bytes held, each unique buffer counted once."""
         return sum(len(b) for b in self.buffers)
+
+    def summary(self) -> NamedDataSummary:
+        """Entries, unique bytes, and the bytes deduplication saved."""
+        referenced = sum(len(self.buffers[e.buffer_index]) for e in self.entries.values())
+        unique = self.nbytes()
+        return NamedDataSummary(len(self.entries), len(self.buffers), unique, referenced - unique)
+
+
+@dataclass(frozen=True)
+class NamedDataSummary:
+    """How much named data a program holds, and how much storing identical bytes once saved."""
+
+    entries: int
+    unique_buffers: int
+    unique_bytes: int
+    saved_bytes: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.entries} named data entries in {self.unique_buffers} unique buffers, "
+            f"{self.unique_bytes} bytes ({self.saved_bytes} bytes saved by deduplication)"
+        )
 
 
 def _check_alignment(key: str, alignment: int) -> None:
@@ -97,21 +124,25 @@ class NamedDataStore:
         self._by_digest: dict[bytes, int] = {}
         self._digests: list[bytes] = []
         self._entries: dict[str, DataEntry] = {}
+        self._owners: dict[str, str] = {}
 
     def add_named_data(self, key: str, data: bytes | bytearray | memoryview | torch.Tensor, alignment: int = 1) -> None:
         if not isinstance(key, str) or not key:
             raise TypeError(f"named data key must be a non-empty str, got {key!r}")
         _check_alignment(key, alignment)
-        self._add(key, _as_buffer(data), alignment, None)
+        self._add(key, _as_buffer(data), alignment, None, None)
 
-    def _add(self, key: str, buffer: Buffer, alignment: int, digest: bytes | None) -> None:
+    def _add(self, key: str, buffer: Buffer, alignment: int, digest: bytes | None, owner: str | None) -> None:
         digest = digest if digest is not None else _digest(buffer)
         previous = self._entries.get(key)
         if previous is not None:
             if self._digests[previous.buffer_index] != digest:
-                raise ValueError(
-                    f"named data {key!r} is already stored with different bytes; "
-                    "use a key derived from the content (e.g. its hash) or a distinct name"
+                first = self._owners.get(key)
+                who = f" (by {first}, now by {owner})" if first and owner else ""
+                raise NamedDataConflictError(
+                    f"named data {key!r} is stored twice with different bytes{who}; "
+                    "use a key derived from the content (e.g. its hash) or a distinct name",
+                    key,
                 )
             if alignment > previous.alignment:
                 self._entries[key] = DataEntry(previous.buffer_index, alignment)
@@ -123,12 +154,18 @@ class NamedDataStore:
             self._digests.append(digest)
             self._by_digest[digest] = index
         self._entries[key] = DataEntry(index, alignment)
+        if owner is not None:
+            self._owners[key] = owner
 
-    def merge(self, output: NamedDataStoreOutput) -> None:
-        """Add every entry of ``output``; a key already stored with other bytes is a ``ValueError``."""
+    def merge(self, output: NamedDataStoreOutput, owner: str | None = None) -> None:
+        """Add every entry of ``output``; a key already stored with other bytes is a ``ValueError``.
+
+        ``owner`` names who added them (a delegate), else the output's own record is kept.
+        """
         for key, entry in output.entries.items():
             index = entry.buffer_index
-            self._add(key, output.buffers[index], entry.alignment, output.digests[index])
+            who = owner if owner is not None else output.owners.get(key)
+            self._add(key, output.buffers[index], entry.alignment, output.digests[index], who)
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
@@ -137,7 +174,7 @@ class NamedDataStore:
         return len(self._entries)
 
     def get_named_data_store_output(self) -> NamedDataStoreOutput:
-        return NamedDataStoreOutput(tuple(self._buffers), dict(self._entries), tuple(self._digests))
+        return NamedDataStoreOutput(tuple(self._buffers), dict(self._entries), tuple(self._digests), dict(self._owners))
 
 
 class NamedDataMap:

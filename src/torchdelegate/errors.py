@@ -28,6 +28,14 @@ class GraphChangedError(PartitionError):
     """A partitioner changed the graph it was only allowed to tag."""
 
 
+class NamedDataConflictError(TorchDelegateError, ValueError):
+    """One named-data key stored with two different contents."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 class PreprocessError(TorchDelegateError, RuntimeError):
     """A backend failed, or returned something unusable, while compiling a partition."""
 

@@ -22,6 +22,7 @@ from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
 from torchdelegate.errors import (
     BackendNotFoundError,
     GraphChangedError,
+    NamedDataConflictError,
     PartitionError,
     PreprocessError,
     TorchDelegateError,
@@ -132,6 +133,19 @@ def lower_methods(
 
     Every delegate sees, at run time, the named data of all results of this lowering.
     """
+    return lower(programs, partitioners).programs
+
+
+@dataclass
+class Lowering:
+    """What one batch lowering produced: every method's program and the merged named data."""
+
+    programs: dict[str, ExportedProgram]
+    named_data: NamedDataStoreOutput
+
+
+def lower(programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, PartitionerLike]) -> Lowering:
+    """:func:`lower_methods`, also returning the named data the backends produced."""
     if not isinstance(programs, Mapping) or not isinstance(partitioners, Mapping):
         raise TypeError("to_backend(method_to_program, method_to_partitioner) takes two mappings")
     unknown = [m for m in partitioners if m not in programs]
@@ -162,7 +176,7 @@ def lower_methods(
     lowered = dict(programs)
     for plan in plans:
         lowered[plan.method] = _splice_method(plan, state_copies)
-    return lowered
+    return Lowering(lowered, merged)
 
 
 def _check_program(program: Any, what: str) -> ExportedProgram:
@@ -397,11 +411,13 @@ def _check_result(result: Any, backend_id: str, method: str) -> PreprocessResult
 def _merge_named_data(store: NamedDataStore, job: _Job) -> None:
     assert job.result is not None and job.result.data_store_output is not None
     try:
-        store.merge(job.result.data_store_output)
-    except ValueError as e:
-        raise PreprocessError(
-            f"backend {job.partition.spec.backend_id!r}, partition {job.partition.tag!r} of method {job.method!r}: {e}"
-        ) from e
+        store.merge(job.result.data_store_output, owner=_delegate_name(job))
+    except NamedDataConflictError as e:
+        raise PreprocessError(f"backend {job.partition.spec.backend_id!r}: {e}") from e
+
+
+def _delegate_name(job: _Job) -> str:
+    return f"{job.method}:{job.partition.tag}"
 
 
 def _delegate_meta(result: PreprocessResult, method: str, tag: str) -> dict[str, Any]:
@@ -419,7 +435,7 @@ def _make_delegate(job: _Job, named_data: NamedDataStoreOutput) -> LoweredBacken
         job.result.data_store_output,
         named_data=named_data,
         meta=_delegate_meta(job.result, job.method, job.partition.tag),
-        name=f"{job.method}:{job.partition.tag}",
+        name=_delegate_name(job),
     )
 
 
