@@ -7,12 +7,13 @@ from torchdelegate.backend import (
     register_backend,
     registered_backend_ids,
 )
-from torchdelegate.data import DataEntry, NamedDataMap, NamedDataStore, NamedDataStoreOutput
+from torchdelegate.data import DataEntry, NamedDataMap, NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.errors import (
     BackendNotFoundError,
     BackendRegistrationError,
     DelegateExecutionError,
     GraphChangedError,
+    NamedDataConflictError,
     PartitionError,
     PreprocessError,
     TorchDelegateError,
@@ -28,6 +29,7 @@ from torchdelegate.partition import (
     tag_constant_data,
     tag_mutated_buffers,
 )
+from torchdelegate.program import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 __version__ = "0.1.0"
@@ -41,11 +43,14 @@ __all__ = [
     "DataEntry",
     "DelegateExecutionError",
     "DelegationSpec",
+    "EdgeProgramManager",
     "GraphChangedError",
     "LoweredBackendModule",
+    "NamedDataConflictError",
     "NamedDataMap",
     "NamedDataStore",
     "NamedDataStoreOutput",
+    "NamedDataSummary",
     "PartitionError",
     "PartitionResult",
     "Partitioner",
@@ -62,5 +67,7 @@ __all__ = [
     "tag_constant_data",
     "tag_mutated_buffers",
     "to_backend",
+    "to_edge",
+    "to_edge_transform_and_lower",
     "validation_disabled",
 ]

@@ -40,7 +40,7 @@ from torchdelegate.lowering.structural_copy import (
 from torchdelegate.lowering.subprogram import build_subprogram
 from torchdelegate.lowering.validation import first_graph_difference, program_fingerprint, validation_enabled
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
-from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
+from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 WHOLE_PROGRAM_TAG = "whole_program"
@@ -244,15 +244,15 @@ def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLi
 
 
 def _tag_whole_program(program: ExportedProgram, spec: DelegationSpec) -> PartitionResult:
-    """Tag every computation, and the state they alone read: one delegate for the whole graph.
+    """Tag every computation, and the constants they alone read: one delegate for the whole graph.
 
-    A mutated buffer goes inside only when the delegate computes its new value.
+    Mutated buffers stay with the program (the delegate returns their new values), so that
+    methods lowered one delegate each still share them, as they do in eager.
     """
     for node in program.graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta[DELEGATION_TAG] = WHOLE_PROGRAM_TAG
     tag_constant_data(program)
-    tag_mutated_buffers(program)
     return PartitionResult(program, {WHOLE_PROGRAM_TAG: spec})
 
 

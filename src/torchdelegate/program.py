@@ -1,0 +1,291 @@
+"""Programs with several methods: ``to_edge``, ``EdgeProgramManager``, ``to_edge_transform_and_lower``.
+
+A program is a set of methods (``forward``; or ``prefill`` and ``decode``) exported from one
+model. ``to_edge`` decomposes each to core ATen (functionalizing in-place updates of
+buffers) and makes methods that hold equal state share one tensor. The manager is
+immutable: every step returns a new manager and leaves the old one as it was.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+from torch.export import ExportedProgram
+from torch.fx import GraphModule
+from torch.fx.passes.infra.pass_base import PassBase, PassResult
+
+from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
+from torchdelegate.errors import NamedDataConflictError, PartitionError, PreprocessError
+from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.lowering.structural_copy import copy_program
+from torchdelegate.lowering.to_backend import PartitionerLike, lower
+from torchdelegate.partition.partitioner import Partitioner
+from torchdelegate.specs import DelegationSpec
+
+Pass = Callable[[ExportedProgram], ExportedProgram | None] | PassBase
+"""A transform: a callable on an ExportedProgram (returning a new one, or None after editing
+the one given, which is always a private copy), or a torch.fx PassBase run on its graph."""
+
+PartitionerChoice = PartitionerLike | Sequence[PartitionerLike]
+
+
+def _methods(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> dict[str, ExportedProgram]:
+    if isinstance(programs, ExportedProgram):
+        return {"forward": programs}
+    if not isinstance(programs, Mapping) or not programs:
+        raise TypeError(
+            "expected an ExportedProgram or a non-empty {method name: ExportedProgram} mapping, "
+            f"got {type(programs).__name__}"
+        )
+    for name, program in programs.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"method names must be non-empty str, got {name!r}")
+        if not isinstance(program, ExportedProgram):
+            raise TypeError(f"method {name!r} must be a torch.export.ExportedProgram, got {type(program).__name__}")
+    return dict(programs)
+
+
+def _decompose(program: ExportedProgram, keep: Iterable[OpOverload] = ()) -> ExportedProgram:
+    """Core ATen, functional; the ops in ``keep`` are left whole."""
+    table = torch.export.default_decompositions()
+    for op in keep:
+        table.pop(op, None)
+    return program.run_decompositions(table)
+
+
+def _share_equal_state(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
+    """Make methods that hold equal tensors under one name hold the same tensor.
+
+    Exports of one model already share their tensors; separate exports of equal models get
+    their duplicates replaced, so weights (and a KV cache) exist once across methods.
+    """
+    canonical: dict[str, torch.Tensor] = {}
+    shared = {}
+    for method, program in programs.items():
+        replaced: dict[str, dict[str, Any]] = {"state_dict": {}, "constants": {}}
+        for field, tensors in (("state_dict", program.state_dict), ("constants", program.constants)):
+            for name, tensor in tensors.items():
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                first = canonical.setdefault(name, tensor)
+                if first is not tensor and _same_tensor_value(first, tensor):
+                    replaced[field][name] = first
+        if replaced["state_dict"] or replaced["constants"]:
+            program = ExportedProgram(
+                root=program.graph_module,
+                graph=program.graph,
+                graph_signature=program.graph_signature,
+                state_dict={**program.state_dict, **replaced["state_dict"]},
+                range_constraints=program.range_constraints,
+                module_call_graph=program.module_call_graph,
+                example_inputs=program.example_inputs,
+                constants={**program.constants, **replaced["constants"]},
+                verifiers=list(program.verifiers),
+            )
+        shared[method] = program
+    return shared
+
+
+def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        type(a) is type(b)
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.device == b.device
+        and bool(torch.equal(a.detach(), b.detach()))
+    )
+
+
+def to_edge(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> EdgeProgramManager:
+    """Decompose every method to core ATen (functional) and wrap them in a manager."""
+    methods = _methods(programs)
+    return EdgeProgramManager(_share_equal_state({m: _decompose(p) for m, p in methods.items()}))
+
+
+class EdgeProgramManager:
+    """The methods of one program, their delegates, and the named data those delegates share."""
+
+    def __init__(
+        self,
+        programs: Mapping[str, ExportedProgram],
+        named_data: NamedDataStoreOutput | None = None,
+    ) -> None:
+        self._programs = _methods(programs)
+        self._named_data = named_data if named_data is not None else NamedDataStoreOutput()
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self._programs)
+
+    def exported_program(self, method: str = "forward") -> ExportedProgram:
+        try:
+            return self._programs[method]
+        except KeyError:
+            raise KeyError(f"no method {method!r}; the methods are {', '.join(map(repr, self._programs))}") from None
+
+    @property
+    def named_data(self) -> NamedDataStoreOutput:
+        """Every delegate's named data, merged across partitions and methods (deduplicated)."""
+        return self._named_data
+
+    def named_data_summary(self) -> NamedDataSummary:
+        return self._named_data.summary()
+
+    def delegates(self) -> dict[str, list[LoweredBackendModule]]:
+        """Each method's delegates, in topological order (sub-graphs' after their owner's)."""
+        return {
+            method: [m for m in program.graph_module.modules() if isinstance(m, LoweredBackendModule)]
+            for method, program in self._programs.items()
+        }
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{m}: {len(d)} delegates" for m, d in self.delegates().items())
+        return f"EdgeProgramManager({counts})"
+
+    def transform(self, passes: Sequence[Pass] | Mapping[str, Sequence[Pass]]) -> EdgeProgramManager:
+        """Run passes on every method (a sequence) or on the named methods (a mapping)."""
+        per_method = self._per_method(passes, "transform")
+        programs = dict(self._programs)
+        for method, method_passes in per_method.items():
+            programs[method] = _run_passes(method, programs[method], method_passes)
+        return EdgeProgramManager(programs, self._named_data)
+
+    def to_backend(self, partitioner: PartitionerChoice | Mapping[str, PartitionerChoice]) -> EdgeProgramManager:
+        """Lower with a Partitioner or DelegationSpec (every method), a list of them applied in
+        order, or a ``{method: ...}`` mapping (only the methods named)."""
+        stages = self._stages(partitioner)
+        programs = dict(self._programs)
+        store = NamedDataStore()
+        store.merge(self._named_data)
+        for stage in stages:
+            lowered = lower(programs, stage)
+            try:
+                store.merge(lowered.named_data)
+            except NamedDataConflictError as e:
+                raise PreprocessError(f"lowering {', '.join(map(repr, stage))}: {e}") from e
+            programs = lowered.programs
+        return EdgeProgramManager(programs, store.get_named_data_store_output())
+
+    def _per_method(self, value: Any, what: str) -> dict[str, Any]:
+        if isinstance(value, Mapping):
+            unknown = [m for m in value if m not in self._programs]
+            if unknown:
+                raise PartitionError(
+                    f"{what}: no method {', '.join(map(repr, unknown))}; "
+                    f"the methods are {', '.join(map(repr, self._programs))}"
+                )
+            return dict(value)
+        return dict.fromkeys(self._programs, value)
+
+    def _stages(self, partitioner: Any) -> list[dict[str, PartitionerLike]]:
+        """One ``{method: partitioner}`` per stage: lists are applied in order, first claims first."""
+        per_method = {m: _as_list(m, p) for m, p in self._per_method(partitioner, "to_backend").items()}
+        depth = max((len(p) for p in per_method.values()), default=0)
+        return [{m: p[i] for m, p in per_method.items() if i < len(p)} for i in range(depth)]
+
+
+def _as_list(method: str, choice: Any) -> list[PartitionerLike]:
+    items = list(choice) if isinstance(choice, (list, tuple)) else [choice]
+    for item in items:
+        if isinstance(item, type) and issubclass(item, Partitioner):
+            raise TypeError(f"method {method!r}: got the class {item.__name__}; pass an instance: {item.__name__}(...)")
+        if not isinstance(item, (Partitioner, DelegationSpec)):
+            raise TypeError(
+                f"method {method!r}: expected a Partitioner, a DelegationSpec, or a list of them; "
+                f"got {type(item).__name__}"
+            )
+    return items
+
+
+def _run_passes(method: str, program: ExportedProgram, passes: Sequence[Pass]) -> ExportedProgram:
+    current = copy_program(program)
+    for transform in passes:
+        name = getattr(transform, "__name__", type(transform).__name__)
+        if isinstance(transform, PassBase):
+            result = transform(current.graph_module)
+            graph_module = result.graph_module if isinstance(result, PassResult) else current.graph_module
+            current = _rebuilt(current, graph_module)
+            continue
+        if not callable(transform):
+            raise TypeError(f"transform: {name} is not callable; a pass takes an ExportedProgram")
+        returned = transform(current)
+        if returned is None:
+            current = _rebuilt(current, current.graph_module)
+        elif isinstance(returned, ExportedProgram):
+            current = copy_program(returned) if returned is program else returned
+        else:
+            raise TypeError(
+                f"transform: pass {name} returned {type(returned).__name__} for method {method!r}; "
+                "return an ExportedProgram, or None after editing the one given"
+            )
+    return current
+
+
+def _rebuilt(program: ExportedProgram, graph_module: GraphModule) -> ExportedProgram:
+    """The program around an edited graph module, validated again."""
+    graph_module.recompile()
+    return ExportedProgram(
+        root=graph_module,
+        graph=graph_module.graph,
+        graph_signature=program.graph_signature,
+        state_dict=program.state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph,
+        example_inputs=program.example_inputs,
+        constants=program.constants,
+        verifiers=list(program.verifiers),
+    )
+
+
+def to_edge_transform_and_lower(
+    programs: ExportedProgram | Mapping[str, ExportedProgram],
+    partitioner: PartitionerChoice | Mapping[str, PartitionerChoice] | None = None,
+    transform_passes: Sequence[Pass] | Mapping[str, Sequence[Pass]] | None = None,
+) -> EdgeProgramManager:
+    """Decompose (keeping the ops partitioners ask to keep), transform, and lower in order.
+
+    An op kept whole that no backend then claims is decomposed afterwards, with a warning.
+    """
+    methods = _methods(programs)
+    manager = EdgeProgramManager(methods)
+    stages = manager._stages(partitioner) if partitioner is not None else []
+    keep: dict[str, set[OpOverload]] = {m: set() for m in methods}
+    default_table = torch.export.default_decompositions()
+    for stage in stages:
+        for method, choice in stage.items():
+            if isinstance(choice, Partitioner):
+                ops, _ = choice.ops_to_not_decompose(methods[method])
+                keep[method].update(op for op in ops if op in default_table)
+    edge = _share_equal_state({m: _decompose(p, keep[m]) for m, p in methods.items()})
+    manager = EdgeProgramManager(edge)
+    if transform_passes is not None:
+        manager = manager.transform(transform_passes)
+    for stage in stages:
+        manager = manager.to_backend(stage)
+    return _decompose_unclaimed(manager, keep)
+
+
+def _decompose_unclaimed(manager: EdgeProgramManager, keep: Mapping[str, set[OpOverload]]) -> EdgeProgramManager:
+    programs = dict(manager._programs)
+    for method, program in programs.items():
+        left = sorted(
+            {
+                str(node.target)
+                for gm in program.graph_module.modules()
+                if isinstance(gm, GraphModule)
+                for node in gm.graph.nodes
+                if node.op == "call_function" and node.target in keep[method]
+            }
+        )
+        if left:
+            warnings.warn(
+                f"method {method!r}: {', '.join(left)} kept whole for a backend that did not claim "
+                "them; decomposing them now",
+                stacklevel=3,
+            )
+            programs[method] = _decompose(program)
+    return EdgeProgramManager(programs, manager.named_data)
