@@ -13,7 +13,10 @@ storage the lowered program holds that the original does not share (0: nothing c
 and the Python objects (graphs, nodes, generated code) a lowering allocates: kept in the
 result, and at its peak (tracemalloc; tensor data is not Python objects).
 
-    python benchmarks/lowering.py [--layers 2 8 32 128] [--width 64] [--repeats 5]
+    python benchmarks/lowering.py [--layers 2 8 32 128] [--width 64] [--repeats 5] [--two-methods 32]
+
+Last, prefill (seq 8) and decode (seq 1) of the L=32 stack, same weights, are lowered
+together (one to_backend call) and compared with lowering prefill alone.
 """
 
 from __future__ import annotations
@@ -174,11 +177,12 @@ def copied_bytes(original: torch.export.ExportedProgram, lowered: torch.export.E
 
 
 def cached_fx_partitions(
-    program: torch.export.ExportedProgram, layers: int, width: int
+    program: torch.export.ExportedProgram, layers: int, width: int, seq: int = 8
 ) -> tuple[dict[str, str], float]:
     """fx's proposal for this model, computed once per torch version and size (it is quadratic)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    path = CACHE / f"fx-tags-torch{torch.__version__}-L{layers}-d{width}.json"
+    suffix = "" if seq == 8 else f"-s{seq}"
+    path = CACHE / f"fx-tags-torch{torch.__version__}-L{layers}-d{width}{suffix}.json"
     names = {node.name for node in program.graph.nodes}
     if path.exists():
         cached = json.loads(path.read_text())
@@ -231,12 +235,37 @@ def measure(layers: int, width: int, repeats: int) -> dict[str, float]:
     }
 
 
+def measure_two_methods(layers: int, width: int, repeats: int) -> dict[str, float]:
+    """Lowering prefill (seq 8) and decode (seq 1) of one model together, against prefill alone."""
+    torch.manual_seed(0)
+    model = Stack(layers, width).eval()
+    programs, partitioners = {}, {}
+    for method, seq in (("prefill", 8), ("decode", 1)):
+        program = torch.export.export(model, (torch.randn(1, seq, width),)).run_decompositions()
+        programs[method] = program
+        partitioners[method] = ReplayPartitioner(cached_fx_partitions(program, layers, width, seq)[0])
+    one, both = [], []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        to_backend({"prefill": programs["prefill"]}, {"prefill": partitioners["prefill"]})
+        one.append(time.perf_counter() - start)
+        gc.collect()
+        start = time.perf_counter()
+        to_backend(programs, partitioners)
+        both.append(time.perf_counter() - start)
+    return {"one": statistics.median(one), "both": statistics.median(both)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32, 128])
     parser.add_argument("--width", type=int, default=64, help="the model dimension d")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--two-methods", type=int, default=32, metavar="L", help="L of the prefill+decode run (0: skip)"
+    )
     args = parser.parse_args()
     if args.child is not None:
         print(json.dumps(measure(args.child, args.width, args.repeats)))
@@ -261,6 +290,12 @@ def main() -> None:
             f"{r['seconds'] / base['seconds']:>7.2f} {r['fx_seconds']:>12.2f} {r['rss_growth'] / 2**20:>14.2f} "
             f"{r['weights'] / 2**20:>12.2f} {r['rss_growth'] / r['weights']:>12.2%} {r['copied']:>9} "
             f"{r['python_kept'] / 2**20:>12.2f} / {r['python_peak'] / 2**20:>7.2f}"
+        )
+    if args.two_methods:
+        two = measure_two_methods(args.two_methods, args.width, args.repeats)
+        print(
+            f"two methods, L={args.two_methods}: prefill alone {two['one']:.3f} s, prefill + decode together "
+            f"{two['both']:.3f} s, ratio {two['both'] / two['one']:.2f}"
         )
 
 

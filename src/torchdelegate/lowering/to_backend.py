@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping
+import gc
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,8 +146,31 @@ class Lowering:
     named_data: NamedDataStoreOutput
 
 
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a lowering builds its graphs.
+
+    A full collection walks every live object, and a lowering allocates enough nodes to
+    trigger several: with the collector on, lowering two methods together costs 20% more
+    than lowering them one by one. Reference counting still frees acyclic garbage; what is
+    cyclic (the partitioner's graph copies) waits for the collector, which resumes after.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def lower(programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, PartitionerLike]) -> Lowering:
     """:func:`lower_methods`, also returning the named data the backends produced."""
+    with _cyclic_gc_paused():
+        return _lower(programs, partitioners)
+
+
+def _lower(programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, PartitionerLike]) -> Lowering:
     if not isinstance(programs, Mapping) or not isinstance(partitioners, Mapping):
         raise TypeError("to_backend(method_to_program, method_to_partitioner) takes two mappings")
     unknown = [m for m in partitioners if m not in programs]
