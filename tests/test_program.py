@@ -333,3 +333,28 @@ def test_an_op_kept_whole_but_unclaimed_is_decomposed_with_a_warning() -> None:
     assert any("aten.linear.default kept whole for a backend that did not claim" in str(w.message) for w in caught)
     targets = {n.target for n in lowered.exported_program().graph.nodes}
     assert aten.linear.default not in targets and aten.addmm.default in targets
+
+
+def test_a_buffer_two_methods_share_cannot_be_one_delegates_private_state() -> None:
+    from torchdelegate import tag_constant_data, tag_mutated_buffers
+
+    class OwnEverything(Partitioner):
+        def partition(self, exported_program):  # type: ignore[no-untyped-def]
+            for node in exported_program.graph.nodes:
+                if node.op == "call_function":
+                    node.meta[DELEGATION_TAG] = "all"
+            tag_constant_data(exported_program)
+            tag_mutated_buffers(exported_program)
+            return PartitionResult(exported_program, {"all": DelegationSpec("Recording")})
+
+    model = KVCache()
+    program = torch.export.export(model, (torch.randn(1, 4), torch.tensor([0])))
+    edge = to_edge({"prefill": program, "decode": program})
+    with pytest.raises(
+        PartitionError,
+        match=r"buffer 'cache' would be the private state of delegate 'prefill:all', but method 'decode' uses it too",
+    ):
+        edge.to_backend(OwnEverything())
+    with pytest.raises(PartitionError, match="private state of delegate 'decode:all', but method 'prefill'"):
+        edge.to_backend({"decode": OwnEverything()})  # prefill, left to torch, still uses it
+    to_edge(program).to_backend(OwnEverything())  # a single method may own its cache

@@ -186,6 +186,7 @@ def _lower(programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, P
         if method in partitioners:
             _check_program(program, f"method {method!r}")
             plans.append(_plan_method(method, program, partitioners[method], jobs, state_copies))
+    _check_owned_buffers_not_shared(jobs, programs)
     _preprocess(jobs)
     store = NamedDataStore()
     merged_outputs: set[int] = set()  # a backend may attach one store to many results
@@ -202,6 +203,21 @@ def _lower(programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, P
     for plan in plans:
         lowered[plan.method] = _splice_method(plan, state_copies)
     return Lowering(lowered, merged)
+
+
+def _check_owned_buffers_not_shared(jobs: list[_Job], programs: Mapping[str, ExportedProgram]) -> None:
+    """A delegate's own state is private: no other method may use that buffer."""
+    buffers = {m: set(p.graph_signature.inputs_to_buffers.values()) for m, p in programs.items()}
+    for job in jobs:
+        owned = job.subprogram.graph_signature.buffers_to_mutate.values()
+        for fqn in owned:
+            other = next((m for m in programs if m != job.method and fqn in buffers[m]), None)
+            if other is not None:
+                raise PartitionError(
+                    f"buffer {fqn!r} would be the private state of delegate {_delegate_name(job)!r}, but method "
+                    f"{other!r} uses it too and would not see its updates; leave the buffer untagged (the "
+                    "delegate then returns its new value and the methods share it)"
+                )
 
 
 def _check_program(program: Any, what: str) -> ExportedProgram:
