@@ -233,7 +233,7 @@ def test_named_data_is_deduplicated_across_methods() -> None:
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     assert (summary.entries, summary.unique_buffers) == (8, 4)
     assert summary.unique_bytes == weights and summary.saved_bytes == weights
-    assert lowered.named_data.owners["large/l1.weight"] == "large:tag0"
+    assert lowered.named_data.owners["large/l1.weight"] == "large:tag0 on PerMethodWeights"
     same_keys = edge.to_backend(OpSetPartitioner({aten.permute.default, aten.addmm.default}, "SharedKeyWeights"))
     assert same_keys.named_data_summary().entries == 4
     assert "4 named data entries in 4 unique buffers" in str(same_keys.named_data_summary())
@@ -253,9 +253,8 @@ def test_a_key_stored_with_other_bytes_names_both_delegates() -> None:
             return results
 
     _, edge = two_methods()
-    with pytest.raises(
-        PreprocessError, match=r"'config' is stored twice with different bytes \(by small:tag0, now by large:tag0\)"
-    ):
+    both = r"\(by small:tag0 on Conflicting, now by large:tag0 on Conflicting\)"
+    with pytest.raises(PreprocessError, match=r"'config' is stored twice with different bytes " + both):
         edge.to_backend(OpSetPartitioner({aten.relu.default}, "Conflicting"))
 
 
@@ -358,3 +357,75 @@ def test_a_buffer_two_methods_share_cannot_be_one_delegates_private_state() -> N
     with pytest.raises(PartitionError, match="private state of delegate 'decode:all', but method 'prefill'"):
         edge.to_backend({"decode": OwnEverything()})  # prefill, left to torch, still uses it
     to_edge(program).to_backend(OwnEverything())  # a single method may own its cache
+
+
+class Cache(torch.nn.Module):
+    """``write`` stores x at a position; ``read`` returns the cache: two methods, one buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(2, 4))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.cache.index_copy_(0, pos, x.relu())
+        return self.cache.sum(0)
+
+
+class ReadCache(torch.nn.Module):
+    """The reading method: the same buffer under the same name (methods share state by name)."""
+
+    def __init__(self, owner: Cache) -> None:
+        super().__init__()
+        self.register_buffer("cache", owner.cache)
+
+    def forward(self, scale: torch.Tensor) -> torch.Tensor:
+        return (self.cache * scale).relu()
+
+
+def cache_methods() -> tuple[torch.export.ExportedProgram, torch.export.ExportedProgram]:
+    cache = Cache()
+    write = torch.export.export(cache, (torch.randn(1, 4), torch.tensor([0])))
+    read = torch.export.export(ReadCache(cache), (torch.ones(1),))
+    return write, read
+
+
+@pytest.mark.parametrize(
+    "lowering",
+    [
+        lambda edge: edge.to_backend({"write": DelegationSpec("Recording")}),
+        lambda edge: edge.to_backend({"read": DelegationSpec("Recording")}),
+        lambda edge: edge.to_backend(
+            OpSetPartitioner({aten.relu.default, aten.mul.Tensor, aten.sum.dim_IntList}, "Recording")
+        ),
+        lambda edge: edge.to_backend({"write": [OpSetPartitioner({aten.relu.default}, "Recording")], "read": []}),
+    ],
+)
+def test_methods_share_a_buffer_whatever_is_lowered(lowering) -> None:  # type: ignore[no-untyped-def]
+    write, read = cache_methods()
+    edge = to_edge({"write": write, "read": read})
+    lowered = lowering(edge)
+    write_module, read_module = (lowered.exported_program(m).module() for m in ("write", "read"))
+    x = torch.tensor([[1.0, -2.0, 3.0, 4.0]])
+    write_module(x, torch.tensor([1]))
+    torch.testing.assert_close(read_module(torch.ones(1)), torch.tensor([[0.0] * 4, [1.0, 0.0, 3.0, 4.0]]))
+    assert torch.count_nonzero(write.state_dict["cache"]) == 0  # the caller's buffer is untouched
+
+
+def test_every_stage_sees_the_named_data_of_the_whole_call() -> None:
+    model, edge = two_methods()
+    first = OpSetPartitioner({aten.permute.default, aten.addmm.default}, "PerMethodWeights")
+    second = OpSetPartitioner({aten.relu.default}, "TestNamedWeights")
+    lowered = edge.to_backend([second, first])
+    keys = {len(d._named_data.get_named_data_store_output()) for ds in lowered.delegates().values() for d in ds}
+    assert keys == {len(lowered.named_data)}
+    check_runs(lowered, model)
+
+
+def test_ops_to_not_decompose_accepts_packets() -> None:
+    class Packet(LinearKeeper):
+        def ops_to_not_decompose(self, exported_program):  # type: ignore[no-untyped-def]
+            return [aten.linear], None
+
+    program = torch.export.export(TwoLinears(), (torch.randn(2, 4),))
+    lowered = to_edge_transform_and_lower(program, partitioner=[Packet(claim=True)])
+    assert len(lowered.delegates()["forward"]) == 2

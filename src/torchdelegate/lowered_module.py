@@ -30,7 +30,7 @@ from torch.fx.experimental.proxy_tensor import (
 )
 
 from torchdelegate.backend import get_backend
-from torchdelegate.data import NamedDataMap, NamedDataStoreOutput
+from torchdelegate.data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
 from torchdelegate.errors import DelegateExecutionError
 from torchdelegate.specs import CompileSpec
 
@@ -63,7 +63,7 @@ class LoweredBackendModule(torch.nn.Module):
         original_module: ExportedProgram,
         named_data_store_output: NamedDataStoreOutput | None = None,
         *,
-        named_data: NamedDataStoreOutput | None = None,
+        named_data: NamedDataStoreOutput | NamedDataStore | None = None,
         meta: dict[str, Any] | None = None,
         name: str = "",
     ) -> None:
@@ -75,8 +75,8 @@ class LoweredBackendModule(torch.nn.Module):
         self.named_data_store_output = named_data_store_output
         self.meta: dict[str, Any] = dict(meta or {})
         self.name = name or backend_id
-        # Named data visible at run time: the whole lowering's store, so one backend's
-        # partitions (and methods) can share data that only one of their results added.
+        # Named data visible at run time: the whole lowering's store (live while the lowering
+        # runs its stages), so partitions and methods share data only one result added.
         self._named_data = named_data if named_data is not None else named_data_store_output
         self._lock = threading.Lock()
         self._handle: Any = None
@@ -106,11 +106,12 @@ class LoweredBackendModule(torch.nn.Module):
         with self._lock:
             if self._finalizer is None or not self._finalizer.alive:
                 backend = get_backend(self.backend_id)
+                named = self._named_data
+                if isinstance(named, NamedDataStore):
+                    named = named.get_named_data_store_output()
                 try:
                     handle = backend.init(
-                        memoryview(self.processed_bytes),
-                        list(self.compile_specs),
-                        NamedDataMap(self._named_data),
+                        memoryview(self.processed_bytes), list(self.compile_specs), NamedDataMap(named)
                     )
                 except DelegateExecutionError:
                     raise

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch._ops import OpOverload
+from torch._ops import OpOverload, OpOverloadPacket
 from torch.export import ExportedProgram
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
-from torchdelegate.errors import NamedDataConflictError, PartitionError, PreprocessError
+from torchdelegate.errors import PartitionError
 from torchdelegate.lowered_module import LoweredBackendModule
-from torchdelegate.lowering.structural_copy import copy_program
+from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_program, with_state
 from torchdelegate.lowering.to_backend import PartitionerLike, lower
 from torchdelegate.partition.partitioner import Partitioner
 from torchdelegate.specs import DelegationSpec
@@ -57,37 +57,25 @@ def _decompose(program: ExportedProgram, keep: Iterable[OpOverload] = ()) -> Exp
     return program.run_decompositions(table)
 
 
-def _share_equal_state(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
-    """Make methods that hold equal tensors under one name hold the same tensor.
+def _own_state(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
+    """Methods hold one tensor per name where their values are equal, and own what they write.
 
     Exports of one model already share their tensors; separate exports of equal models get
-    their duplicates replaced, so weights (and a KV cache) exist once across methods.
+    their duplicates replaced, so weights (and a KV cache) exist once across methods. Every
+    buffer that any method writes is copied once, so running the programs never writes
+    into the caller's exported programs, and all methods keep sharing it.
     """
-    canonical: dict[str, torch.Tensor] = {}
-    shared = {}
-    for method, program in programs.items():
-        replaced: dict[str, dict[str, Any]] = {"state_dict": {}, "constants": {}}
-        for field, tensors in (("state_dict", program.state_dict), ("constants", program.constants)):
-            for name, tensor in tensors.items():
-                if not isinstance(tensor, torch.Tensor):
-                    continue
-                first = canonical.setdefault(name, tensor)
-                if first is not tensor and _same_tensor_value(first, tensor):
-                    replaced[field][name] = first
-        if replaced["state_dict"] or replaced["constants"]:
-            program = ExportedProgram(
-                root=program.graph_module,
-                graph=program.graph,
-                graph_signature=program.graph_signature,
-                state_dict={**program.state_dict, **replaced["state_dict"]},
-                range_constraints=program.range_constraints,
-                module_call_graph=program.module_call_graph,
-                example_inputs=program.example_inputs,
-                constants={**program.constants, **replaced["constants"]},
-                verifiers=list(program.verifiers),
-            )
-        shared[method] = program
-    return shared
+    canonical: dict[str, Any] = {}
+    written = frozenset().union(*(p.graph_signature.buffers_to_mutate.values() for p in programs.values()))
+    copies = MutableStateCopies()
+
+    def shared(fqn: str, value: Any) -> Any:
+        first = canonical.setdefault(fqn, value)
+        if isinstance(value, torch.Tensor) and first is not value and _same_tensor_value(first, value):
+            value = first
+        return copies(value) if fqn in written and isinstance(value, torch.Tensor) else value
+
+    return {method: with_state(program, shared) for method, program in programs.items()}
 
 
 def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -103,7 +91,7 @@ def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
 def to_edge(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> EdgeProgramManager:
     """Decompose every method to core ATen (functional) and wrap them in a manager."""
     methods = _methods(programs)
-    return EdgeProgramManager(_share_equal_state({m: _decompose(p) for m, p in methods.items()}))
+    return EdgeProgramManager(_own_state({m: _decompose(p) for m, p in methods.items()}))
 
 
 class EdgeProgramManager:
@@ -136,7 +124,7 @@ class EdgeProgramManager:
         return self._named_data.summary()
 
     def delegates(self) -> dict[str, list[LoweredBackendModule]]:
-        """Each method's delegates, in topological order (sub-graphs' after their owner's)."""
+        """Each method's delegates, in topological order (a sub-graph's at its control-flow op)."""
         return {
             method: [m for m in program.graph_module.modules() if isinstance(m, LoweredBackendModule)]
             for method, program in self._programs.items()
@@ -159,15 +147,13 @@ class EdgeProgramManager:
         order, or a ``{method: ...}`` mapping (only the methods named)."""
         stages = self._stages(partitioner)
         programs = dict(self._programs)
+        # One live store for every stage: each delegate sees all the program's named data.
         store = NamedDataStore()
         store.merge(self._named_data)
-        for stage in stages:
-            lowered = lower(programs, stage)
-            try:
-                store.merge(lowered.named_data)
-            except NamedDataConflictError as e:
-                raise PreprocessError(f"lowering {', '.join(map(repr, stage))}: {e}") from e
-            programs = lowered.programs
+        for number, stage in enumerate(stages, start=1):
+            label = number if len(stages) > 1 else 0
+            # The manager already owns its state (see to_edge): lowering shares it, uncopied.
+            programs = lower(programs, stage, named_data=store, copy_mutable_state=False, stage=label).programs
         return EdgeProgramManager(programs, store.get_named_data_store_output())
 
     def _per_method(self, value: Any, what: str) -> dict[str, Any]:
@@ -205,6 +191,8 @@ def _run_passes(method: str, program: ExportedProgram, passes: Sequence[Pass]) -
     current = copy_program(program)
     for transform in passes:
         name = getattr(transform, "__name__", type(transform).__name__)
+        if isinstance(transform, type) and issubclass(transform, PassBase):
+            raise TypeError(f"transform: got the class {name}; pass an instance: {name}()")
         if isinstance(transform, PassBase):
             result = transform(current.graph_module)
             graph_module = result.graph_module if isinstance(result, PassResult) else current.graph_module
@@ -212,8 +200,8 @@ def _run_passes(method: str, program: ExportedProgram, passes: Sequence[Pass]) -
             continue
         if not callable(transform):
             raise TypeError(f"transform: {name} is not callable; a pass takes an ExportedProgram")
-        returned = transform(current)
-        if returned is None:
+        returned = cast(Callable[[ExportedProgram], Any], transform)(current)
+        if returned is None or returned is current:
             current = _rebuilt(current, current.graph_module)
         elif isinstance(returned, ExportedProgram):
             current = copy_program(returned) if returned is program else returned
@@ -254,38 +242,66 @@ def to_edge_transform_and_lower(
     manager = EdgeProgramManager(methods)
     stages = manager._stages(partitioner) if partitioner is not None else []
     keep: dict[str, set[OpOverload]] = {m: set() for m in methods}
+    filters: dict[str, list[tuple[set[OpOverload], Callable[[Node], bool] | None]]] = {m: [] for m in methods}
     default_table = torch.export.default_decompositions()
     for stage in stages:
         for method, choice in stage.items():
             if isinstance(choice, Partitioner):
-                ops, _ = choice.ops_to_not_decompose(methods[method])
-                keep[method].update(op for op in ops if op in default_table)
-    edge = _share_equal_state({m: _decompose(p, keep[m]) for m, p in methods.items()})
+                asked, node_filter = choice.ops_to_not_decompose(methods[method])
+                ops = {op for op in _overloads(asked) if op in default_table}
+                keep[method] |= ops
+                filters[method].append((ops, node_filter))
+    edge = _own_state({m: _decompose(p, keep[m]) for m, p in methods.items()})
     manager = EdgeProgramManager(edge)
     if transform_passes is not None:
         manager = manager.transform(transform_passes)
     for stage in stages:
         manager = manager.to_backend(stage)
-    return _decompose_unclaimed(manager, keep)
+    return _decompose_unclaimed(manager, keep, filters)
 
 
-def _decompose_unclaimed(manager: EdgeProgramManager, keep: Mapping[str, set[OpOverload]]) -> EdgeProgramManager:
+def _overloads(ops: Iterable[Any]) -> list[OpOverload]:
+    """Ops as overloads: a packet (``aten.linear``) stands for all of its overloads."""
+    found: list[OpOverload] = []
+    for op in ops:
+        if isinstance(op, OpOverloadPacket):
+            found.extend(getattr(op, name) for name in op.overloads())
+        elif isinstance(op, OpOverload):
+            found.append(op)
+        else:
+            raise TypeError(f"ops_to_not_decompose returned {op!r}; expected torch ops (e.g. aten.linear.default)")
+    return found
+
+
+def _decompose_unclaimed(
+    manager: EdgeProgramManager,
+    keep: Mapping[str, set[OpOverload]],
+    filters: Mapping[str, list[tuple[set[OpOverload], Callable[[Node], bool] | None]]],
+) -> EdgeProgramManager:
+    """Decompose the kept ops no backend claimed; warn about those a partitioner wanted."""
     programs = dict(manager._programs)
     for method, program in programs.items():
-        left = sorted(
+        left = [
+            node
+            for gm in program.graph_module.modules()
+            if isinstance(gm, GraphModule)
+            for node in gm.graph.nodes
+            if node.op == "call_function" and node.target in keep[method]
+        ]
+        if not left:
+            continue
+        wanted = sorted(
             {
                 str(node.target)
-                for gm in program.graph_module.modules()
-                if isinstance(gm, GraphModule)
-                for node in gm.graph.nodes
-                if node.op == "call_function" and node.target in keep[method]
+                for node in left
+                if any(node.target in ops and (f is None or f(node)) for ops, f in filters[method])
             }
         )
-        if left:
+        if wanted:
             warnings.warn(
-                f"method {method!r}: {', '.join(left)} kept whole for a backend that did not claim "
+                f"method {method!r}: {', '.join(wanted)} kept whole for a backend that did not claim "
                 "them; decomposing them now",
                 stacklevel=3,
             )
-            programs[method] = _decompose(program)
+        programs[method] = _decompose(program)
     return EdgeProgramManager(programs, manager.named_data)

@@ -77,11 +77,14 @@ def find_partitions(
     signature: ExportGraphSignature | None,
     partition_tags: Mapping[str, DelegationSpec],
     where: str,
+    mutated_elsewhere: frozenset[str] = frozenset(),
 ) -> GraphPartitions:
     """Group ``gm``'s tagged nodes into partitions and order the fused graph.
 
     ``signature`` is the program's (``None`` for a control-flow sub-graph, whose
-    placeholders are all inputs). ``where`` names the graph in error messages.
+    placeholders are all inputs). ``where`` names the graph in error messages. A buffer in
+    ``mutated_elsewhere`` (written by another method) is passed in even when tagged, so the
+    delegate always reads its current value.
     """
     specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")} if signature else {}
     nodes = list(gm.graph.nodes)
@@ -89,6 +92,7 @@ def find_partitions(
     groups: dict[str, Partition] = {}
     group_of: dict[Node, Partition] = {}
     tagged_state: set[Node] = set()
+    mutated_here = _mutated_targets(signature)
 
     for node in nodes:
         tag = node.meta.get(DELEGATION_TAG)
@@ -114,7 +118,8 @@ def find_partitions(
                     f"{where}: user input {node.name!r} is tagged {tag!r}; inputs cannot be "
                     "delegated (their users can): remove the tag from the placeholder"
                 )
-            tagged_state.add(node)
+            if spec.target not in mutated_elsewhere or spec.target in mutated_here:
+                tagged_state.add(node)
             continue
         group = groups.get(tag)
         if group is None:
@@ -132,6 +137,10 @@ def find_partitions(
     owned_outputs = {i for p in partitions for i in p.mutations}
     dropped = _dropped(nodes, partitions, group_of, tagged_state, specs, signature, owned_outputs)
     return GraphPartitions(partitions, order, dropped, owned_outputs, specs)
+
+
+def _mutated_targets(signature: ExportGraphSignature | None) -> set[str]:
+    return set(signature.buffers_to_mutate.values()) if signature is not None else set()
 
 
 def _check_tag(tag: Any, node: Node, partition_tags: Mapping[str, DelegationSpec], where: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -120,12 +120,40 @@ class MutableStateCopies:
     that share a buffer get the same copy, so their methods still share its state.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.enabled = enabled
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return tensor
         entry = self._copies.get(id(tensor))
         if entry is None:
             entry = (tensor, tensor.detach().clone())
             self._copies[id(tensor)] = entry
         return entry[1]
+
+
+def with_state(program: ExportedProgram, replace: Callable[[str, Any], Any]) -> ExportedProgram:
+    """``program`` holding ``replace(fqn, value)`` for each parameter, buffer and constant.
+
+    The same program when nothing is replaced; otherwise a new one around the same graph.
+    """
+    state_dict = {k: replace(k, v) for k, v in program.state_dict.items()}
+    constants = {k: replace(k, v) for k, v in program.constants.items()}
+    unchanged = all(state_dict[k] is v for k, v in program.state_dict.items()) and all(
+        constants[k] is v for k, v in program.constants.items()
+    )
+    if unchanged:
+        return program
+    return ExportedProgram(
+        root=program.graph_module,
+        graph=program.graph,
+        graph_signature=program.graph_signature,
+        state_dict=state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph,
+        example_inputs=program.example_inputs,
+        constants=constants,
+        verifiers=list(program.verifiers),
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ from torchdelegate.lowering.structural_copy import (
     copy_program,
     fetch_attr,
     make_graph_module,
+    with_state,
 )
 from torchdelegate.lowering.subprogram import build_subprogram
 from torchdelegate.lowering.validation import first_graph_difference, program_fingerprint, validation_enabled
@@ -67,6 +69,8 @@ class _GraphPlan:
     found: GraphPartitions
     jobs: list[_Job]
     children: dict[str, _GraphPlan] = field(default_factory=dict)
+    ordered_jobs: list[_Job] = field(default_factory=list)
+    """This graph's jobs and its sub-graphs', in topological order."""
 
 
 @dataclass(eq=False)
@@ -146,31 +150,51 @@ class Lowering:
     named_data: NamedDataStoreOutput
 
 
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = True
+
+
 @contextlib.contextmanager
 def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a lowering builds its graphs.
+    """Pause Python's cyclic garbage collector while lowering builds graphs (reentrant).
 
-    A full collection walks every live object, and a lowering allocates enough nodes to
+    A full collection walks every live object, and building graphs allocates enough nodes to
     trigger several: with the collector on, lowering two methods together costs 20% more
-    than lowering them one by one. Reference counting still frees acyclic garbage; what is
-    cyclic (the partitioner's graph copies) waits for the collector, which resumes after.
+    than lowering them one by one. Reference counting still frees acyclic garbage. Never
+    held around a partitioner's or a backend's code.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
-def lower(programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, PartitionerLike]) -> Lowering:
-    """:func:`lower_methods`, also returning the named data the backends produced."""
-    with _cyclic_gc_paused():
-        return _lower(programs, partitioners)
+def lower(
+    programs: Mapping[str, ExportedProgram],
+    partitioners: Mapping[str, PartitionerLike],
+    *,
+    named_data: NamedDataStore | None = None,
+    copy_mutable_state: bool = True,
+    stage: int = 0,
+) -> Lowering:
+    """:func:`lower_methods`, also returning the named data the backends produced.
 
-
-def _lower(programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, PartitionerLike]) -> Lowering:
+    ``named_data`` is the program's live store: results are merged into it and every
+    delegate reads it at ``init``, so delegates of several stages see each other's data.
+    With ``copy_mutable_state``, buffers any method writes get private copies in every
+    method (one per tensor), so the programs returned never write into the caller's.
+    ``stage`` (from 1) names the stage of a partitioner list in messages.
+    """
     if not isinstance(programs, Mapping) or not isinstance(partitioners, Mapping):
         raise TypeError("to_backend(method_to_program, method_to_partitioner) takes two mappings")
     unknown = [m for m in partitioners if m not in programs]
@@ -179,30 +203,38 @@ def _lower(programs: Mapping[str, ExportedProgram], partitioners: Mapping[str, P
             f"partitioners given for unknown method(s) {', '.join(map(repr, unknown))}; "
             f"the methods are {', '.join(map(repr, programs))}"
         )
+    for method, program in programs.items():
+        _check_program(program, f"method {method!r}")
+    mutated = {m: frozenset(p.graph_signature.buffers_to_mutate.values()) for m, p in programs.items()}
     plans: list[_MethodPlan] = []
     jobs: list[_Job] = []
-    state_copies = MutableStateCopies()
+    state_copies = MutableStateCopies(enabled=copy_mutable_state)
     for method, program in programs.items():
         if method in partitioners:
-            _check_program(program, f"method {method!r}")
-            plans.append(_plan_method(method, program, partitioners[method], jobs, state_copies))
+            elsewhere = frozenset().union(*(f for m, f in mutated.items() if m != method))
+            plans.append(_plan_method(method, program, partitioners[method], jobs, state_copies, elsewhere))
     _check_owned_buffers_not_shared(jobs, programs)
     _preprocess(jobs)
-    store = NamedDataStore()
+    store = named_data if named_data is not None else NamedDataStore()
     merged_outputs: set[int] = set()  # a backend may attach one store to many results
     for job in jobs:
         assert job.result is not None
         output = job.result.data_store_output
         if output is not None and id(output) not in merged_outputs:
             merged_outputs.add(id(output))
-            _merge_named_data(store, job)
-    merged = store.get_named_data_store_output()
+            _merge_named_data(store, job, stage)
     for job in jobs:
-        job.delegate = _make_delegate(job, merged)
+        job.delegate = _make_delegate(job, store)
+    all_mutated = frozenset().union(*mutated.values())
     lowered = dict(programs)
-    for plan in plans:
-        lowered[plan.method] = _splice_method(plan, state_copies)
-    return Lowering(lowered, merged)
+    with _cyclic_gc_paused():
+        for plan in plans:
+            lowered[plan.method] = _splice_method(plan, state_copies, all_mutated)
+        if copy_mutable_state:
+            for method, program in programs.items():
+                if method not in partitioners:
+                    lowered[method] = with_state(program, lambda fqn, t: state_copies(t) if fqn in all_mutated else t)
+    return Lowering(lowered, store.get_named_data_store_output())
 
 
 def _check_owned_buffers_not_shared(jobs: list[_Job], programs: Mapping[str, ExportedProgram]) -> None:
@@ -238,7 +270,8 @@ def _compile_spec_list(compile_specs: Any, backend_id: str) -> list[CompileSpec]
 
 def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLike) -> PartitionResult:
     """Run the partitioner on a structural copy; check it only tagged the graph."""
-    tagged = copy_program(program)
+    with _cyclic_gc_paused():
+        tagged = copy_program(program)
     if isinstance(partitioner, DelegationSpec):
         return _tag_whole_program(tagged, partitioner)
     if isinstance(partitioner, type) and issubclass(partitioner, Partitioner):
@@ -272,9 +305,10 @@ def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLi
                 f"partitioner {name}: partition_tags[{tag!r}] is a {type(spec).__name__}, expected a DelegationSpec"
             )
     if validation_enabled():
-        difference = first_graph_difference(
-            program.graph_module, result.tagged_exported_program.graph_module, f"method {method!r}"
-        )
+        with _cyclic_gc_paused():
+            difference = first_graph_difference(
+                program.graph_module, result.tagged_exported_program.graph_module, f"method {method!r}"
+            )
         if difference:
             raise GraphChangedError(
                 f"partitioner {name} changed the graph it may only tag: {difference}. Set only "
@@ -303,25 +337,34 @@ def _plan_method(
     partitioner: PartitionerLike,
     jobs: list[_Job],
     state_copies: MutableStateCopies,
+    mutated_elsewhere: frozenset[str],
 ) -> _MethodPlan:
     result = _partition(method, program, partitioner)
     tagged = result.tagged_exported_program
     where = f"method {method!r}"
-    root = _plan_graph(method, tagged, tagged.graph_module, True, result.partition_tags, where, jobs, state_copies)
+    context = _PlanContext(method, tagged, result.partition_tags, state_copies, mutated_elsewhere)
+    with _cyclic_gc_paused():
+        root = _plan_graph(context, tagged.graph_module, True, where)
+    jobs.extend(root.ordered_jobs)
     return _MethodPlan(method, tagged, root)
 
 
-def _plan_graph(
-    method: str,
-    program: ExportedProgram,
-    gm: GraphModule,
-    top_level: bool,
-    tags: Mapping[str, DelegationSpec],
-    where: str,
-    jobs: list[_Job],
-    state_copies: MutableStateCopies,
-) -> _GraphPlan:
-    """Find the partitions of ``gm`` and of the sub-graphs it keeps, and build their sub-programs."""
+@dataclass(frozen=True)
+class _PlanContext:
+    """What planning every graph of one method needs."""
+
+    method: str
+    program: ExportedProgram
+    tags: Mapping[str, DelegationSpec]
+    state_copies: MutableStateCopies
+    mutated_elsewhere: frozenset[str]
+
+
+def _plan_graph(context: _PlanContext, gm: GraphModule, top_level: bool, where: str) -> _GraphPlan:
+    """Find the partitions of ``gm`` and of the sub-graphs it keeps, and build their sub-programs.
+
+    The plan's ``ordered_jobs`` are topological: a sub-graph's at its control-flow op.
+    """
     children: dict[str, _GraphPlan] = {}
     for node in gm.graph.nodes:
         if node.op != "get_attr" or node.target in children:
@@ -329,19 +372,28 @@ def _plan_graph(
         value = fetch_attr(gm, str(node.target))
         delegated_whole = any(user.meta.get(DELEGATION_TAG) is not None for user in node.users)
         if isinstance(value, GraphModule) and not delegated_whole:
-            children[str(node.target)] = _plan_graph(
-                method, program, value, False, tags, f"{where}, sub-graph {node.target!r}", jobs, state_copies
-            )
-    signature = program.graph_signature if top_level else None
-    found = find_partitions(gm, signature, tags, where)
-    own_jobs = []
-    for partition in found.partitions:
-        subprogram = build_subprogram(
-            gm, partition, found, program, signature.output_specs if signature else None, state_copies
+            children[str(node.target)] = _plan_graph(context, value, False, f"{where}, sub-graph {node.target!r}")
+    signature = context.program.graph_signature if top_level else None
+    mutated_elsewhere = context.mutated_elsewhere if top_level else frozenset()
+    found = find_partitions(gm, signature, context.tags, where, mutated_elsewhere)
+    output_specs = signature.output_specs if signature else None
+    own_jobs = {
+        partition: _Job(
+            context.method,
+            partition,
+            build_subprogram(gm, partition, found, context.program, output_specs, context.state_copies),
         )
-        own_jobs.append(_Job(method, partition, subprogram))
-    jobs.extend(own_jobs)
-    return _GraphPlan(gm, found, own_jobs, children)
+        for partition in found.partitions
+    }
+    ordered: list[_Job] = []
+    emitted: set[str] = set()
+    for unit in found.order:
+        if isinstance(unit, Partition):
+            ordered.append(own_jobs[unit])
+        elif unit.op == "get_attr" and str(unit.target) in children and str(unit.target) not in emitted:
+            emitted.add(str(unit.target))
+            ordered.extend(children[str(unit.target)].ordered_jobs)
+    return _GraphPlan(gm, found, list(own_jobs.values()), children, ordered)
 
 
 def _preprocess(jobs: list[_Job]) -> None:
@@ -449,10 +501,11 @@ def _check_result(result: Any, backend_id: str, method: str) -> PreprocessResult
     return result
 
 
-def _merge_named_data(store: NamedDataStore, job: _Job) -> None:
+def _merge_named_data(store: NamedDataStore, job: _Job, stage: int) -> None:
     assert job.result is not None and job.result.data_store_output is not None
+    owner = f"{_delegate_name(job)} on {job.partition.spec.backend_id}" + (f" in stage {stage}" if stage else "")
     try:
-        store.merge(job.result.data_store_output, owner=_delegate_name(job))
+        store.merge(job.result.data_store_output, owner=owner)
     except NamedDataConflictError as e:
         raise PreprocessError(f"backend {job.partition.spec.backend_id!r}: {e}") from e
 
@@ -465,7 +518,7 @@ def _delegate_meta(result: PreprocessResult, method: str, tag: str) -> dict[str,
     return {"method": method, "tag": tag, "debug_handle_map": result.debug_handle_map}
 
 
-def _make_delegate(job: _Job, named_data: NamedDataStoreOutput) -> LoweredBackendModule:
+def _make_delegate(job: _Job, named_data: NamedDataStore) -> LoweredBackendModule:
     assert job.result is not None
     spec = job.partition.spec
     return LoweredBackendModule(
@@ -492,14 +545,14 @@ def _splice_graph(plan: _GraphPlan) -> tuple[torch.fx.Graph, dict[str, Any], dic
     return splice(plan.gm, plan.found, delegates, submodules)
 
 
-def _splice_method(plan: _MethodPlan, state_copies: MutableStateCopies) -> ExportedProgram:
+def _splice_method(plan: _MethodPlan, state_copies: MutableStateCopies, mutated: frozenset[str]) -> ExportedProgram:
+    """The lowered program; buffers any method writes (``mutated``) are passed to ``state_copies``."""
     program = plan.program
     graph, attrs, renamed = _splice_graph(plan.root)
     found = plan.root.found
     dropped = set(dropped_targets(found))
     signature = rename_signature(program.graph_signature, renamed, {n.name for n in found.dropped}, found.owned_outputs)
     names = {node.name for node in graph.nodes}
-    mutated = set(signature.buffers_to_mutate.values())
 
     def kept(tensors: Mapping[str, Any]) -> dict[str, Any]:
         return {k: state_copies(v) if k in mutated else v for k, v in tensors.items() if k not in dropped}
