@@ -192,7 +192,7 @@ def test_wrong_results_name_the_backend_the_method_and_what_was_expected() -> No
         edge.to_backend(OpSetPartitioner({aten.relu.default}, "MissingMethod"))
 
 
-class PerMethodWeights(BackendDetails):
+class PerMethodWeights(Recording):
     """Each result stores the partition's weights under "<method>/<fqn>": same bytes, other keys."""
 
     @classmethod
@@ -211,13 +211,6 @@ class PerMethodWeights(BackendDetails):
     @staticmethod
     def key_prefix(method: str) -> str:
         return f"{method}/"
-
-    @staticmethod
-    def preprocess(edge_program, compile_specs):  # type: ignore[no-untyped-def]
-        raise AssertionError("preprocess_multimethod is overridden")
-
-    init = TorchExportBackend.init
-    execute = TorchExportBackend.execute
 
 
 class SharedKeyWeights(PerMethodWeights):

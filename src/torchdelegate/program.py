@@ -21,7 +21,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.errors import PartitionError
 from torchdelegate.lowered_module import LoweredBackendModule
-from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_program, with_state
+from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_program, rebuilt, with_state
 from torchdelegate.lowering.to_backend import PartitionerLike, lower
 from torchdelegate.partition.partitioner import Partitioner
 from torchdelegate.specs import DelegationSpec
@@ -196,13 +196,15 @@ def _run_passes(method: str, program: ExportedProgram, passes: Sequence[Pass]) -
         if isinstance(transform, PassBase):
             result = transform(current.graph_module)
             graph_module = result.graph_module if isinstance(result, PassResult) else current.graph_module
-            current = _rebuilt(current, graph_module)
+            graph_module.recompile()
+            current = rebuilt(current, graph_module)
             continue
         if not callable(transform):
             raise TypeError(f"transform: {name} is not callable; a pass takes an ExportedProgram")
         returned = cast(Callable[[ExportedProgram], Any], transform)(current)
         if returned is None or returned is current:
-            current = _rebuilt(current, current.graph_module)
+            current.graph_module.recompile()
+            current = rebuilt(current)
         elif isinstance(returned, ExportedProgram):
             current = copy_program(returned) if returned is program else returned
         else:
@@ -211,22 +213,6 @@ def _run_passes(method: str, program: ExportedProgram, passes: Sequence[Pass]) -
                 "return an ExportedProgram, or None after editing the one given"
             )
     return current
-
-
-def _rebuilt(program: ExportedProgram, graph_module: GraphModule) -> ExportedProgram:
-    """The program around an edited graph module, validated again."""
-    graph_module.recompile()
-    return ExportedProgram(
-        root=graph_module,
-        graph=graph_module.graph,
-        graph_signature=program.graph_signature,
-        state_dict=program.state_dict,
-        range_constraints=program.range_constraints,
-        module_call_graph=program.module_call_graph,
-        example_inputs=program.example_inputs,
-        constants=program.constants,
-        verifiers=list(program.verifiers),
-    )
 
 
 def to_edge_transform_and_lower(

@@ -144,16 +144,26 @@ def with_state(program: ExportedProgram, replace: Callable[[str, Any], Any]) -> 
     unchanged = all(state_dict[k] is v for k, v in program.state_dict.items()) and all(
         constants[k] is v for k, v in program.constants.items()
     )
-    if unchanged:
-        return program
+    return program if unchanged else rebuilt(program, state_dict=state_dict, constants=constants)
+
+
+def rebuilt(
+    program: ExportedProgram,
+    graph_module: GraphModule | None = None,
+    *,
+    state_dict: dict[str, Any] | None = None,
+    constants: dict[str, Any] | None = None,
+) -> ExportedProgram:
+    """``program`` with its graph module or its tensors replaced, validated again."""
+    graph_module = graph_module if graph_module is not None else program.graph_module
     return ExportedProgram(
-        root=program.graph_module,
-        graph=program.graph,
+        root=graph_module,
+        graph=graph_module.graph,
         graph_signature=program.graph_signature,
-        state_dict=state_dict,
+        state_dict=state_dict if state_dict is not None else program.state_dict,
         range_constraints=program.range_constraints,
         module_call_graph=program.module_call_graph,
         example_inputs=program.example_inputs,
-        constants=constants,
+        constants=constants if constants is not None else program.constants,
         verifiers=list(program.verifiers),
     )
