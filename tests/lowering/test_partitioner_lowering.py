@@ -263,3 +263,24 @@ def test_lowering_is_the_same_whatever_the_hash_seed() -> None:
         for seed in ("0", "12345")
     }
     assert len(digests) == 1
+
+
+def test_the_garbage_collector_runs_during_backend_code_and_after_lowering() -> None:
+    import gc
+
+    from torchdelegate import BackendDetails, PreprocessResult
+
+    seen = []
+
+    class GcWatcher(BackendDetails):
+        backend_id = "TestGcWatcher"
+
+        @staticmethod
+        def preprocess(edge_program, compile_specs):  # type: ignore[no-untyped-def]
+            seen.append(gc.isenabled())
+            return PreprocessResult(b"")
+
+    program = export(TwoLinears(), torch.randn(2, 4))
+    assert gc.isenabled()
+    to_backend(program, OpSetPartitioner(LINEAR_OPS, backend_id="TestGcWatcher"))
+    assert seen == [True, True] and gc.isenabled()
