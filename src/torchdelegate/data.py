@@ -74,9 +74,6 @@ class NamedDataStoreOutput:
         if len(self.digests) != len(self.buffers):
             object.__setattr__(self, "digests", tuple(_digest(b) for b in self.buffers))
 
-    def get(self, key: str) -> Buffer:
-        return self.buffers[self.entries[key].buffer_index]
-
     def __len__(self) -> int:
         return len(self.entries)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -160,6 +160,21 @@ class LoweredBackendModule(torch.nn.Module):
         return self._original_runner(inputs)
 
 
+def _state_value(program: ExportedProgram, fqn: str) -> Any:
+    """A parameter, buffer or constant of ``program`` by its fully qualified name."""
+    return program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
+
+
+def _interpret(program: ExportedProgram, user_inputs: Sequence[Any], state: Callable[[str], Any]) -> list[Any]:
+    """Run ``program``'s graph: user inputs in order, state from ``state(fqn)``; every output."""
+    user = iter(user_inputs)
+    arguments = [
+        next(user) if spec.kind == InputKind.USER_INPUT else state(spec.target)  # type: ignore[arg-type]
+        for spec in program.graph_signature.input_specs
+    ]
+    return list(torch.fx.Interpreter(program.graph_module).run(*arguments))
+
+
 class _OriginalRunner:
     """Runs a sub-program with torch, keeping its mutated buffers as private state."""
 
@@ -171,18 +186,14 @@ class _OriginalRunner:
         for spec in signature.input_specs:
             if spec.kind == InputKind.USER_INPUT or spec.target is None:
                 continue
-            value = program.state_dict.get(spec.target, program.constants.get(spec.target))
+            value = _state_value(program, spec.target)
             self._state[spec.target] = value.clone() if spec.target in mutated else value
 
     def __call__(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         signature = self._program.graph_signature
-        user = iter(inputs)
-        args = [
-            next(user) if spec.kind == InputKind.USER_INPUT else self._state[spec.target]  # type: ignore[index]
-            for spec in signature.input_specs
-        ]
-        by_name = {spec.arg.name: arg for spec, arg in zip(signature.input_specs, args, strict=True)}  # type: ignore[union-attr]
-        outputs = torch.fx.Interpreter(self._program.graph_module).run(*args)
+        user_names = [s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT]  # type: ignore[union-attr]
+        by_name = dict(zip(user_names, inputs, strict=True))
+        outputs = _interpret(self._program, inputs, self._state.__getitem__)
         results = []
         for spec, value in zip(signature.output_specs, outputs, strict=True):
             if spec.kind == OutputKind.BUFFER_MUTATION:
@@ -198,19 +209,16 @@ def _fake_outputs(lowered: LoweredBackendModule, args: tuple[Any, ...]) -> tuple
     """Outputs of a delegate call under fake tensors, by interpreting the sub-program."""
     program = lowered.original_module
     mode = torch._guards.detect_fake_mode(args)
-    signature = program.graph_signature
-    user = iter(args)
-    values = []
-    for spec in signature.input_specs:
-        if spec.kind == InputKind.USER_INPUT:
-            values.append(next(user))
-            continue
-        value = program.state_dict.get(spec.target, program.constants.get(spec.target))  # type: ignore[arg-type]
+
+    def fake_state(fqn: str) -> Any:
+        value = _state_value(program, fqn)
         if mode is not None and isinstance(value, torch.Tensor):
-            value = mode.from_tensor(value, static_shapes=True)
-        values.append(value)
-    outputs = torch.fx.Interpreter(program.graph_module).run(*values)
-    return tuple(v for s, v in zip(signature.output_specs, outputs, strict=True) if s.kind == OutputKind.USER_OUTPUT)
+            return mode.from_tensor(value, static_shapes=True)
+        return value
+
+    outputs = _interpret(program, args, fake_state)
+    specs = program.graph_signature.output_specs
+    return tuple(v for s, v in zip(specs, outputs, strict=True) if s.kind == OutputKind.USER_OUTPUT)
 
 
 class CallDelegate(HigherOrderOperator):

@@ -19,9 +19,7 @@ from torch.fx import GraphModule, Node
 
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.partitions import GraphPartitions, Partition
-from torchdelegate.lowering.structural_copy import fetch_attr
-from torchdelegate.lowering.subprogram import copy_meta
-from torchdelegate.partition.partitioner import DELEGATION_TAG
+from torchdelegate.lowering.structural_copy import copy_meta, copy_node, fetch_attr
 
 LOWERED_MODULE_PREFIX = "lowered_module_"
 
@@ -66,8 +64,7 @@ def splice(
         if node.op == "output":
             _emit_output(graph, node, env, found.owned_outputs)
             continue
-        env[node] = new = graph.node_copy(node, env.__getitem__)
-        new.meta.pop(DELEGATION_TAG, None)
+        copy_node(graph, node, env)
         if node.op == "get_attr":
             target = str(node.target)
             attrs[target] = submodules[target] if target in submodules else fetch_attr(gm, target)

@@ -17,6 +17,8 @@ from torch.export.exported_program import ModuleCallEntry
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import GraphModule
 
+from torchdelegate.partition.partitioner import DELEGATION_TAG
+
 
 def fetch_attr(module: torch.nn.Module, target: str) -> Any:
     """The attribute a ``get_attr`` node names (a dotted path)."""
@@ -24,6 +26,20 @@ def fetch_attr(module: torch.nn.Module, target: str) -> Any:
     for atom in target.split("."):
         value = getattr(value, atom)
     return value
+
+
+def copy_meta(source: torch.fx.Node, target: torch.fx.Node) -> None:
+    """Give ``target`` a shallow copy of ``source``'s meta, without its delegation tag."""
+    meta = dict(source.meta)
+    meta.pop(DELEGATION_TAG, None)
+    target.meta = meta
+
+
+def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+    """Copy ``node`` into ``graph`` (arguments mapped through ``env``), without its delegation tag."""
+    env[node] = new = graph.node_copy(node, env.__getitem__)
+    new.meta.pop(DELEGATION_TAG, None)
+    return new
 
 
 def copy_graph(gm: GraphModule) -> tuple[torch.fx.Graph, dict[str, Any]]:
@@ -113,11 +129,11 @@ def copy_program(program: ExportedProgram) -> ExportedProgram:
 
 
 class MutableStateCopies:
-    """Private copies of the buffers a lowered program mutates, one per source tensor.
+    """Private copies of the buffers programs write, one per source tensor.
 
-    Lowering shares weights with the caller's program, but a buffer the lowered program
-    writes (a KV cache) must not write into the caller's tensor. Programs lowered together
-    that share a buffer get the same copy, so their methods still share its state.
+    Lowering (and ``to_edge``) share weights with the caller's programs, but a buffer that a
+    method writes (a KV cache) must not be written into the caller's tensor. Methods that
+    share a buffer get the same copy, so they still share its state.
     """
 
     def __init__(self, enabled: bool = True) -> None:

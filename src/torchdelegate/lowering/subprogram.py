@@ -22,7 +22,7 @@ from torch.export.graph_signature import (
 from torch.fx import GraphModule, Node
 
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, output_values
-from torchdelegate.lowering.structural_copy import MutableStateCopies, fetch_attr
+from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_meta, copy_node, fetch_attr
 from torchdelegate.partition.partitioner import DELEGATION_TAG
 
 
@@ -35,13 +35,6 @@ def graph_argument(name: str, value: Any) -> TensorArgument | SymIntArgument | S
     if isinstance(value, torch.SymBool):
         return SymBoolArgument(name=name)
     return TensorArgument(name=name)
-
-
-def copy_meta(source: Node, target: Node) -> None:
-    """Give ``target`` a shallow copy of ``source``'s meta, without its delegation tag."""
-    meta = dict(source.meta)
-    meta.pop(DELEGATION_TAG, None)
-    target.meta = meta
 
 
 def calling_specs(n_inputs: int, n_outputs: int) -> ModuleCallEntry:
@@ -91,8 +84,7 @@ def build_subprogram(
     for node in (*partition.attrs, *(n for n in partition.nodes if n.op == "get_attr")):
         attrs[str(node.target)] = fetch_attr(owner, str(node.target))
     for node in partition.attrs:
-        env[node] = graph.node_copy(node, env.__getitem__)
-        env[node].meta.pop(DELEGATION_TAG, None)
+        copy_node(graph, node, env)
     for value in attrs.values():
         if isinstance(value, GraphModule):  # a control-flow op delegated whole: its tags are spent
             for module in value.modules():
@@ -100,8 +92,7 @@ def build_subprogram(
                     for inner in module.graph.nodes:
                         inner.meta.pop(DELEGATION_TAG, None)
     for node in partition.nodes:
-        env[node] = graph.node_copy(node, env.__getitem__)
-        env[node].meta.pop(DELEGATION_TAG, None)
+        copy_node(graph, node, env)
 
     values: list[Node] = []
     out_specs: list[OutputSpec] = []

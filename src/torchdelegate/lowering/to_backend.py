@@ -67,7 +67,6 @@ class _Job:
 class _GraphPlan:
     gm: GraphModule
     found: GraphPartitions
-    jobs: list[_Job]
     children: dict[str, _GraphPlan] = field(default_factory=dict)
     ordered_jobs: list[_Job] = field(default_factory=list)
     """This graph's jobs and its sub-graphs', in topological order."""
@@ -216,13 +215,7 @@ def lower(
     _check_owned_buffers_not_shared(jobs, programs)
     _preprocess(jobs)
     store = named_data if named_data is not None else NamedDataStore()
-    merged_outputs: set[int] = set()  # a backend may attach one store to many results
-    for job in jobs:
-        assert job.result is not None
-        output = job.result.data_store_output
-        if output is not None and id(output) not in merged_outputs:
-            merged_outputs.add(id(output))
-            _merge_named_data(store, job, stage)
+    _merge_named_data(store, jobs, stage)
     for job in jobs:
         job.delegate = _make_delegate(job, store)
     all_mutated = frozenset().union(*mutated.values())
@@ -393,7 +386,7 @@ def _plan_graph(context: _PlanContext, gm: GraphModule, top_level: bool, where: 
         elif unit.op == "get_attr" and str(unit.target) in children and str(unit.target) not in emitted:
             emitted.add(str(unit.target))
             ordered.extend(children[str(unit.target)].ordered_jobs)
-    return _GraphPlan(gm, found, list(own_jobs.values()), children, ordered)
+    return _GraphPlan(gm, found, children, ordered)
 
 
 def _preprocess(jobs: list[_Job]) -> None:
@@ -501,13 +494,21 @@ def _check_result(result: Any, backend_id: str, method: str) -> PreprocessResult
     return result
 
 
-def _merge_named_data(store: NamedDataStore, job: _Job, stage: int) -> None:
-    assert job.result is not None and job.result.data_store_output is not None
-    owner = f"{_delegate_name(job)} on {job.partition.spec.backend_id}" + (f" in stage {stage}" if stage else "")
-    try:
-        store.merge(job.result.data_store_output, owner=owner)
-    except NamedDataConflictError as e:
-        raise PreprocessError(f"backend {job.partition.spec.backend_id!r}: {e}") from e
+def _merge_named_data(store: NamedDataStore, jobs: list[_Job], stage: int) -> None:
+    """Merge every result's named data into ``store``, each output once (a backend may share one)."""
+    merged: set[int] = set()
+    for job in jobs:
+        assert job.result is not None
+        output = job.result.data_store_output
+        if output is None or id(output) in merged:
+            continue
+        merged.add(id(output))
+        backend_id = job.partition.spec.backend_id
+        owner = f"{_delegate_name(job)} on {backend_id}" + (f" in stage {stage}" if stage else "")
+        try:
+            store.merge(output, owner=owner)
+        except NamedDataConflictError as e:
+            raise PreprocessError(f"backend {backend_id!r}: {e}") from e
 
 
 def _delegate_name(job: _Job) -> str:
@@ -539,7 +540,7 @@ def _splice_graph(plan: _GraphPlan) -> tuple[torch.fx.Graph, dict[str, Any], dic
         graph, attrs, _ = _splice_graph(child)
         submodules[target] = make_graph_module(attrs, graph, child.gm)
     delegates = {}
-    for job in plan.jobs:
+    for job in plan.ordered_jobs:  # the sub-graphs' too: splice looks up only its own
         assert job.delegate is not None
         delegates[job.partition] = job.delegate
     return splice(plan.gm, plan.found, delegates, submodules)
