@@ -422,3 +422,17 @@ def test_ops_to_not_decompose_accepts_packets() -> None:
     program = torch.export.export(TwoLinears(), (torch.randn(2, 4),))
     lowered = to_edge_transform_and_lower(program, partitioner=[Packet(claim=True)])
     assert len(lowered.delegates()["forward"]) == 2
+
+
+def test_to_edge_transform_and_lower_gives_every_stage_the_whole_named_data() -> None:
+    model = TwoLinears()
+    programs = {
+        "small": torch.export.export(model, (torch.randn(2, 4),)),
+        "large": torch.export.export(model, (torch.randn(8, 4),)),
+    }
+    first = OpSetPartitioner({aten.relu.default}, "TestNamedWeights")
+    second = OpSetPartitioner({aten.permute.default, aten.addmm.default}, "PerMethodWeights")
+    lowered = to_edge_transform_and_lower(programs, partitioner=[first, second])
+    keys = {len(d._named_data.get_named_data_store_output()) for ds in lowered.delegates().values() for d in ds}
+    assert keys == {len(lowered.named_data)}
+    check_runs(lowered, model)

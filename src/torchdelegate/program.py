@@ -241,8 +241,8 @@ def to_edge_transform_and_lower(
     manager = EdgeProgramManager(edge)
     if transform_passes is not None:
         manager = manager.transform(transform_passes)
-    for stage in stages:
-        manager = manager.to_backend(stage)
+    if partitioner is not None:
+        manager = manager.to_backend(partitioner)  # one call: every stage's delegates share its named data
     return _decompose_unclaimed(manager, keep, filters)
 
 
