@@ -26,6 +26,7 @@ from torchdelegate import (
     tag_constant_data,
 )
 from torchdelegate.data import tensor_bytes
+from torchdelegate.lowering.structural_copy import with_state
 
 
 class TorchExportBackend(BackendDetails):
@@ -166,16 +167,8 @@ class NamedWeightsBackend(BackendDetails):
 
 
 def _with_zero_weights(program: ExportedProgram) -> ExportedProgram:
-    return ExportedProgram(
-        root=program.graph_module,
-        graph=program.graph,
-        graph_signature=program.graph_signature,
-        state_dict={k: type(v)(torch.zeros_like(v)) for k, v in program.state_dict.items()},
-        range_constraints=program.range_constraints,
-        module_call_graph=program.module_call_graph,
-        constants=program.constants,
-        verifiers=list(program.verifiers),
-    )
+    weights = program.state_dict
+    return with_state(program, lambda fqn, value: type(value)(torch.zeros_like(value)) if fqn in weights else value)
 
 
 class CompileOnlyBackend(BackendDetails):
