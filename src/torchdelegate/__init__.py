@@ -11,11 +11,16 @@ from torchdelegate.data import DataEntry, NamedDataMap, NamedDataStore, NamedDat
 from torchdelegate.errors import (
     BackendNotFoundError,
     BackendRegistrationError,
+    BackendUnavailableError,
     DelegateExecutionError,
+    FormatError,
     GraphChangedError,
     NamedDataConflictError,
     PartitionError,
     PreprocessError,
+    ProgramClosedError,
+    ProgramInputError,
+    SerializationError,
     TorchDelegateError,
 )
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
@@ -30,6 +35,7 @@ from torchdelegate.partition import (
     tag_mutated_buffers,
 )
 from torchdelegate.program import EdgeProgramManager, to_edge, to_edge_transform_and_lower
+from torchdelegate.runtime.program import Program, load
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 __version__ = "0.1.0"
@@ -39,11 +45,13 @@ __all__ = [
     "BackendDetails",
     "BackendNotFoundError",
     "BackendRegistrationError",
+    "BackendUnavailableError",
     "CompileSpec",
     "DataEntry",
     "DelegateExecutionError",
     "DelegationSpec",
     "EdgeProgramManager",
+    "FormatError",
     "GraphChangedError",
     "LoweredBackendModule",
     "NamedDataConflictError",
@@ -56,11 +64,16 @@ __all__ = [
     "Partitioner",
     "PreprocessError",
     "PreprocessResult",
+    "Program",
+    "ProgramClosedError",
+    "ProgramInputError",
+    "SerializationError",
     "TorchDelegateError",
     "call_delegate",
     "copy_program",
     "disable_validation",
     "get_backend",
+    "load",
     "register_backend",
     "registered_backend_ids",
     "run_original_subprograms",

@@ -61,6 +61,9 @@ class BackendDetails(ABC):
     """
 
     backend_id: ClassVar[str]
+    thread_safe_execute: ClassVar[bool] = False
+    """Whether ``execute`` may run on one handle from several threads at once; when False
+    (the default) the runtime serializes the calls of each delegate."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

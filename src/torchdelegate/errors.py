@@ -42,3 +42,23 @@ class PreprocessError(TorchDelegateError, RuntimeError):
 
 class DelegateExecutionError(TorchDelegateError, RuntimeError):
     """A backend failed while initialising or executing a delegate."""
+
+
+class SerializationError(TorchDelegateError, ValueError):
+    """A program cannot be saved: something in it has no representation in the file format."""
+
+
+class FormatError(TorchDelegateError, ValueError):
+    """A file is not a valid torchdelegate file: bad magic, version, offset, length or checksum."""
+
+
+class ProgramInputError(TorchDelegateError, ValueError):
+    """The inputs given to a method do not match its signature (count, dtype, rank, sizes)."""
+
+
+class ProgramClosedError(TorchDelegateError, RuntimeError):
+    """A method was run on a program that has been closed."""
+
+
+class BackendUnavailableError(TorchDelegateError, RuntimeError):
+    """A program needs a backend whose ``is_available()`` is False on this machine."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -31,7 +30,7 @@ from torch.fx.experimental.proxy_tensor import (
 
 from torchdelegate.backend import get_backend
 from torchdelegate.data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
-from torchdelegate.errors import DelegateExecutionError
+from torchdelegate.delegate import DelegateInstance
 from torchdelegate.specs import CompileSpec
 
 _mode = threading.local()
@@ -79,10 +78,24 @@ class LoweredBackendModule(torch.nn.Module):
         # runs its stages), so partitions and methods share data only one result added.
         self._named_data = named_data if named_data is not None else named_data_store_output
         self._lock = threading.Lock()
-        self._handle: Any = None
-        self._finalizer: weakref.finalize | None = None
+        self._instance = self._new_instance()
         self._original_runner: _OriginalRunner | None = None
-        self._expected_outputs = _user_output_count(original_module)
+
+    def _new_instance(self) -> DelegateInstance:
+        return DelegateInstance(
+            get_backend(self.backend_id),
+            self.processed_bytes,
+            self.compile_specs,
+            self._named_data_map,
+            name=self.name,
+            output_count=_user_output_count(self.original_module),
+        )
+
+    def _named_data_map(self) -> NamedDataMap:
+        named = self._named_data
+        if isinstance(named, NamedDataStore):
+            named = named.get_named_data_store_output()
+        return NamedDataMap(named)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LoweredBackendModule:
         # The blob and sub-program are immutable: share them; the copy inits its own handle.
@@ -100,58 +113,14 @@ class LoweredBackendModule(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"backend_id={self.backend_id!r}, name={self.name!r}, blob={len(self.processed_bytes)} bytes"
 
-    def _ensure_initialized(self) -> Any:
-        if self._finalizer is not None and self._finalizer.alive:
-            return self._handle
-        with self._lock:
-            if self._finalizer is None or not self._finalizer.alive:
-                backend = get_backend(self.backend_id)
-                named = self._named_data
-                if isinstance(named, NamedDataStore):
-                    named = named.get_named_data_store_output()
-                try:
-                    handle = backend.init(
-                        memoryview(self.processed_bytes), list(self.compile_specs), NamedDataMap(named)
-                    )
-                except DelegateExecutionError:
-                    raise
-                except Exception as e:
-                    raise DelegateExecutionError(
-                        f"backend {self.backend_id!r} failed to init delegate {self.name!r}: {e}"
-                    ) from e
-                self._handle = handle
-                self._finalizer = weakref.finalize(self, backend.destroy, handle)
-        return self._handle
-
     def release(self) -> None:
         """Destroy the backend handle now (it is re-created on the next call)."""
-        with self._lock:
-            if self._finalizer is not None:
-                self._finalizer()
-            self._finalizer = None
-            self._handle = None
+        self._instance.release()
 
     def forward(self, *inputs: Any) -> tuple[Any, ...]:
         if getattr(_mode, "original", False):
             return self._run_original(inputs)
-        handle = self._ensure_initialized()
-        backend = get_backend(self.backend_id)
-        try:
-            outputs = backend.execute(handle, list(inputs))
-        except DelegateExecutionError:
-            raise
-        except Exception as e:
-            raise DelegateExecutionError(
-                f"backend {self.backend_id!r} failed to execute delegate {self.name!r}: {e}"
-            ) from e
-        expected = self._expected_outputs
-        if not isinstance(outputs, (list, tuple)) or len(outputs) != expected:
-            got = f"{len(outputs)} values" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
-            raise DelegateExecutionError(
-                f"backend {self.backend_id!r} execute() for delegate {self.name!r} returned {got}; "
-                f"expected a list of {expected} outputs"
-            )
-        return tuple(outputs)
+        return tuple(self._instance.execute(list(inputs)))
 
     def _run_original(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         with self._lock:

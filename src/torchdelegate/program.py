@@ -8,6 +8,7 @@ immutable: every step returns a new manager and leaves the old one as it was.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -24,6 +25,7 @@ from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_program, rebuilt, with_state
 from torchdelegate.lowering.to_backend import PartitionerLike, lower
 from torchdelegate.partition.partitioner import Partitioner
+from torchdelegate.serialize.writer import save_program
 from torchdelegate.specs import DelegationSpec
 
 Pass = Callable[[ExportedProgram], ExportedProgram | None] | PassBase
@@ -155,6 +157,13 @@ class EdgeProgramManager:
             # The manager already owns its state (see to_edge): lowering shares it, uncopied.
             programs = lower(programs, stage, named_data=store, copy_mutable_state=False, stage=label).programs
         return EdgeProgramManager(programs, store.get_named_data_store_output())
+
+    def save(self, path: str | os.PathLike[str], *, external_data_path: str | os.PathLike[str] | None = None) -> None:
+        """Write the program to one file (docs/FORMAT.md): residual graphs, delegate blobs, state and
+        named data, each distinct blob or tensor stored once. ``external_data_path`` puts named data
+        and tensors in a second file, which other programs saved with the same path share (it is
+        extended, never shrunk). The delegates' original sub-programs are not saved."""
+        save_program(self._programs, self._named_data, path, external_data_path)
 
     def _per_method(self, value: Any, what: str) -> dict[str, Any]:
         if isinstance(value, Mapping):

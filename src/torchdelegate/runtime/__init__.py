@@ -1,0 +1,1 @@
+"""The runtime: load a program file and run its methods."""

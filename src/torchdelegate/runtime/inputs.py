@@ -1,0 +1,193 @@
+"""A method's calling convention and input checks, from its exported signature.
+
+Inputs are bound the way the exported module binds them: positional and keyword
+arguments by the forward's parameter names, then flattened to the exported structure.
+Each leaf is checked against its placeholder: kind, dtype, device, rank, static sizes,
+and the range (and equalities) of dynamic sizes. Errors name the method and the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.utils._sympy.numbers import int_oo
+
+from torchdelegate.errors import ProgramInputError
+
+
+@dataclass(frozen=True)
+class _Dim:
+    """One size of a tensor input: a fixed value, or a symbol with its range (None: unchecked)."""
+
+    value: int | None
+    symbol: str | None = None
+    lower: int | None = None
+    upper: int | None = None
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    name: str
+    kind: str  # "tensor", "int", "float", "bool" or "constant"
+    dtype: torch.dtype | None = None
+    device: torch.device | None = None
+    dims: tuple[_Dim, ...] = ()
+    constant: Any = None
+
+
+def _bound(value: Any) -> int | None:
+    return None if value in (int_oo, -int_oo, sympy.oo, -sympy.oo) else int(value)
+
+
+def _dim(size: Any, ranges: Mapping[Any, Any]) -> _Dim:
+    if isinstance(size, int):
+        return _Dim(size)
+    expr = size.node.expr
+    if isinstance(expr, sympy.Integer):
+        return _Dim(int(expr))
+    if isinstance(expr, sympy.Symbol):
+        bounds = ranges.get(expr)
+        if bounds is None:
+            return _Dim(None, str(expr))
+        return _Dim(None, str(expr), _bound(bounds.lower), _bound(bounds.upper))
+    return _Dim(None)  # a derived size (2*s0): torch guarantees it from the symbols
+
+
+def _leaf(name: str, value: Any, ranges: Mapping[Any, Any]) -> _Leaf:
+    if isinstance(value, torch.Tensor):
+        dims = tuple(_dim(s, ranges) for s in value.shape)
+        return _Leaf(name, "tensor", value.dtype, value.device, dims)
+    if isinstance(value, (bool, torch.SymBool)):
+        return _Leaf(name, "bool")
+    if isinstance(value, (int, torch.SymInt)):
+        return _Leaf(name, "int")
+    if isinstance(value, (float, torch.SymFloat)):
+        return _Leaf(name, "float")
+    return _Leaf(name, "constant", constant=value)
+
+
+_PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "bool": bool, "float": (float, int)}
+
+
+class MethodInputs:
+    """Binds a call's arguments to a method's flat user inputs, checking each one."""
+
+    def __init__(self, method: str, program: ExportedProgram) -> None:
+        self.method = method
+        signature = program.module_call_graph[0].signature
+        assert signature is not None and signature.in_spec is not None
+        self.in_spec = signature.in_spec
+        self.arg_names: list[str] = list(signature.forward_arg_names or [])
+        args_spec, kwargs_spec = self.in_spec.children()
+        self.positional_count = args_spec.num_children
+        self.keyword_names: list[str] = list(kwargs_spec.context or [])
+        placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+        ranges = program.range_constraints
+        self.leaves = [
+            _leaf(spec.arg.name, placeholders[spec.arg.name].meta.get("val"), ranges)
+            for spec in program.graph_signature.input_specs
+            if spec.kind == InputKind.USER_INPUT
+        ]
+
+    def describe(self) -> str:
+        """The call signature, for messages: ``decode(input_ids, cache_position)``."""
+        return f"{self.method}({', '.join(self.arg_names or [leaf.name for leaf in self.leaves])})"
+
+    def flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+        """The flat user inputs of a call, checked."""
+        if kwargs or len(args) != self.positional_count:
+            args, kwargs = self._bind(args, kwargs)
+        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if spec != self.in_spec:
+            raise ProgramInputError(
+                f"method {self.method!r}: the inputs' structure does not match the exported one; "
+                f"call it as {self.describe()} with the structure it was exported with "
+                f"(expected {self.in_spec}, got {spec})"
+            )
+        self._check(flat)
+        return flat
+
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Arguments rearranged to the exported split between positional and keyword."""
+        names = self.arg_names
+        if len(args) > len(names):
+            raise ProgramInputError(
+                f"method {self.method!r} takes {len(names)} arguments, got {len(args)} positional: {self.describe()}"
+            )
+        bound = dict(zip(names, args, strict=False))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise ProgramInputError(f"method {self.method!r} has no argument {key!r}: {self.describe()}")
+            if key in bound:
+                raise ProgramInputError(f"method {self.method!r}: argument {key!r} given twice")
+            bound[key] = value
+        positional = names[: self.positional_count]
+        missing = [n for n in [*positional, *self.keyword_names] if n not in bound]
+        if missing:
+            raise ProgramInputError(
+                f"method {self.method!r}: missing argument {', '.join(map(repr, missing))}: {self.describe()}"
+            )
+        extra = [n for n in bound if n not in positional and n not in self.keyword_names]
+        if extra:
+            raise ProgramInputError(
+                f"method {self.method!r}: argument {', '.join(map(repr, extra))} was not an input when the method "
+                "was exported"
+            )
+        return tuple(bound[n] for n in positional), {k: bound[k] for k in self.keyword_names}
+
+    def _check(self, flat: Sequence[Any]) -> None:
+        sizes: dict[str, tuple[int, str]] = {}
+        for leaf, value in zip(self.leaves, flat, strict=True):
+            if leaf.kind == "tensor":
+                self._check_tensor(leaf, value, sizes)
+            elif leaf.kind in ("int", "bool", "float"):
+                expected = _PYTHON_TYPES[leaf.kind]
+                if not isinstance(value, expected) or (leaf.kind == "int" and isinstance(value, bool)):
+                    raise ProgramInputError(
+                        f"method {self.method!r}: argument {leaf.name!r} must be a Python {leaf.kind}, "
+                        f"got {type(value).__name__}"
+                    )
+            elif leaf.constant is not None and value != leaf.constant:
+                raise ProgramInputError(
+                    f"method {self.method!r}: argument {leaf.name!r} was the constant {leaf.constant!r} when "
+                    f"exported, got {value!r}"
+                )
+
+    def _check_tensor(self, leaf: _Leaf, value: Any, sizes: dict[str, tuple[int, str]]) -> None:
+        where = f"method {self.method!r}: argument {leaf.name!r}"
+        if not isinstance(value, torch.Tensor):
+            raise ProgramInputError(f"{where} must be a tensor, got {type(value).__name__}")
+        if value.dtype != leaf.dtype:
+            raise ProgramInputError(f"{where} must have dtype {leaf.dtype}, got {value.dtype}")
+        if leaf.device is not None and value.device.type != leaf.device.type:
+            raise ProgramInputError(f"{where} must be on {leaf.device}, got {value.device}")
+        if value.dim() != len(leaf.dims):
+            raise ProgramInputError(
+                f"{where} must have {len(leaf.dims)} dimensions, got {value.dim()} (shape {tuple(value.shape)})"
+            )
+        for axis, (size, dim) in enumerate(zip(value.shape, leaf.dims, strict=True)):
+            if dim.value is not None:
+                if size != dim.value:
+                    raise ProgramInputError(
+                        f"{where}: dimension {axis} must be {dim.value} (static when exported), got {size}"
+                    )
+                continue
+            if dim.symbol is None:
+                continue
+            if (dim.lower is not None and size < dim.lower) or (dim.upper is not None and size > dim.upper):
+                upper = "inf" if dim.upper is None else dim.upper
+                raise ProgramInputError(
+                    f"{where}: dimension {axis} is {size}, outside the range [{dim.lower}, {upper}] exported for it"
+                )
+            seen = sizes.setdefault(dim.symbol, (size, f"{leaf.name!r} dimension {axis}"))
+            if seen[0] != size:
+                raise ProgramInputError(
+                    f"{where}: dimension {axis} is {size} but must equal {seen[1]}, which is {seen[0]}"
+                )

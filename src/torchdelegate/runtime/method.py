@@ -1,0 +1,148 @@
+"""One method of a loaded program: its residual graph, compiled once, and how to call it.
+
+The graph is torch.export's, read back from the file; each ``delegate_call`` node becomes a
+direct call into a :class:`~torchdelegate.delegate.DelegateInstance`, so a delegate costs
+one Python call and the backend's ``execute``. State inputs (parameters, buffers,
+constants) are the program's tensors, shared by name with its other methods; after a call,
+buffer updates are written into those tensors, as the exported module does in eager.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx import GraphModule
+
+from torchdelegate.delegate import DelegateInstance
+from torchdelegate.errors import FormatError
+from torchdelegate.runtime.inputs import MethodInputs
+from torchdelegate.serialize.graph import SIZE, TENSOR, allowed_call_target, delegate_call_nodes
+
+
+def _compile_graph(
+    program: ExportedProgram, method: str, delegates: Mapping[int, DelegateInstance], kinds: Mapping[int, str]
+) -> GraphModule:
+    """The program's graph module with every delegate call bound to its delegate instance."""
+    gm = program.graph_module
+    touched: dict[GraphModule, None] = {}
+    for module, node in list(delegate_call_nodes(gm)):
+        _bind_delegate_call(module.graph, node, method, delegates, kinds)
+        touched[module] = None
+    for module in gm.modules():
+        if not isinstance(module, GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if (
+                node.op == "call_function"
+                and not _is_delegate_call(node.target)
+                and not allowed_call_target(node.target)
+            ):
+                raise FormatError(f"method {method!r}: node {node.name!r} calls {node.target!r}, which is not allowed")
+    for module in touched:
+        module.recompile()
+    return gm
+
+
+def _bind_delegate_call(
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    method: str,
+    delegates: Mapping[int, DelegateInstance],
+    kinds: Mapping[int, str],
+) -> None:
+    """Replace ``delegate_call(index, tensors, sizes)`` by a call of the delegate's instance."""
+    index, tensors, sizes = cast(tuple[int, list[Any], list[Any]], node.args)
+    if index not in delegates:
+        raise FormatError(f"method {method!r} calls delegate {index}, which the method does not list")
+    expected = kinds[index]
+    if (len(tensors), len(sizes)) != (expected.count(TENSOR), expected.count(SIZE)):
+        raise FormatError(
+            f"method {method!r}: the call of delegate {index} passes {len(tensors)} tensors and {len(sizes)} "
+            f"sizes; the delegate table says {expected!r}"
+        )
+    delegate = delegates[index]
+    for user in node.users:
+        read = user.args[1] if user.target is operator.getitem else None
+        if type(read) is not int or not 0 <= read < delegate.output_count:
+            raise FormatError(
+                f"method {method!r}: node {user.name!r} reads {user.args[1:]!r} of delegate {index}, which "
+                f"returns {delegate.output_count} values"
+            )
+    tensor_iter, size_iter = iter(tensors), iter(sizes)
+    inputs = [next(size_iter) if kind == SIZE else next(tensor_iter) for kind in expected]
+    with graph.inserting_before(node):
+        call = graph.call_function(delegate.call, tuple(inputs))
+    call.meta = node.meta
+    node.replace_all_uses_with(call)
+    graph.erase_node(node)
+
+
+def _is_delegate_call(target: Any) -> bool:
+    return getattr(target, "__self__", None).__class__ is DelegateInstance
+
+
+class Method:
+    """A callable method of a :class:`~torchdelegate.runtime.program.Program`."""
+
+    def __init__(
+        self,
+        name: str,
+        program: ExportedProgram,
+        state: Mapping[str, torch.Tensor],
+        delegates: Mapping[int, DelegateInstance],
+        delegate_inputs: Mapping[int, str],
+        mutable: frozenset[str] = frozenset(),
+    ) -> None:
+        self.name = name
+        self.inputs = MethodInputs(name, program)
+        signature = program.graph_signature
+        self.delegates = [delegates[i] for i in sorted(delegates)]
+        self._forward = _compile_graph(program, name, delegates, delegate_inputs).forward
+        self._out_spec = program.module_call_graph[0].signature.out_spec  # type: ignore[union-attr]
+        self._template: list[Any] = []
+        self._user_slots: list[int] = []
+        for spec in signature.input_specs:
+            if spec.kind == InputKind.USER_INPUT:
+                self._user_slots.append(len(self._template))
+                self._template.append(None)
+            else:
+                self._template.append(state[spec.target])  # type: ignore[index]
+        user_positions = {name: i for i, name in enumerate(signature.user_inputs)}
+        self._buffer_updates: list[tuple[int, torch.Tensor]] = []
+        self._input_updates: list[tuple[int, int]] = []
+        self._user_outputs: list[int] = []
+        for position, spec in enumerate(signature.output_specs):
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                self._buffer_updates.append((position, state[spec.target]))  # type: ignore[index]
+            elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                self._input_updates.append((position, user_positions[spec.target]))  # type: ignore[index]
+            elif spec.kind == OutputKind.USER_OUTPUT:
+                self._user_outputs.append(position)
+            else:
+                raise FormatError(f"method {name!r}: output {spec.arg} of kind {spec.kind.name} is not supported")
+        reads = {s.target for s in signature.input_specs if s.kind == InputKind.BUFFER}
+        # Buffers shared with other methods: calls that touch them are serialized by the program.
+        self.uses_mutable_state = bool(self._buffer_updates) or not reads.isdisjoint(mutable)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run_flat(self.inputs.flatten(args, kwargs))
+
+    def run_flat(self, user_inputs: Sequence[Any]) -> Any:
+        """Run on already checked flat user inputs; the outputs in the method's structure."""
+        arguments = list(self._template)
+        for slot, value in zip(self._user_slots, user_inputs, strict=True):
+            arguments[slot] = value
+        with torch.no_grad():
+            outputs = self._forward(*arguments)
+            for position, buffer in self._buffer_updates:
+                buffer.copy_(outputs[position])
+            for position, user in self._input_updates:
+                user_inputs[user].copy_(outputs[position])
+        results = [outputs[p] for p in self._user_outputs]
+        return pytree.tree_unflatten(results, self._out_spec)

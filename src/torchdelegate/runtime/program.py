@@ -1,0 +1,276 @@
+"""``load`` and :class:`Program`: a saved program, mapped and ready to run.
+
+Loading maps the file, checks its structure (docs/FORMAT.md), resolves each delegate's
+backend, and reads every method's graph; it reads no weights. A delegate's ``init`` runs
+on its first call, once per Program. Methods share their buffers by name, as in eager: the
+KV cache that ``prefill`` fills is the one ``decode`` reads.
+
+Threads: a method that reads or writes a mutable buffer runs under the program's state
+lock, so calls of stateful methods are serialized and each sees the state the previous one
+left. Methods without mutable state run concurrently; a backend's ``execute`` is serialized
+per delegate unless the backend declares ``thread_safe_execute``. ``close()`` waits for the
+calls in progress, then destroys every delegate handle exactly once; later calls raise
+:class:`~torchdelegate.errors.ProgramClosedError`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from torchdelegate.backend import BackendDetails, get_backend
+from torchdelegate.data import NamedDataMap
+from torchdelegate.delegate import DelegateInstance
+from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, FormatError, ProgramClosedError
+from torchdelegate.runtime.method import Method
+from torchdelegate.serialize.graph import program_from_json
+from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
+from torchdelegate.serialize.tensors import tensor_from_bytes
+
+
+class FileNamedDataMap(NamedDataMap):
+    """Named data read from a program file: zero-copy views of the mapping, checked on first use."""
+
+    def __init__(self, file: ProgramFile) -> None:
+        super().__init__()
+        self._file = file
+        self._digests = {record.key: record.data for record in file.named_data}
+
+    def get_data(self, key: str) -> memoryview:
+        digest = self._digests.get(key)
+        if digest is None:
+            raise KeyError(f"no named data {key!r} in {self._file.path} ({len(self._digests)} keys are stored)")
+        return self._file.data(digest, f"named data {key!r}").toreadonly()
+
+    def keys(self) -> Iterator[str]:
+        return iter(sorted(self._digests))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._digests
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+
+class _Gate:
+    """Counts calls in progress so that ``close`` can wait for them, and refuses calls after it."""
+
+    def __init__(self, path: str) -> None:
+        self._condition = threading.Condition()
+        self._active = 0
+        self._path = path
+        self.closed = False
+
+    def enter(self, method: str) -> None:
+        with self._condition:
+            if self.closed:
+                raise ProgramClosedError(f"cannot run {method!r}: the program {self._path} is closed; load it again")
+            self._active += 1
+
+    def leave(self) -> None:
+        with self._condition:
+            self._active -= 1
+            if not self._active:
+                self._condition.notify_all()
+
+    def close(self) -> bool:
+        """Mark closed and wait for running calls; False if it was already closed."""
+        with self._condition:
+            if self.closed:
+                return False
+            self.closed = True
+            while self._active:
+                self._condition.wait()
+            return True
+
+
+class BoundMethod:
+    """``Program.method(name)``: a callable with the method's calling convention."""
+
+    def __init__(self, program: Program, method: Method) -> None:
+        self._gate = program._gate
+        self._method = method
+        self._state_lock = program._state_lock if method.uses_mutable_state else None
+        self._verify = program._verify_state
+        self.name = method.name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._gate.enter(self.name)
+        try:
+            self._verify(self._method)
+            flat = self._method.inputs.flatten(args, kwargs)
+            if self._state_lock is None:
+                return self._method.run_flat(flat)
+            with self._state_lock:
+                return self._method.run_flat(flat)
+        finally:
+            self._gate.leave()
+
+    def __repr__(self) -> str:
+        return f"<method {self._method.inputs.describe()}>"
+
+
+class Program:
+    """A loaded program: run its methods with :meth:`run` or :meth:`method`, then :meth:`close`."""
+
+    def __init__(self, file: ProgramFile) -> None:
+        self._file = file
+        self._gate = _Gate(str(file.path))
+        self._state_lock = threading.Lock()
+        self._verify_lock = threading.Lock()
+        self.named_data = FileNamedDataMap(file)
+        self._state = self._load_state()
+        self._mutable = frozenset(r.name for r in file.state if r.mutable)
+        self._delegates = [self._delegate(record) for record in file.delegates]
+        self._methods: dict[str, Method] = {}
+        self._bound: dict[str, BoundMethod] = {}
+        self._unverified: dict[str, list[str]] = {}
+        for record in file.methods:
+            self._methods[record.name] = method = self._method(record.name, record.graph, record.delegates)
+            self._bound[record.name] = BoundMethod(self, method)
+
+    @property
+    def path(self) -> str:
+        return str(self._file.path)
+
+    @property
+    def method_names(self) -> list[str]:
+        return list(self._methods)
+
+    @property
+    def delegates(self) -> list[DelegateRecord]:
+        """The delegate table: backend ids, blobs and compile specs, in file order."""
+        return list(self._file.delegates)
+
+    def method(self, name: str) -> BoundMethod:
+        try:
+            return self._bound[name]
+        except KeyError:
+            raise KeyError(f"no method {name!r} in {self.path}; the methods are {self.method_names}") from None
+
+    def run(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method`` with the exported module's calling convention; outputs in its structure."""
+        return self.method(method)(*args, **kwargs)
+
+    def verify(self) -> None:
+        """Check every segment's checksum now, instead of on first use."""
+        self._file.container.verify_all()
+        if self._file.external is not None:
+            self._file.external.verify_all()
+
+    def close(self) -> None:
+        """Wait for calls in progress, then destroy every delegate handle (once). Idempotent."""
+        if not self._gate.close():
+            return
+        for delegate in self._delegates:
+            delegate.release()
+        self._file.close()
+
+    def __enter__(self) -> Program:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._gate.closed else f"{len(self._delegates)} delegates"
+        return f"Program({self.path!r}, methods={self.method_names}, {state})"
+
+    def _load_state(self) -> dict[str, torch.Tensor]:
+        state = {}
+        for record in self._file.state:
+            where = f"{self._file.path}: state {record.name!r}"
+            if record.mutable:  # the program's own copy, written by its methods
+                data = self._file.data(record.data, f"state {record.name!r}")
+                state[record.name] = tensor_from_bytes(data, record.dtype, record.shape, where).clone()
+            else:
+                data = self._file.data(record.data, f"state {record.name!r}", verify=False)  # on first call
+                state[record.name] = tensor_from_bytes(data, record.dtype, record.shape, where)
+        return state
+
+    def _verify_state(self, method: Method) -> None:
+        """Check the checksums of the state ``method`` reads, on its first call."""
+        pending = self._unverified.get(method.name)
+        if pending is None:
+            return
+        with self._verify_lock:
+            digests = {r.name: r.data for r in self._file.state}
+            for fqn in self._unverified.pop(method.name, []):
+                self._file.data(digests[fqn], f"state {fqn!r} of method {method.name!r}")
+
+    def _delegate(self, record: DelegateRecord) -> DelegateInstance:
+        where = f"{self._file.path}: delegate {record.name!r} of method {record.method!r}"
+        try:
+            backend: type[BackendDetails] = get_backend(record.backend_id)
+        except BackendNotFoundError as e:
+            raise BackendNotFoundError(f"{where} needs backend {record.backend_id!r}: {e}") from e
+        try:
+            available = backend.is_available()
+        except Exception as e:
+            raise BackendUnavailableError(f"{where}: backend {record.backend_id!r} is_available() failed: {e}") from e
+        if not available:
+            raise BackendUnavailableError(
+                f"{where}: backend {record.backend_id!r} is not available on this machine "
+                "(its is_available() returned False); install what it needs, or lower for another backend"
+            )
+        file, digest, label = self._file, record.blob, f"the blob of delegate {record.name!r}"
+        named = self.named_data
+        return DelegateInstance(
+            backend,
+            lambda: file.data(digest, label),
+            record.compile_specs,
+            lambda: named,
+            name=record.name,
+            output_count=record.output_count,
+        )
+
+    def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
+        where = f"{self._file.path}: method {name!r}"
+        signature = graph.get("graph_module", {}).get("signature", {}) if isinstance(graph, dict) else {}
+        wanted = _state_targets(signature.get("input_specs") if isinstance(signature, dict) else None)
+        missing = sorted(set(wanted) - set(self._state))
+        if missing:
+            raise FormatError(f"{where} reads {', '.join(map(repr, missing))}, which the file's state table lacks")
+        # torch's checks want parameters as Parameters; the method itself runs on the plain tensors.
+        tensors = {
+            fqn: torch.nn.Parameter(self._state[fqn], requires_grad=False) if kind == "parameter" else self._state[fqn]
+            for fqn, kind in wanted.items()
+        }
+        program = program_from_json(graph, dict(tensors), dict(tensors), where)
+        self._unverified[name] = sorted(f for f in wanted if f not in self._mutable)
+        delegates = {i: self._delegates[i] for i in indices}
+        kinds = {i: self._file.delegates[i].input_kinds for i in indices}
+        try:
+            return Method(name, program, self._state, delegates, kinds, self._mutable)
+        except FormatError as e:
+            raise FormatError(f"{self._file.path}: {e}") from e
+
+
+_STATE_TARGET_FIELDS = {
+    "parameter": "parameter_name",
+    "buffer": "buffer_name",
+    "tensor_constant": "tensor_constant_name",
+}
+
+
+def _state_targets(input_specs: Any) -> dict[str, str]:
+    """Every parameter, buffer and constant a serialized signature names, with its kind."""
+    targets: dict[str, str] = {}
+    for spec in input_specs if isinstance(input_specs, list) else []:
+        for kind, field in _STATE_TARGET_FIELDS.items():
+            value = spec.get(kind) if isinstance(spec, dict) else None
+            if isinstance(value, dict) and isinstance(value.get(field), str):
+                targets[value[field]] = kind
+    return targets
+
+
+def load(path: str | os.PathLike[str], *, external_data_path: str | os.PathLike[str] | None = None) -> Program:
+    """Map a program file and get it ready to run; see :class:`Program`."""
+    return Program(ProgramFile(path, external_data_path))

@@ -1,0 +1,239 @@
+"""The container both file kinds share: a fixed header, a JSON manifest, aligned segments.
+
+::
+
+    offset 0   header (64 bytes, little-endian)
+               magic (8) | version u32 | reserved u32 = 0 | manifest length u64 |
+               data offset u64 | SHA-256 of the manifest (32)
+    offset 64  manifest: canonical JSON (UTF-8, sorted keys, no spaces)
+    data offset: segments, each at data offset + its offset, zero padding between
+
+The manifest's ``segments`` list gives each segment's offset (from the data offset, a
+multiple of its alignment, at least 64), length and SHA-256; ``data_length`` is the size
+of the data area, so the file is exactly ``data offset + data_length`` bytes. The reader
+checks the header, the manifest's checksum and every segment's bounds when it opens a
+file, and a segment's checksum the first time the segment is read (docs/FORMAT.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
+
+from torchdelegate.errors import FormatError
+
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sIIQQ32s")
+SEGMENT_ALIGNMENT = 64
+MAX_ALIGNMENT = 1 << 16
+MAX_MANIFEST_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class SegmentSource:
+    """A segment to write: its bytes, their SHA-256, and the alignment its reader needs."""
+
+    data: bytes | memoryview
+    digest: bytes
+    alignment: int = SEGMENT_ALIGNMENT
+
+
+def canonical_json(document: Any) -> bytes:
+    """The one byte form of a manifest: sorted keys, no spaces, ASCII, no NaN."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def layout_segments(sources: Sequence[SegmentSource]) -> tuple[list[dict[str, Any]], int, int]:
+    """The manifest's segment table, the data area's length, and the largest alignment."""
+    table = []
+    position = 0
+    largest = SEGMENT_ALIGNMENT
+    for source in sources:
+        if source.alignment > MAX_ALIGNMENT:
+            raise ValueError(f"alignment {source.alignment} is larger than the format allows ({MAX_ALIGNMENT})")
+        alignment = max(SEGMENT_ALIGNMENT, source.alignment)
+        largest = max(largest, alignment)
+        position = _align(position, alignment)
+        table.append(
+            {"offset": position, "length": len(source.data), "sha256": source.digest.hex(), "alignment": alignment}
+        )
+        position += len(source.data)
+    return table, position, largest
+
+
+def write_container(
+    path: Path, magic: bytes, manifest: dict[str, Any], sources: Sequence[SegmentSource], largest_alignment: int
+) -> int:
+    """Write header, manifest and segments to ``path`` atomically (a temporary file, then a rename).
+
+    ``manifest`` must already hold the table of :func:`layout_segments`. Returns the file's size.
+    """
+    manifest_bytes = canonical_json(manifest)
+    data_offset = _align(HEADER.size + len(manifest_bytes), largest_alignment)
+    header = HEADER.pack(
+        magic, FORMAT_VERSION, 0, len(manifest_bytes), data_offset, hashlib.sha256(manifest_bytes).digest()
+    )
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(header)
+            out.write(manifest_bytes)
+            _pad(out, data_offset - HEADER.size - len(manifest_bytes))
+            position = 0
+            for entry, source in zip(manifest["segments"], sources, strict=True):
+                _pad(out, entry["offset"] - position)
+                out.write(source.data)
+                position = entry["offset"] + len(source.data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return data_offset + int(manifest["data_length"])
+
+
+def _pad(out: BinaryIO, count: int) -> None:
+    if count:
+        out.write(b"\0" * count)
+
+
+class Segment(NamedTuple):
+    """Where a segment's bytes are in the file, their SHA-256, and the alignment they were written at."""
+
+    start: int
+    length: int
+    digest: bytes
+    alignment: int
+
+
+class Container:
+    """A mapped file whose header, manifest and segment bounds have been checked.
+
+    Segments are zero-copy views of a private (copy-on-write) mapping: tensors can be
+    built over them without a copy, and writes never reach the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], magic: bytes, kind: str) -> None:
+        self.path = Path(path)
+        self.kind = kind
+        try:
+            with open(self.path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                header = handle.read(HEADER.size)
+                self.manifest, data_offset = self._read_manifest(handle, header, size, magic)
+                self._mapping: mmap.mmap | None = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no {kind} file at {str(self.path)!r}") from None
+        except OSError as e:
+            if isinstance(e, FormatError):
+                raise
+            raise FormatError(f"{self.path}: cannot read the {kind} file: {e}") from e
+        self._view = memoryview(self._mapping)
+        self._data_offset = data_offset
+        self.segments = self._check_segments(size - data_offset)
+        self._verified = [False] * len(self.segments)
+
+    def _error(self, message: str) -> FormatError:
+        return FormatError(f"{self.path}: {message}")
+
+    def _read_manifest(self, handle: BinaryIO, header: bytes, size: int, magic: bytes) -> tuple[dict[str, Any], int]:
+        if len(header) < HEADER.size:
+            raise self._error(f"{size} bytes is too short for a {self.kind} file (its header alone is 64 bytes)")
+        found, version, reserved, manifest_length, data_offset, digest = HEADER.unpack(header)
+        if found != magic:
+            raise self._error(f"not a torchdelegate {self.kind} file (magic bytes {found!r} at offset 0)")
+        if version != FORMAT_VERSION:
+            raise self._error(
+                f"format version {version} at offset 8; this torchdelegate reads version {FORMAT_VERSION} "
+                "(write the file again with this version, or upgrade torchdelegate)"
+            )
+        if reserved != 0:
+            raise self._error(f"reserved header field at offset 12 is {reserved}, expected 0")
+        if manifest_length > min(size - HEADER.size, MAX_MANIFEST_BYTES):
+            raise self._error(f"manifest length {manifest_length} at offset 16 runs past the end of the file ({size})")
+        if not (HEADER.size + manifest_length <= data_offset <= size) or data_offset % SEGMENT_ALIGNMENT:
+            raise self._error(f"data offset {data_offset} at offset 24 is outside the file or not 64-byte aligned")
+        manifest_bytes = handle.read(manifest_length)
+        if len(manifest_bytes) != manifest_length or hashlib.sha256(manifest_bytes).digest() != digest:
+            raise self._error("manifest checksum mismatch (offset 64): the file is corrupt or truncated")
+        try:
+            manifest = json.loads(manifest_bytes)
+        except (UnicodeDecodeError, ValueError) as e:
+            raise self._error(f"the manifest is not JSON: {e}") from None
+        if not isinstance(manifest, dict):
+            raise self._error("the manifest is not a JSON object")
+        data_length = manifest.get("data_length")
+        if type(data_length) is not int or data_offset + data_length != size:
+            raise self._error(
+                f"the file is {size} bytes; its manifest says {data_offset} + data_length {data_length!r}"
+                " (truncated, or bytes appended)"
+            )
+        return manifest, data_offset
+
+    def _check_segments(self, data_length: int) -> list[Segment]:
+        table = self.manifest.get("segments")
+        if not isinstance(table, list):
+            raise self._error("the manifest has no segment table")
+        segments = []
+        for number, entry in enumerate(table):
+            fields = entry if isinstance(entry, dict) else {}
+            offset, length, digest = fields.get("offset"), fields.get("length"), fields.get("sha256")
+            alignment = fields.get("alignment")
+            if not (type(offset) is type(length) is type(alignment) is int) or not _is_digest(digest):
+                raise self._error(f"segment {number}: needs integer offset, length, alignment and a hex sha256")
+            start = self._data_offset + offset
+            if not _valid_alignment(alignment) or start % alignment:
+                raise self._error(f"segment {number}: alignment {alignment} is invalid or not met by offset {start}")
+            if offset < 0 or length < 0 or offset + length > data_length:
+                raise self._error(
+                    f"segment {number}: offset {offset} and length {length} fall outside the data area "
+                    f"({data_length} bytes at file offset {self._data_offset})"
+                )
+            segments.append(Segment(start, length, bytes.fromhex(str(digest)), alignment))
+        return segments
+
+    def segment(self, number: int, what: str, *, verify: bool = True) -> memoryview:
+        """Segment ``number``'s bytes, its checksum verified on first use; ``what`` names it in errors."""
+        start, length, digest, _ = self.segments[number]
+        view = self._view[start : start + length]
+        if verify and not self._verified[number]:
+            if hashlib.sha256(view).digest() != digest:
+                raise self._error(
+                    f"checksum mismatch in segment {number} ({what}, {length} bytes at offset {start}): "
+                    "the file is corrupt"
+                )
+            self._verified[number] = True
+        return view
+
+    def verify_all(self) -> None:
+        """Check every segment's checksum now."""
+        for number in range(len(self.segments)):
+            self.segment(number, f"segment {number}")
+
+    def close(self) -> None:
+        """Drop this container's references to the mapping; it is unmapped once no tensor or
+        view made from it is alive (closing it under them would leave them dangling)."""
+        self._view = memoryview(b"")
+        self._mapping = None
+
+
+def _valid_alignment(alignment: int) -> bool:
+    return SEGMENT_ALIGNMENT <= alignment <= MAX_ALIGNMENT and not alignment & (alignment - 1)
+
+
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)

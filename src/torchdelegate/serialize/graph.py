@@ -1,0 +1,306 @@
+"""Residual graphs to and from torch.export's own JSON serializer.
+
+In memory a delegate is a ``get_attr`` of a :class:`LoweredBackendModule` and a
+``call_delegate`` node. In a file it is one call of the operator
+``torchdelegate::delegate_call(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]``,
+whose ``index`` points into the file's delegate table; the table says in which order the
+tensors and sizes reach the backend. Any torch can then read the graph with its own
+deserializer, and nothing in it is executable: before deserializing, every operator a
+node names and every symbolic expression is checked against what a graph may contain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import operator
+import re
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._export.serde import schema
+from torch._export.serde.serialize import (
+    EnumEncoder,
+    ExportedProgramDeserializer,
+    ExportedProgramSerializer,
+    _dataclass_to_dict,
+    _dict_to_dataclass,
+)
+from torch._ops import HigherOrderOperator, OpOverload
+from torch.export import ExportedProgram
+from torch.fx import GraphModule, Node
+
+from torchdelegate.errors import FormatError, SerializationError
+from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
+from torchdelegate.lowering.structural_copy import copy_module_call_graph, copy_signature, fetch_attr
+
+_library = torch.library.Library("torchdelegate", "DEF")
+_library.define("delegate_call(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]")
+
+
+def _not_callable(index: int, tensors: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    raise RuntimeError(
+        f"torchdelegate::delegate_call({index}) is a placeholder in saved graphs; load the file with "
+        "torchdelegate.load() to run its delegates"
+    )
+
+
+_library.impl("delegate_call", _not_callable, "CompositeExplicitAutograd")
+delegate_call: OpOverload = torch.ops.torchdelegate.delegate_call.default
+torch.fx.node.has_side_effect(delegate_call)
+
+TENSOR, SIZE = "T", "S"
+
+
+@dataclass(frozen=True)
+class DelegateCall:
+    """One delegate as a saved graph calls it: its module and the kinds of its inputs, in order."""
+
+    module: LoweredBackendModule
+    input_kinds: str
+    output_count: int
+
+
+def serializable_program(
+    program: ExportedProgram, delegate_index: Callable[[LoweredBackendModule], int]
+) -> tuple[ExportedProgram, list[DelegateCall]]:
+    """``program`` with its delegates as ``delegate_call(index, ...)`` nodes (program unchanged).
+
+    ``delegate_index`` gives each delegate its index in the file; the calls are returned in
+    the order met (sub-graphs of control flow at their parent's node).
+    """
+    calls: list[DelegateCall] = []
+    graph, attrs = _rewrite_graph(program.graph_module, delegate_index, calls)
+    rewritten = ExportedProgram(
+        root=attrs,
+        graph=graph,
+        graph_signature=copy_signature(program.graph_signature),
+        state_dict=dict(program.state_dict),
+        range_constraints=dict(program.range_constraints),
+        module_call_graph=copy_module_call_graph(program.module_call_graph),
+        example_inputs=None,
+        constants=dict(program.constants),
+        verifiers=list(program.verifiers),
+    )
+    return rewritten, calls
+
+
+def _rewrite_graph(
+    gm: GraphModule, delegate_index: Callable[[LoweredBackendModule], int], calls: list[DelegateCall]
+) -> tuple[torch.fx.Graph, dict[str, Any]]:
+    graph = torch.fx.Graph()
+    graph._codegen = gm.graph._codegen
+    env: dict[Node, Node] = {}
+    attrs: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = fetch_attr(gm, node.target)
+            if isinstance(value, LoweredBackendModule):
+                continue
+            if isinstance(value, GraphModule):
+                sub_graph, sub_attrs = _rewrite_graph(value, delegate_index, calls)
+                value = GraphModule(sub_attrs, sub_graph, class_name=type(value).__name__)
+            attrs[node.target] = value
+        if node.op == "call_function" and node.target is call_delegate:
+            env[node] = _delegate_call_node(
+                graph, node, fetch_attr(gm, node.args[0].target), env, delegate_index, calls
+            )
+            continue
+        env[node] = graph.node_copy(node, env.__getitem__)
+    return graph, attrs
+
+
+def _delegate_call_node(
+    graph: torch.fx.Graph,
+    node: Node,
+    module: LoweredBackendModule,
+    env: Mapping[Node, Node],
+    delegate_index: Callable[[LoweredBackendModule], int],
+    calls: list[DelegateCall],
+) -> Node:
+    tensors: list[Node] = []
+    sizes: list[Node] = []
+    kinds = []
+    for argument in node.args[1:]:
+        value = argument.meta.get("val") if isinstance(argument, Node) else argument
+        if isinstance(argument, Node) and isinstance(value, torch.Tensor):
+            tensors.append(env[argument])
+            kinds.append(TENSOR)
+        elif isinstance(argument, Node) and isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
+            sizes.append(env[argument])
+            kinds.append(SIZE)
+        else:
+            raise SerializationError(
+                f"delegate {module.name!r} on {module.backend_id!r} takes {argument!r} "
+                f"({type(value).__name__}); a saved delegate can take only tensors and integer sizes"
+            )
+    outputs = node.meta.get("val") or ()
+    if any(not isinstance(v, torch.Tensor) for v in outputs):
+        raise SerializationError(
+            f"delegate {module.name!r} on {module.backend_id!r} returns a non-tensor value; "
+            "a saved delegate can return only tensors"
+        )
+    call = graph.call_function(delegate_call, (delegate_index(module), tensors, sizes))
+    call.name = node.name
+    call.meta = {k: v for k, v in node.meta.items() if k != "delegate"}
+    call.meta["val"] = list(outputs)
+    calls.append(DelegateCall(module, "".join(kinds), len(outputs)))
+    return call
+
+
+def program_to_json(program: ExportedProgram, where: str) -> dict[str, Any]:
+    """torch.export's serialized form of ``program`` (graph, signature, specs), without tensors."""
+    for spec in program.graph_signature.input_specs:
+        if spec.kind.name in ("CUSTOM_OBJ", "TOKEN"):
+            raise SerializationError(
+                f"{where}: input {spec.arg.name!r} is a {spec.kind.name.lower()}; "
+                "torchdelegate files hold tensor state only"
+            )
+    try:
+        with _quiet_treespec_warnings():
+            serialized = ExportedProgramSerializer().serialize(
+                program, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False
+            )
+    except Exception as e:
+        raise SerializationError(f"{where}: torch.export's serializer failed: {e}") from e
+    # Enums to their values, exactly as torch writes its own JSON.
+    return json.loads(json.dumps(_dataclass_to_dict(serialized.exported_program), cls=EnumEncoder, allow_nan=False))
+
+
+def program_from_json(
+    document: Any, state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor], where: str
+) -> ExportedProgram:
+    """The program a :func:`program_to_json` document describes, holding the tensors given."""
+    check_graph_document(document, where)
+    try:
+        serialized = _dict_to_dataclass(schema.ExportedProgram, document)
+        with _quiet_treespec_warnings():
+            return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
+    except FormatError:
+        raise
+    except Exception as e:
+        raise FormatError(f"{where}: torch.export cannot read this graph ({type(e).__name__}: {e})") from e
+
+
+@contextlib.contextmanager
+def _quiet_treespec_warnings() -> Iterator[None]:
+    """torch's serializer trips over its own deprecated tree-spec API; that warning is not the user's."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*treespec.*", category=FutureWarning)
+        yield
+
+
+# What a saved graph may name. Operators must be registered torch ops (never a Python path);
+# higher-order ops and Python builtins come from fixed lists.
+_OPERATOR_TARGET = re.compile(
+    r"torch\.ops\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)"
+)
+_HIGHER_ORDER_OPS = frozenset(
+    {"cond", "while_loop", "map_impl", "scan", "associative_scan", "wrap_with_set_grad_enabled", "auto_functionalized"}
+)
+_BUILTINS = frozenset(
+    {
+        "_operator.getitem",
+        *(f"_operator.{name}" for name in ("add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg")),
+        *(f"_operator.{name}" for name in ("eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "not_")),
+        *(f"torch.{name}" for name in ("sym_not", "sym_int", "sym_float", "sym_max", "sym_min", "sym_ite")),
+        *(f"torch.{name}" for name in ("sym_sqrt", "_sym_sqrt")),
+        *(f"math.{name}" for name in ("ceil", "floor", "trunc")),
+    }
+)
+_REFUSED_OPERATORS = frozenset({"from_file"})
+# Symbolic sizes: symbols, integers, arithmetic and the sympy functions torch emits.
+_EXPRESSION_TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d+(?:\.\d+)?)|(\*\*|//|[-+*/%(),<>=!&|~]=?|==))")
+_SYMBOL = re.compile(r"[a-z]+\d+")
+_EXPRESSION_FUNCTIONS = frozenset(
+    {
+        *("Max", "Min", "Mod", "FloorDiv", "CleanDiv", "CeilDiv", "IntTrueDiv", "FloatTrueDiv", "ToFloat"),
+        *("TruncToInt", "TruncToFloat", "RoundToInt", "RoundDecimal", "PowByNatural", "FloatPow", "CeilToInt"),
+        *("FloorToInt", "Identity", "OpaqueUnaryFn_sqrt", "PythonMod", "IsNonOverlappingAndDenseIndicator"),
+        *("Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "Piecewise", "ITE", "True", "False", "oo"),
+        *("floor", "ceiling", "sqrt", "Abs", "Integer", "Rational", "Float", "BitwiseFn_bitwise_and"),
+        *("BitwiseFn_bitwise_or", "LShift", "RShift"),
+    }
+)
+
+
+def check_graph_document(document: Any, where: str) -> None:
+    """Refuse any operator or symbolic expression a saved graph may not contain (a ``FormatError``)."""
+    for key, value in _walk(document):
+        if key == "target" and isinstance(value, str):
+            _check_target(value, where)
+        elif key == "expr_str":
+            _check_expression(value, where)
+
+
+def _walk(value: Any) -> Iterator[tuple[str, Any]]:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                yield key, child
+                stack.append(child)
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _check_target(target: str, where: str) -> None:
+    if target in _BUILTINS:
+        return
+    match = _OPERATOR_TARGET.fullmatch(target)
+    if match is not None:
+        namespace, name, _ = match.groups()
+        if namespace == "higher_order":
+            return _check_higher_order(name, target, where)
+        if name not in _REFUSED_OPERATORS:
+            return None
+    if target.startswith("torch.ops.higher_order."):
+        return _check_higher_order(target.removeprefix("torch.ops.higher_order."), target, where)
+    raise FormatError(f"{where}: the graph calls {target!r}, which is not an operator a saved graph may call")
+
+
+def _check_higher_order(name: str, target: str, where: str) -> None:
+    if name not in _HIGHER_ORDER_OPS:
+        raise FormatError(f"{where}: the graph calls {target!r}, which is not an operator a saved graph may call")
+
+
+def _check_expression(expression: Any, where: str) -> None:
+    if not isinstance(expression, str) or len(expression) > 10_000:
+        raise FormatError(f"{where}: a symbolic size is not a short string")
+    position = 0
+    while position < len(expression):
+        match = _EXPRESSION_TOKEN.match(expression, position)
+        if match is None or match.end() == position:
+            if expression[position:].strip() == "":
+                return
+            raise FormatError(f"{where}: symbolic size {expression!r} has an unexpected character at {position}")
+        word = match.group(1)
+        if word is not None and word not in _EXPRESSION_FUNCTIONS and not _SYMBOL.fullmatch(word):
+            raise FormatError(f"{where}: symbolic size {expression!r} names {word!r}, which is not a size symbol")
+        position = match.end()
+
+
+def delegate_call_nodes(gm: GraphModule) -> Iterator[tuple[GraphModule, Node]]:
+    """Every ``delegate_call`` node of ``gm`` and of its sub-graphs, with the module it is in."""
+    for module in gm.modules():
+        if isinstance(module, GraphModule):
+            for node in module.graph.nodes:
+                if node.op == "call_function" and node.target is delegate_call:
+                    yield module, node
+
+
+def allowed_call_target(target: Any) -> bool:
+    """Whether a deserialized node's target is one a saved graph may call."""
+    if isinstance(target, OpOverload):
+        return target._opname not in _REFUSED_OPERATORS
+    if isinstance(target, HigherOrderOperator):
+        return target.name() in _HIGHER_ORDER_OPS
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__name__", None)
+    if target is operator.getitem:
+        return True
+    return f"{'_operator' if module == 'operator' else module}.{name}" in _BUILTINS

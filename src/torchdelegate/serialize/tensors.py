@@ -1,0 +1,78 @@
+"""Tensors in a file: a dtype name, a shape, and the raw bytes of a segment.
+
+Bytes are the contiguous, row-major, little-endian values; a tensor is rebuilt over the
+mapped segment without a copy. Only the dtypes below can be stored; their names are the
+torch names without the ``torch.`` prefix.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from typing import Any
+
+import torch
+
+from torchdelegate.errors import FormatError, SerializationError
+
+DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex64,
+        torch.complex128,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint64,
+        torch.uint32,
+        torch.uint16,
+        torch.uint8,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    )
+}
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+if sys.byteorder != "little":  # pragma: no cover - every platform torch ships for is little-endian
+    raise ImportError("torchdelegate files store little-endian data; this machine is big-endian")
+
+
+def dtype_name(tensor: torch.Tensor, where: str) -> str:
+    """The stored name of ``tensor``'s dtype; a ``SerializationError`` if it cannot be stored."""
+    name = _NAMES.get(tensor.dtype)
+    if name is None or tensor.layout != torch.strided or tensor.is_quantized:
+        raise SerializationError(
+            f"{where}: a {tensor.dtype} {tensor.layout} tensor cannot be stored; "
+            f"the format stores dense tensors of {', '.join(DTYPES)}"
+        )
+    if tensor.device.type != "cpu" or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        raise SerializationError(
+            f"{where}: a {type(tensor).__name__} on {tensor.device} cannot be stored; move real tensors to the CPU"
+        )
+    return name
+
+
+def tensor_from_bytes(data: memoryview, dtype: str, shape: Any, where: str) -> torch.Tensor:
+    """A tensor over ``data`` (no copy), after checking that dtype and shape account for every byte."""
+    torch_dtype = DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if torch_dtype is None:
+        raise FormatError(f"{where}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or any(type(d) is not int or d < 0 or d >= 1 << 62 for d in shape):
+        raise FormatError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+    numel = math.prod(shape)
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    if numel * itemsize != len(data):
+        raise FormatError(f"{where}: a {dtype} tensor of shape {shape} needs {numel * itemsize} bytes, has {len(data)}")
+    if numel == 0:
+        return torch.empty(shape, dtype=torch_dtype)
+    with warnings.catch_warnings():
+        # A read-only segment: the tensor is used read-only, or copied before any write.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(data, dtype=torch_dtype, count=numel).view(shape)

@@ -1,0 +1,230 @@
+"""Writing a lowered program: residual graphs, delegates, state and named data in one file.
+
+Blobs and data are stored once per distinct content (SHA-256), across methods and
+delegates. With an external data file, named data and tensors go there instead, so several
+program files can share one weights file; an existing data file is extended, never shrunk.
+The layout is specified in docs/FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from torchdelegate.data import NamedDataStoreOutput, tensor_bytes
+from torchdelegate.errors import SerializationError
+from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.serialize.container import (
+    MAX_ALIGNMENT,
+    SEGMENT_ALIGNMENT,
+    Container,
+    SegmentSource,
+    layout_segments,
+    write_container,
+)
+from torchdelegate.serialize.graph import DelegateCall, program_to_json, serializable_program
+from torchdelegate.serialize.tensors import dtype_name
+
+PROGRAM_MAGIC = b"\x89TDP\r\n\x1a\n"
+DATA_MAGIC = b"\x89TDD\r\n\x1a\n"
+PROGRAM_FORMAT = "torchdelegate.program"
+DATA_FORMAT = "torchdelegate.data"
+_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+class _Segments:
+    """Segments keyed by content, in the order first added, each at the largest alignment asked."""
+
+    def __init__(self) -> None:
+        self.sources: dict[bytes, SegmentSource] = {}
+
+    def add(self, data: bytes | memoryview, digest: bytes | None = None, alignment: int = SEGMENT_ALIGNMENT) -> str:
+        digest = digest if digest is not None else hashlib.sha256(data).digest()
+        current = self.sources.get(digest)
+        if current is None:
+            self.sources[digest] = SegmentSource(data, digest, alignment)
+        elif alignment > current.alignment:
+            self.sources[digest] = SegmentSource(current.data, digest, alignment)
+        return digest.hex()
+
+
+def save_program(
+    programs: Mapping[str, ExportedProgram],
+    named_data: NamedDataStoreOutput,
+    path: str | os.PathLike[str],
+    external_data_path: str | os.PathLike[str] | None = None,
+) -> None:
+    """Write ``programs`` (one per method) and the named data of their delegates to ``path``."""
+    path = Path(path)
+    external = Path(external_data_path) if external_data_path is not None else None
+    if external is not None and external.resolve() == path.resolve():
+        raise SerializationError(f"external_data_path {str(external)!r} is the program file itself; choose another")
+    local = _Segments()
+    data = _Segments() if external is not None else local
+    delegates: dict[LoweredBackendModule, int] = {}
+    delegate_entries: list[dict[str, Any]] = []
+    methods = []
+    for method, program in programs.items():
+        serializable, calls = serializable_program(program, lambda module: delegates.setdefault(module, len(delegates)))
+        for call in calls:
+            if delegates[call.module] == len(delegate_entries):  # first met here
+                delegate_entries.append(_delegate_entry(method, call, local))
+        methods.append(
+            {
+                "name": method,
+                "graph": program_to_json(serializable, f"method {method!r}"),
+                "delegates": sorted({delegates[c.module] for c in calls}),
+            }
+        )
+    manifest: dict[str, Any] = {
+        "format": PROGRAM_FORMAT,
+        "producer": {"torch": torch.__version__},
+        "methods": methods,
+        "delegates": delegate_entries,
+        "state": _state_entries(programs, data),
+        "named_data": _named_data_entries(named_data, data),
+        "external_data": None,
+    }
+    if external is not None:
+        manifest["external_data"] = {
+            "file_name": external.name,
+            "segments": [{"sha256": d.hex(), "length": len(s.data)} for d, s in data.sources.items()],
+        }
+        _extend_data_file(external, data)
+    _write(path, PROGRAM_MAGIC, manifest, local)
+
+
+def _write(path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segments) -> None:
+    sources = list(segments.sources.values())
+    table, data_length, largest = layout_segments(sources)
+    write_container(path, magic, {**manifest, "segments": table, "data_length": data_length}, sources, largest)
+
+
+def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> dict[str, Any]:
+    module = call.module
+    return {
+        "name": module.name,
+        "method": method,
+        "backend_id": module.backend_id,
+        "blob": segments.add(memoryview(module.processed_bytes)),
+        "compile_specs": [
+            {"key": spec.key, "value": base64.b64encode(spec.value).decode("ascii")} for spec in module.compile_specs
+        ],
+        "inputs": call.input_kinds,
+        "outputs": call.output_count,
+        "debug_handle_map": _debug_handle_map(module),
+    }
+
+
+def _debug_handle_map(module: LoweredBackendModule) -> list[list[Any]] | None:
+    handles = module.meta.get("debug_handle_map")
+    if handles is None:
+        return None
+    if not isinstance(handles, Mapping):
+        raise SerializationError(
+            f"delegate {module.name!r} on {module.backend_id!r}: debug_handle_map is a {type(handles).__name__}; "
+            "return a dict"
+        )
+    pairs = [[_json_value(k, module), _json_value(v, module)] for k, v in handles.items()]
+    return sorted(pairs, key=repr)
+
+
+def _json_value(value: Any, module: LoweredBackendModule) -> Any:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v, module) for v in value]
+    raise SerializationError(
+        f"delegate {module.name!r} on {module.backend_id!r}: debug_handle_map holds {value!r}; "
+        "keys and values must be str, int, float, bool, None or lists of them"
+    )
+
+
+def _state_entries(programs: Mapping[str, ExportedProgram], segments: _Segments) -> list[dict[str, Any]]:
+    """Every parameter, buffer and constant the residual graphs read, once per name."""
+    mutable = set().union(*(p.graph_signature.buffers_to_mutate.values() for p in programs.values()))
+    found: dict[str, tuple[str, torch.Tensor]] = {}
+    for method, program in programs.items():
+        for spec in program.graph_signature.input_specs:
+            if spec.kind not in _STATE_KINDS or spec.target is None:
+                continue
+            fqn = spec.target
+            value = program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
+            if not isinstance(value, torch.Tensor):
+                raise SerializationError(f"method {method!r}: {fqn!r} is a {type(value).__name__}, not a tensor")
+            if fqn in found:
+                _check_same(fqn, found[fqn], (method, value))
+            else:
+                found[fqn] = (method, value)
+    entries = []
+    for fqn in sorted(found):
+        method, tensor = found[fqn]
+        where = f"method {method!r}, {fqn!r}"
+        entries.append(
+            {
+                "name": fqn,
+                "dtype": dtype_name(tensor, where),
+                "shape": list(tensor.shape),
+                "data": segments.add(tensor_bytes(tensor)),
+                "mutable": fqn in mutable,
+            }
+        )
+    return entries
+
+
+def _check_same(fqn: str, first: tuple[str, torch.Tensor], second: tuple[str, torch.Tensor]) -> None:
+    (m1, a), (m2, b) = first, second
+    if a is b:
+        return
+    same = a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.detach(), b.detach()))
+    if not same:
+        raise SerializationError(
+            f"methods {m1!r} and {m2!r} hold different values for {fqn!r}; methods of one program share "
+            "state by name, so give the tensors distinct names or equal values"
+        )
+
+
+def _named_data_entries(named_data: NamedDataStoreOutput, segments: _Segments) -> list[dict[str, Any]]:
+    entries = []
+    for key, entry in named_data.entries.items():
+        index = entry.buffer_index
+        if entry.alignment > MAX_ALIGNMENT:
+            raise SerializationError(
+                f"named data {key!r} asks for alignment {entry.alignment}; files support at most {MAX_ALIGNMENT}"
+            )
+        digest = segments.add(named_data.buffers[index], named_data.digests[index], max(entry.alignment, 1))
+        entries.append({"key": key, "data": digest, "alignment": entry.alignment})
+    return entries
+
+
+def _extend_data_file(path: Path, segments: _Segments) -> None:
+    """Write the data file: its current segments (if it exists) and then those it lacks."""
+    merged = _Segments()
+    existing = None
+    if path.exists():
+        try:
+            existing = Container(path, DATA_MAGIC, "external data")
+        except Exception as e:
+            raise SerializationError(
+                f"{path} exists and is not a torchdelegate data file ({e}); remove it or choose another path"
+            ) from e
+        for number, segment in enumerate(existing.segments):
+            merged.add(existing.segment(number, f"existing segment {number}"), segment.digest, segment.alignment)
+    added = [d for d in segments.sources if d not in merged.sources]
+    for digest, source in segments.sources.items():
+        merged.add(source.data, digest, source.alignment)
+    if existing is not None and not added:
+        return
+    try:
+        _write(path, DATA_MAGIC, {"format": DATA_FORMAT}, merged)
+    finally:
+        if existing is not None:
+            existing.close()
