@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import mmap
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,6 +26,7 @@ from torchdelegate import (
     PreprocessResult,
     tag_constant_data,
 )
+from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
 from torchdelegate.data import tensor_bytes
 from torchdelegate.lowering.structural_copy import with_state
 
@@ -179,3 +181,35 @@ class CompileOnlyBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program, compile_specs):  # type: ignore[no-untyped-def]
         return PreprocessResult(b"")
+
+
+class CountingReference(ReferenceBackend):
+    """The reference backend, counting init and destroy calls and checking named data is mapped."""
+
+    backend_id = "TestCounting"
+    inits = 0
+    destroys = 0
+    mapped_views = 0
+    available = True
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return cls.available
+
+    @classmethod
+    def init(cls, processed, compile_specs, named_data):  # type: ignore[no-untyped-def]
+        cls.inits += 1
+        for key in named_data.keys():
+            if isinstance(named_data.get_data(key).obj, mmap.mmap):
+                cls.mapped_views += 1
+        return super().init(processed, compile_specs, named_data)
+
+    @classmethod
+    def destroy(cls, handle):  # type: ignore[no-untyped-def]
+        cls.destroys += 1
+
+
+def counting_partitioner() -> ReferencePartitioner:
+    partitioner = ReferencePartitioner()
+    partitioner.spec = DelegationSpec(CountingReference.backend_id)
+    return partitioner

@@ -93,3 +93,46 @@ class WhileLoop(torch.nn.Module):
 
 def export(model: torch.nn.Module, *args: torch.Tensor, **kwargs: object) -> torch.export.ExportedProgram:
     return torch.export.export(model, args, **kwargs).run_decompositions()  # type: ignore[arg-type]
+
+
+class TinyDecoder(torch.nn.Module):
+    """An embedding, one attention layer over a static KV cache, and a head.
+
+    Exported twice from one instance, as ``prefill`` (several tokens) and ``decode`` (one),
+    the two methods share every weight and both caches.
+    """
+
+    def __init__(self, vocab: int = 256, d: int = 256, max_len: int = 32) -> None:
+        super().__init__()
+        self.d = d
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.out = torch.nn.Linear(d, d)
+        self.head = torch.nn.Linear(d, vocab)
+        self.register_buffer("k_cache", torch.zeros(max_len, d))
+        self.register_buffer("v_cache", torch.zeros(max_len, d))
+        self.register_buffer("slots", torch.arange(max_len), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        self.k_cache.index_copy_(0, positions, k)
+        self.v_cache.index_copy_(0, positions, v)
+        scores = (q @ self.k_cache.T) / self.d**0.5
+        visible = self.slots[None, :] <= positions[:, None]
+        attention = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ self.v_cache
+        return self.head(self.out(attention) + x)
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+
+def decoder_methods(model: TinyDecoder, prompt_length: int = 8) -> dict[str, torch.export.ExportedProgram]:
+    """``prefill`` and ``decode`` exported from one decoder (so they share its tensors)."""
+    with torch.no_grad():
+        return {
+            "prefill": torch.export.export(
+                model, (torch.zeros(prompt_length, dtype=torch.long), torch.arange(prompt_length))
+            ),
+            "decode": torch.export.export(model, (torch.zeros(1, dtype=torch.long), torch.tensor([prompt_length]))),
+        }

@@ -106,13 +106,25 @@ class MethodInputs:
             args, kwargs = self._bind(args, kwargs)
         flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         if spec != self.in_spec:
-            raise ProgramInputError(
-                f"method {self.method!r}: the inputs' structure does not match the exported one; "
-                f"call it as {self.describe()} with the structure it was exported with "
-                f"(expected {self.in_spec}, got {spec})"
-            )
+            raise self._structure_error(args, kwargs)
         self._check(flat)
         return flat
+
+    def _structure_error(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ProgramInputError:
+        """Name the first argument whose nesting (tensor, list, dict...) differs from the export's."""
+        args_spec, kwargs_spec = self.in_spec.children()
+        names = self.arg_names or [f"#{i}" for i in range(len(args))]
+        pairs = [(names[i], value, args_spec.child(i)) for i, value in enumerate(args)]
+        pairs += [(key, kwargs[key], kwargs_spec.child(i)) for i, key in enumerate(self.keyword_names)]
+        for name, value, expected in pairs:
+            got = pytree.tree_structure(value)
+            if got != expected:
+                want = "a single value (a tensor or a number)" if expected.is_leaf() else f"nested as {expected}"
+                return ProgramInputError(
+                    f"method {self.method!r}: argument {name!r} must be {want}, got a {type(value).__name__} "
+                    f"nested as {got}"
+                )
+        return ProgramInputError(f"method {self.method!r}: the inputs do not match {self.describe()}")
 
     def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments rearranged to the exported split between positional and keyword."""

@@ -135,6 +135,10 @@ class Method:
 
     def run_flat(self, user_inputs: Sequence[Any]) -> Any:
         """Run on already checked flat user inputs; the outputs in the method's structure."""
+        return pytree.tree_unflatten(self.run_user_outputs(user_inputs), self._out_spec)
+
+    def run_user_outputs(self, user_inputs: Sequence[Any]) -> list[Any]:
+        """Run on flat user inputs; the flat user outputs (buffers and mutated inputs updated)."""
         arguments = list(self._template)
         for slot, value in zip(self._user_slots, user_inputs, strict=True):
             arguments[slot] = value
@@ -144,5 +148,4 @@ class Method:
                 buffer.copy_(outputs[position])
             for position, user in self._input_updates:
                 user_inputs[user].copy_(outputs[position])
-        results = [outputs[p] for p in self._user_outputs]
-        return pytree.tree_unflatten(results, self._out_spec)
+        return [outputs[p] for p in self._user_outputs]

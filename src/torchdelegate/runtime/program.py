@@ -28,9 +28,9 @@ from torchdelegate.data import NamedDataMap
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, FormatError, ProgramClosedError
 from torchdelegate.runtime.method import Method
-from torchdelegate.serialize.graph import program_from_json
+from torchdelegate.serialize.graph import program_from_json, state_names
 from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
-from torchdelegate.serialize.tensors import tensor_from_bytes
+from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
 
 
 class FileNamedDataMap(NamedDataMap):
@@ -187,7 +187,9 @@ class Program:
         state = {}
         for record in self._file.state:
             where = f"{self._file.path}: state {record.name!r}"
-            if record.mutable:  # the program's own copy, written by its methods
+            if record.data is None:
+                state[record.name] = zeros(record.dtype, record.shape, where)
+            elif record.mutable:  # the program's own copy, written by its methods
                 data = self._file.data(record.data, f"state {record.name!r}")
                 state[record.name] = tensor_from_bytes(data, record.dtype, record.shape, where).clone()
             else:
@@ -203,7 +205,9 @@ class Program:
         with self._verify_lock:
             digests = {r.name: r.data for r in self._file.state}
             for fqn in self._unverified.pop(method.name, []):
-                self._file.data(digests[fqn], f"state {fqn!r} of method {method.name!r}")
+                digest = digests[fqn]
+                if digest is not None:
+                    self._file.data(digest, f"state {fqn!r} of method {method.name!r}")
 
     def _delegate(self, record: DelegateRecord) -> DelegateInstance:
         where = f"{self._file.path}: delegate {record.name!r} of method {record.method!r}"
@@ -233,17 +237,8 @@ class Program:
 
     def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
         where = f"{self._file.path}: method {name!r}"
-        signature = graph.get("graph_module", {}).get("signature", {}) if isinstance(graph, dict) else {}
-        wanted = _state_targets(signature.get("input_specs") if isinstance(signature, dict) else None)
-        missing = sorted(set(wanted) - set(self._state))
-        if missing:
-            raise FormatError(f"{where} reads {', '.join(map(repr, missing))}, which the file's state table lacks")
-        # torch's checks want parameters as Parameters; the method itself runs on the plain tensors.
-        tensors = {
-            fqn: torch.nn.Parameter(self._state[fqn], requires_grad=False) if kind == "parameter" else self._state[fqn]
-            for fqn, kind in wanted.items()
-        }
-        program = program_from_json(graph, dict(tensors), dict(tensors), where)
+        program = program_from_json(graph, self._state, where)
+        wanted = state_names(graph)
         self._unverified[name] = sorted(f for f in wanted if f not in self._mutable)
         delegates = {i: self._delegates[i] for i in indices}
         kinds = {i: self._file.delegates[i].input_kinds for i in indices}
@@ -251,24 +246,6 @@ class Program:
             return Method(name, program, self._state, delegates, kinds, self._mutable)
         except FormatError as e:
             raise FormatError(f"{self._file.path}: {e}") from e
-
-
-_STATE_TARGET_FIELDS = {
-    "parameter": "parameter_name",
-    "buffer": "buffer_name",
-    "tensor_constant": "tensor_constant_name",
-}
-
-
-def _state_targets(input_specs: Any) -> dict[str, str]:
-    """Every parameter, buffer and constant a serialized signature names, with its kind."""
-    targets: dict[str, str] = {}
-    for spec in input_specs if isinstance(input_specs, list) else []:
-        for kind, field in _STATE_TARGET_FIELDS.items():
-            value = spec.get(kind) if isinstance(spec, dict) else None
-            if isinstance(value, dict) and isinstance(value.get(field), str):
-                targets[value[field]] = kind
-    return targets
 
 
 def load(path: str | os.PathLike[str], *, external_data_path: str | os.PathLike[str] | None = None) -> Program:

@@ -22,7 +22,7 @@ import json
 import mmap
 import os
 import struct
-import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +86,10 @@ def write_container(
         magic, FORMAT_VERSION, 0, len(manifest_bytes), data_offset, hashlib.sha256(manifest_bytes).digest()
     )
     path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # A unique name beside the target (so the rename is atomic), created with the user's umask.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        with os.fdopen(descriptor, "wb") as out:
+        with open(temporary, "xb") as out:
             out.write(header)
             out.write(manifest_bytes)
             _pad(out, data_offset - HEADER.size - len(manifest_bytes))

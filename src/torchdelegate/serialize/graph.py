@@ -167,14 +167,51 @@ def program_to_json(program: ExportedProgram, where: str) -> dict[str, Any]:
     except Exception as e:
         raise SerializationError(f"{where}: torch.export's serializer failed: {e}") from e
     # Enums to their values, exactly as torch writes its own JSON.
-    return json.loads(json.dumps(_dataclass_to_dict(serialized.exported_program), cls=EnumEncoder, allow_nan=False))
+    document = json.loads(json.dumps(_dataclass_to_dict(serialized.exported_program), cls=EnumEncoder, allow_nan=False))
+    for key, value in _walk(document):
+        if key == "metadata" and isinstance(value, dict):
+            # Provenance of passes, keyed by id() of in-memory graphs: neither stable nor useful in a file.
+            value.pop("from_node", None)
+    return document
 
 
-def program_from_json(
-    document: Any, state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor], where: str
-) -> ExportedProgram:
-    """The program a :func:`program_to_json` document describes, holding the tensors given."""
+def state_names(document: Any) -> dict[str, str]:
+    """Each parameter, buffer and constant a serialized program reads, with its kind: "parameter",
+    "buffer" (persistent) or "constant" (tensor constants and non-persistent buffers)."""
+    module = document.get("graph_module") if isinstance(document, dict) else None
+    signature = module.get("signature") if isinstance(module, dict) else None
+    specs = signature.get("input_specs") if isinstance(signature, dict) else None
+    names: dict[str, str] = {}
+    for spec in specs if isinstance(specs, list) else []:
+        for kind, field in (
+            ("parameter", "parameter_name"),
+            ("buffer", "buffer_name"),
+            ("tensor_constant", "tensor_constant_name"),
+        ):
+            entry = spec.get(kind) if isinstance(spec, dict) else None
+            if isinstance(entry, dict) and isinstance(entry.get(field), str):
+                persistent = kind != "buffer" or entry.get("persistent") is not False
+                names[entry[field]] = kind if kind != "tensor_constant" and persistent else "constant"
+    return names
+
+
+def program_from_json(document: Any, tensors: Mapping[str, torch.Tensor], where: str) -> ExportedProgram:
+    """The program a :func:`program_to_json` document describes, reading ``tensors`` by name.
+
+    The program holds the tensors themselves (parameters wrapped as Parameters, no copy).
+    """
     check_graph_document(document, where)
+    names = state_names(document)
+    missing = sorted(set(names) - set(tensors))
+    if missing:
+        raise FormatError(f"{where}: the graph reads {', '.join(map(repr, missing))}, which are not stored")
+    state_dict: dict[str, torch.Tensor] = {}
+    constants: dict[str, torch.Tensor] = {}
+    for name, kind in names.items():
+        if kind == "parameter":
+            state_dict[name] = torch.nn.Parameter(tensors[name], requires_grad=False)
+        else:
+            (state_dict if kind == "buffer" else constants)[name] = tensors[name]
     try:
         serialized = _dict_to_dataclass(schema.ExportedProgram, document)
         with _quiet_treespec_warnings():
@@ -213,7 +250,9 @@ _BUILTINS = frozenset(
 )
 _REFUSED_OPERATORS = frozenset({"from_file"})
 # Symbolic sizes: symbols, integers, arithmetic and the sympy functions torch emits.
-_EXPRESSION_TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d+(?:\.\d+)?)|(\*\*|//|[-+*/%(),<>=!&|~]=?|==))")
+_EXPRESSION_TOKEN = re.compile(
+    r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d+(?:\.\d+)?)|'([a-z]+\d+)'|(\*\*|//|[-+*/%(),<>=!&|~]=?|==))"
+)
 _SYMBOL = re.compile(r"[a-z]+\d+")
 _EXPRESSION_FUNCTIONS = frozenset(
     {
@@ -222,7 +261,9 @@ _EXPRESSION_FUNCTIONS = frozenset(
         *("FloorToInt", "Identity", "OpaqueUnaryFn_sqrt", "PythonMod", "IsNonOverlappingAndDenseIndicator"),
         *("Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "Piecewise", "ITE", "True", "False", "oo"),
         *("floor", "ceiling", "sqrt", "Abs", "Integer", "Rational", "Float", "BitwiseFn_bitwise_and"),
-        *("BitwiseFn_bitwise_or", "LShift", "RShift"),
+        *("BitwiseFn_bitwise_or", "LShift", "RShift", "Symbol", "Add", "Mul", "Pow"),
+        # keyword assumptions of Symbol('s0', positive=True, integer=True)
+        *("positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "zero", "commutative"),
     }
 )
 

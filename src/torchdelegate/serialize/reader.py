@@ -48,7 +48,8 @@ class StateRecord:
     name: str
     dtype: str
     shape: list[int]
-    data: str
+    data: str | None
+    """The segment of the tensor's bytes; None for a tensor of zeros."""
     mutable: bool
 
 
@@ -164,11 +165,12 @@ class ProgramFile:
 
     def _state(self, value: Any, index: int) -> StateRecord:
         fields = _Fields(value, f"state[{index}]", self.path)
+        data = None if value.get("data") is None else fields.get("data", str)
         return StateRecord(
             fields.get("name", str, bool),
             fields.get("dtype", str),
             fields.get("shape", list),
-            fields.get("data", str),
+            data,
             fields.get("mutable", bool),
         )
 
@@ -181,7 +183,8 @@ class ProgramFile:
         for record in self.delegates:
             self._location(record.blob, f"the blob of delegate {record.name!r}")
         for state in self.state:
-            self._location(state.data, f"state {state.name!r}")
+            if state.data is not None:
+                self._location(state.data, f"state {state.name!r}")
         for named in self.named_data:
             container, number = self._location(named.data, f"named data {named.key!r}")
             start = container.segments[number].start

@@ -8,6 +8,7 @@ torch names without the ``torch.`` prefix.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import warnings
 from typing import Any
@@ -59,13 +60,34 @@ def dtype_name(tensor: torch.Tensor, where: str) -> str:
     return name
 
 
-def tensor_from_bytes(data: memoryview, dtype: str, shape: Any, where: str) -> torch.Tensor:
-    """A tensor over ``data`` (no copy), after checking that dtype and shape account for every byte."""
+def _checked(dtype: Any, shape: Any, where: str) -> torch.dtype:
     torch_dtype = DTYPES.get(dtype) if isinstance(dtype, str) else None
     if torch_dtype is None:
         raise FormatError(f"{where}: unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or any(type(d) is not int or d < 0 or d >= 1 << 62 for d in shape):
-        raise FormatError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+    if not isinstance(shape, list) or len(shape) > 64 or any(type(d) is not int or not 0 <= d < 1 << 48 for d in shape):
+        raise FormatError(f"{where}: shape must be a list of at most 64 sizes below 2**48, got {shape!r:.200}")
+    return torch_dtype
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 1 << 40
+
+
+def zeros(dtype: Any, shape: Any, where: str) -> torch.Tensor:
+    """A tensor of zeros (stored as its shape alone), no larger than this machine's memory."""
+    torch_dtype = _checked(dtype, shape, where)
+    nbytes = math.prod(shape) * torch.empty((), dtype=torch_dtype).element_size()
+    if nbytes > _physical_memory():
+        raise FormatError(f"{where}: asks for {nbytes} bytes of zeros, more than this machine's memory")
+    return torch.zeros(shape, dtype=torch_dtype)
+
+
+def tensor_from_bytes(data: memoryview, dtype: str, shape: Any, where: str) -> torch.Tensor:
+    """A tensor over ``data`` (no copy), after checking that dtype and shape account for every byte."""
+    torch_dtype = _checked(dtype, shape, where)
     numel = math.prod(shape)
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     if numel * itemsize != len(data):

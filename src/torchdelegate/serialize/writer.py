@@ -173,7 +173,8 @@ def _state_entries(programs: Mapping[str, ExportedProgram], segments: _Segments)
                 "name": fqn,
                 "dtype": dtype_name(tensor, where),
                 "shape": list(tensor.shape),
-                "data": segments.add(tensor_bytes(tensor)),
+                # All-zero state (a fresh KV cache) is stored as its shape alone.
+                "data": segments.add(tensor_bytes(tensor)) if bool(tensor.any()) else None,
                 "mutable": fqn in mutable,
             }
         )

@@ -1,0 +1,1 @@
+"""Backends shipped with torchdelegate; each module is one backend and its partitioner."""

@@ -1,0 +1,165 @@
+"""The reference backend: any core-ATen sub-program, run with torch.
+
+Its blob is the sub-program in torch.export's JSON form, without tensors; every tensor is
+named data keyed by its SHA-256, so partitions and methods that use one weight store it
+once. It runs anywhere torch runs, which makes it the fallback of every partitioner list
+(put last, it claims what the others left) and the backend of choice for checking a
+program's numerics after saving and loading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx import Node
+
+from torchdelegate.backend import BackendDetails, PreprocessResult
+from torchdelegate.data import NamedDataMap, NamedDataStore, tensor_bytes
+from torchdelegate.errors import FormatError
+from torchdelegate.partition.grouping import cycle_free_levels
+from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.tagging import tag_constant_data
+from torchdelegate.runtime.method import Method
+from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.graph import program_from_json, program_to_json, serializable_program
+from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
+from torchdelegate.specs import CompileSpec, DelegationSpec
+
+BLOB_VERSION = 1
+_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+_CONTROL_FLOW = frozenset({torch.ops.higher_order.cond, torch.ops.higher_order.while_loop})
+_TENSOR_ALIGNMENT = 64
+
+
+def _state_tensor(program: ExportedProgram, fqn: str) -> torch.Tensor:
+    return program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
+
+
+class ReferenceBackend(BackendDetails):
+    """Runs sub-programs with torch; weights are named data shared by content."""
+
+    backend_id = "reference"
+    thread_safe_execute = True  # a handle that owns state locks itself
+
+    @staticmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
+        store = NamedDataStore()
+        blob = _blob(edge_program, store, "sub-program")
+        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+
+    @classmethod
+    def preprocess_multimethod(
+        cls,
+        edge_programs: dict[str, list[ExportedProgram]],
+        compile_specs: dict[str, list[list[CompileSpec]]],
+    ) -> dict[str, list[PreprocessResult]]:
+        store = NamedDataStore()
+        results = {
+            method: [PreprocessResult(_blob(p, store, f"method {method!r}, partition {i}")) for i, p in enumerate(ps)]
+            for method, ps in edge_programs.items()
+        }
+        output = store.get_named_data_store_output()
+        for method_results in results.values():
+            for result in method_results:
+                result.data_store_output = output  # one store: merged once by the lowering
+        return results
+
+    @classmethod
+    def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
+        return _ReferenceHandle(processed, named_data)
+
+    @classmethod
+    def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
+        return handle(inputs)
+
+
+def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
+    """The sub-program's graph as JSON, and a table of its tensors by named-data key."""
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    tensors = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind not in _STATE_KINDS or spec.target is None:
+            continue
+        tensor = _state_tensor(program, spec.target)
+        data = tensor_bytes(tensor)
+        key = hashlib.sha256(data).hexdigest()
+        store.add_named_data(key, data, alignment=_TENSOR_ALIGNMENT)
+        tensors.append(
+            {
+                "name": spec.target,
+                "key": key,
+                "dtype": dtype_name(tensor, f"{where}: {spec.target!r}"),
+                "shape": list(tensor.shape),
+                "mutable": spec.target in mutated,
+            }
+        )
+    serializable, _ = serializable_program(program, lambda module: 0)
+    graph = program_to_json(serializable, where)
+    return canonical_json({"version": BLOB_VERSION, "graph": graph, "tensors": tensors})
+
+
+class _ReferenceHandle:
+    """A sub-program ready to run: its tensors over named data, its own copy of any buffer it writes."""
+
+    def __init__(self, processed: memoryview, named_data: NamedDataMap) -> None:
+        try:
+            blob = json.loads(bytes(processed))
+            version, graph, tensors = blob["version"], blob["graph"], blob["tensors"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise FormatError(f"reference blob: not a reference backend blob ({e})") from None
+        if version != BLOB_VERSION:
+            raise FormatError(f"reference blob: version {version!r}; this torchdelegate reads {BLOB_VERSION}")
+        state: dict[str, torch.Tensor] = {}
+        for entry in tensors if isinstance(tensors, list) else [None]:
+            try:
+                name, key, dtype, shape, mutable = (entry[f] for f in ("name", "key", "dtype", "shape", "mutable"))  # type: ignore[index]
+            except (KeyError, TypeError):
+                raise FormatError(f"reference blob: a tensor entry is malformed: {entry!r:.200}") from None
+            if not isinstance(key, str) or key not in named_data:
+                raise FormatError(f"reference blob: tensor {name!r} names missing named data {key!r:.80}")
+            value = tensor_from_bytes(named_data.get_data(key), dtype, shape, f"reference blob: tensor {name!r}")
+            state[name] = value.clone() if mutable is True else value
+        program = program_from_json(graph, state, "reference blob")
+        self._method = Method("delegate", program, state, {}, {})
+        has_state = any(s.kind == OutputKind.BUFFER_MUTATION for s in program.graph_signature.output_specs)
+        self._lock = threading.Lock() if has_state else None
+
+    def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:
+        if self._lock is None:
+            return self._method.run_user_outputs(inputs)
+        with self._lock:
+            return self._method.run_user_outputs(inputs)
+
+
+class ReferencePartitioner(Partitioner):
+    """Claims every core-ATen computation (and cond / while_loop) in cycle-free maximal groups.
+
+    Put last in a list of partitioners, it takes whatever the backends before it left.
+    """
+
+    def __init__(self, compile_specs: list[CompileSpec] | None = None) -> None:
+        self.spec = DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or []))
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        levels = cycle_free_levels(exported_program.graph, _claimable)
+        tags: dict[str, DelegationSpec] = {}
+        for node, level in levels.items():
+            tag = f"reference_{level}"
+            node.meta[DELEGATION_TAG] = tag
+            tags[tag] = self.spec
+        tag_constant_data(exported_program)
+        return PartitionResult(exported_program, tags)
+
+
+def _claimable(node: Node) -> bool:
+    if not isinstance(node.target, torch._ops.OpOverload) and node.target not in _CONTROL_FLOW:
+        return False
+    value = node.meta.get("val")
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return all(isinstance(v, torch.Tensor) for v in values)
