@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from models import TinyDecoder, decoder_methods
+
 from torchdelegate import EdgeProgramManager, Partitioner, to_edge
 from torchdelegate.backends.reference import ReferencePartitioner
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-import torchdelegate as td
 from backends import CountingReference, counting_partitioner
 from models import TwoLinears, export
 from programs import eager_generation, fresh_decoder, program_generation, save_decoder
+
+import torchdelegate as td
 from torchdelegate.backends.reference import ReferencePartitioner
 
 TESTS = Path(__file__).parent.parent

@@ -1,0 +1,243 @@
+"""The file: deterministic bytes, storage shared across methods and files, and bad files refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from models import TwoLinears, export
+from programs import PROMPT, eager_generation, fresh_decoder, lowered_decoder, program_generation, save_decoder
+
+import torchdelegate as td
+from torchdelegate.backends.reference import ReferencePartitioner
+from torchdelegate.serialize.container import HEADER
+
+TESTS = Path(__file__).parent.parent
+
+
+def test_two_lowerings_write_the_same_bytes(tmp_path: Path) -> None:
+    first = save_decoder(tmp_path / "a.tdp").read_bytes()
+    second = save_decoder(tmp_path / "b.tdp").read_bytes()
+    assert first == second
+
+
+def test_the_bytes_do_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from pathlib import Path
+        from programs import save_decoder
+        save_decoder(Path(sys.argv[1]))
+        """
+    )
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"{seed}.tdp")], check=True, env=env, timeout=300)
+    assert (tmp_path / "1.tdp").read_bytes() == (tmp_path / "2.tdp").read_bytes()
+
+
+def test_the_file_holds_json_and_raw_bytes_only(tmp_path: Path) -> None:
+    path = save_decoder(tmp_path / "decoder.tdp")
+    data = path.read_bytes()
+    _, _, _, length, data_offset, _ = HEADER.unpack_from(data)
+    manifest = json.loads(data[HEADER.size : HEADER.size + length])
+    assert manifest["format"] == "torchdelegate.program"
+    assert [m["name"] for m in manifest["methods"]] == ["prefill", "decode"]
+    assert {d["backend_id"] for d in manifest["delegates"]} == {"reference"}
+    segments = {s["sha256"]: s for s in manifest["segments"]}
+    for segment in segments.values():
+        assert segment["offset"] % 64 == 0 and (data_offset + segment["offset"]) % segment["alignment"] == 0
+    for delegate in manifest["delegates"]:  # the reference backend's blobs are JSON too
+        blob = segments[delegate["blob"]]
+        json.loads(data[data_offset + blob["offset"] : data_offset + blob["offset"] + blob["length"]])
+    # Every other segment is raw tensor bytes, named by the state or named-data table.
+    named = {e["data"] for e in manifest["named_data"]} | {e["data"] for e in manifest["state"] if e["data"]}
+    assert set(segments) == named | {d["blob"] for d in manifest["delegates"]}
+    # The caches (all zeros) are stored as shapes; the weights once for both methods.
+    state = {s["name"]: s for s in manifest["state"]}
+    assert state["k_cache"]["data"] is None and state["k_cache"]["mutable"]
+
+
+def test_external_data_is_shared_by_a_base_program_and_its_variant(tmp_path: Path) -> None:
+    weights = tmp_path / "weights.tdd"
+    base = lowered_decoder()
+    base.save(tmp_path / "base.tdp", external_data_path=weights)
+    after_base = weights.stat().st_size
+    torch.manual_seed(1234)
+    variant_model = fresh_decoder()
+    with torch.no_grad():
+        variant_model.head.weight.mul_(-1)  # a fine-tuned head; everything else is the base's
+    from models import decoder_methods
+
+    variant = td.to_edge(decoder_methods(variant_model)).to_backend(ReferencePartitioner())
+    variant.save(tmp_path / "variant.tdp", external_data_path=weights)
+    head = variant_model.head.weight.numel() * 4
+    assert after_base <= weights.stat().st_size <= after_base + head + 64 * 1024
+    for name in ("base.tdp", "variant.tdp"):
+        assert (tmp_path / name).stat().st_size < 128 * 1024  # graphs and blobs, no weights
+    with td.load(tmp_path / "base.tdp") as program:  # finds weights.tdd beside it
+        for got, expected in zip(program_generation(program), eager_generation(), strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    moved = tmp_path / "elsewhere.tdd"
+    weights.rename(moved)
+    with pytest.raises(FileNotFoundError, match="external_data_path"):
+        td.load(tmp_path / "variant.tdp")
+    with td.load(tmp_path / "variant.tdp", external_data_path=moved) as program:
+        with torch.no_grad():
+            expected = variant_model(PROMPT, torch.arange(len(PROMPT)))
+        torch.testing.assert_close(program.run("prefill", PROMPT, torch.arange(len(PROMPT))), expected)
+
+
+def test_a_data_file_that_lacks_a_segment_is_refused(tmp_path: Path) -> None:
+    lowered_decoder().save(tmp_path / "a.tdp", external_data_path=tmp_path / "a.tdd")
+    td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(ReferencePartitioner()).save(
+        tmp_path / "b.tdp", external_data_path=tmp_path / "b.tdd"
+    )
+    with pytest.raises(td.FormatError, match=r"b.tdd lacks the .*-byte segment"):
+        td.load(tmp_path / "a.tdp", external_data_path=tmp_path / "b.tdd")
+
+
+def test_saving_never_overwrites_a_file_that_is_not_a_data_file(tmp_path: Path) -> None:
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    with pytest.raises(td.SerializationError, match="not a torchdelegate data file"):
+        lowered_decoder().save(tmp_path / "a.tdp", external_data_path=precious)
+    assert precious.read_text() == "keep me"
+
+
+# --- bad files -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_file(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = tmp_path_factory.mktemp("small") / "m.tdp"
+    torch.manual_seed(0)
+    td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(ReferencePartitioner()).save(path)
+    return path.read_bytes()
+
+
+def _load_and_run(data: bytes, path: Path) -> None:
+    """Load ``data`` and run it: success or FormatError, nothing else."""
+    path.write_bytes(data)
+    try:
+        with td.load(path) as program:
+            program.run("forward", torch.randn(2, 4))
+    except td.FormatError:
+        pass
+
+
+def _refused(data: bytes, path: Path, match: str | None = None) -> None:
+    path.write_bytes(data)
+    with pytest.raises(td.FormatError, match=match):
+        with td.load(path) as program:
+            program.run("forward", torch.randn(2, 4))
+
+
+def test_a_valid_small_file_runs(small_file: bytes, tmp_path: Path) -> None:
+    (tmp_path / "m.tdp").write_bytes(small_file)
+    with td.load(tmp_path / "m.tdp") as program:
+        assert program.run("forward", torch.randn(2, 4)).shape == (2, 4)
+
+
+@pytest.mark.parametrize("keep", [0, 7, 63, 64, 200, -1000, -64, -1])
+def test_truncation_is_refused(small_file: bytes, tmp_path: Path, keep: int) -> None:
+    _refused(small_file[:keep], tmp_path / "t.tdp")
+
+
+def test_every_flipped_header_byte_is_refused(small_file: bytes, tmp_path: Path) -> None:
+    for offset in range(HEADER.size):
+        data = bytearray(small_file)
+        data[offset] ^= 0x01
+        _refused(bytes(data), tmp_path / "h.tdp")
+
+
+def test_flipped_manifest_bytes_are_refused(small_file: bytes, tmp_path: Path) -> None:
+    _, _, _, length, _, _ = HEADER.unpack_from(small_file)
+    for offset in range(HEADER.size, HEADER.size + length, max(1, length // 97)):
+        data = bytearray(small_file)
+        data[offset] ^= 0x20
+        _refused(bytes(data), tmp_path / "m.tdp", "checksum")
+
+
+def test_a_flipped_blob_byte_is_refused_on_first_use(small_file: bytes, tmp_path: Path) -> None:
+    magic, version, reserved, length, data_offset, digest = HEADER.unpack_from(small_file)
+    manifest = json.loads(small_file[HEADER.size : HEADER.size + length])
+    blob = next(s for s in manifest["segments"] if s["length"] > 1000)
+    data = bytearray(small_file)
+    data[data_offset + blob["offset"] + 10] ^= 0xFF
+    _refused(bytes(data), tmp_path / "b.tdp", "checksum mismatch in segment")
+
+
+def test_wrong_version_and_absurd_lengths_are_refused(small_file: bytes, tmp_path: Path) -> None:
+    magic, version, reserved, length, data_offset, digest = HEADER.unpack_from(small_file)
+    rest = small_file[HEADER.size :]
+    _refused(HEADER.pack(magic, 2, reserved, length, data_offset, digest) + rest, tmp_path / "v.tdp", "version 2")
+    _refused(HEADER.pack(magic, version, reserved, 1 << 60, data_offset, digest) + rest, tmp_path / "l.tdp", "length")
+    _refused(HEADER.pack(magic, version, reserved, length, 1 << 62, digest) + rest, tmp_path / "o.tdp", "data offset")
+
+
+def test_random_bytes_are_refused(tmp_path: Path) -> None:
+    for seed in range(20):
+        _refused(os.urandom(64 * seed + 1), tmp_path / "r.tdp")
+    _refused(b"\x89TDP\r\n\x1a\n" + os.urandom(200), tmp_path / "r.tdp")
+
+
+def test_a_manifest_that_names_a_python_function_is_refused(small_file: bytes, tmp_path: Path) -> None:
+    """A checksum proves integrity, not good intent: the loader still refuses what a graph may not call."""
+    magic, version, reserved, length, data_offset, digest = HEADER.unpack_from(small_file)
+    text = small_file[HEADER.size : HEADER.size + length].replace(
+        b'"torch.ops.torchdelegate.delegate_call.default"', b'"torch.ops.aten.from_file.default"'
+    )
+    _refused(_rewrap(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
+    text = small_file[HEADER.size : HEADER.size + length].replace(
+        b'"torch.ops.torchdelegate.delegate_call.default"', b'"builtins.eval"'
+    )
+    _refused(_rewrap(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
+
+
+def _rewrap(original: bytes, manifest: bytes) -> bytes:
+    """A file with a new manifest (and a correct checksum), its data area moved after it."""
+    import hashlib
+
+    magic, version, reserved, length, data_offset, _ = HEADER.unpack_from(original)
+    data = original[data_offset:]
+    new_offset = -(-(HEADER.size + len(manifest)) // 64) * 64
+    header = HEADER.pack(magic, version, reserved, len(manifest), new_offset, hashlib.sha256(manifest).digest())
+    return header + manifest + b"\0" * (new_offset - HEADER.size - len(manifest)) + data
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_mutation_of_a_file_loads_and_runs_or_is_a_format_error(
+    small_file: bytes, tmp_path: Path, data: st.DataObject
+) -> None:
+    mutated = bytearray(small_file)
+    for _ in range(data.draw(st.integers(1, 4), label="mutations")):
+        kind = data.draw(st.sampled_from(["flip", "truncate", "insert", "delete", "overwrite"]), label="kind")
+        at = data.draw(st.integers(0, max(0, len(mutated) - 1)), label="at")
+        if kind == "flip" and mutated:
+            mutated[at] ^= 1 << data.draw(st.integers(0, 7))
+        elif kind == "truncate":
+            del mutated[at:]
+        elif kind == "insert":
+            mutated[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+        elif kind == "delete":
+            del mutated[at : at + data.draw(st.integers(1, 16))]
+        elif kind == "overwrite" and mutated:
+            chunk = data.draw(st.binary(min_size=1, max_size=8))
+            mutated[at : at + len(chunk)] = chunk
+    _load_and_run(bytes(mutated), tmp_path / "fuzz.tdp")
+
+
+def test_struct_layout_is_64_bytes() -> None:
+    assert HEADER.size == 64 == struct.calcsize("<8sIIQQ32s")
