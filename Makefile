@@ -25,6 +25,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/lowering.py
+	$(PY) benchmarks/runtime.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
