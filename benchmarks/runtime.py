@@ -153,14 +153,13 @@ def large_file_open(gib: float) -> dict[str, float]:
             print(json.dumps({{"seconds": seconds, "rss_growth": rss() - before}}))
             """
         )
-        runs = [json.loads(_child(script)) for _ in range(3)]
+        runs = _children(script)
         size = path.stat().st_size
     return {
         "named_data_bytes": weights,
         "file_bytes": size,
-        "load_seconds": statistics.median(r["seconds"] for r in runs),
-        "load_seconds_max": max(r["seconds"] for r in runs),
-        "rss_growth_bytes": statistics.median(r["rss_growth"] for r in runs),
+        **_medians(runs),
+        "seconds_max": max(r["seconds"] for r in runs),
     }
 
 
@@ -196,20 +195,22 @@ def two_method_resident(vocab: int, width: int) -> dict[str, float]:
             print(json.dumps({{"after_load": loaded - before, "after_run": ran - before, "workspace": workspace}}))
             """
         )
-        runs = [json.loads(_child(script)) for _ in range(3)]
+        runs = _children(script)
         size = path.stat().st_size
-    return {
-        "weight_bytes": weights,
-        "file_bytes": size,
-        "rss_after_load_bytes": statistics.median(r["after_load"] for r in runs),
-        "rss_after_run_bytes": statistics.median(r["after_run"] for r in runs),
-        "gemm_workspace_bytes": statistics.median(r["workspace"] for r in runs),
-    }
+    return {"weight_bytes": weights, "file_bytes": size, **_medians(runs)}
 
 
-def _child(script: str) -> str:
-    done = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=600)
-    return done.stdout.strip().splitlines()[-1]
+def _children(script: str, count: int = 3) -> list[dict[str, float]]:
+    """The JSON each of ``count`` fresh processes running ``script`` prints last."""
+    runs = []
+    for _ in range(count):
+        done = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=600)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
 def _machine() -> str:
@@ -244,8 +245,8 @@ def main() -> None:
     opened = large_file_open(args.gib)
     print(
         f"\n2. open a file with {opened['named_data_bytes'] / (1 << 30):.2f} GiB of named data "
-        f"({opened['file_bytes']} bytes): load() {opened['load_seconds']:.3f} s median of 3 "
-        f"(max {opened['load_seconds_max']:.3f}), resident growth {opened['rss_growth_bytes'] / 1e6:.1f} MB; "
+        f"({opened['file_bytes']} bytes): load() {opened['seconds']:.3f} s median of 3 "
+        f"(max {opened['seconds_max']:.3f}), resident growth {opened['rss_growth'] / 1e6:.1f} MB; "
         "target <= 0.2 s"
     )
 
@@ -254,10 +255,10 @@ def main() -> None:
     print(
         f"\n3. two methods sharing {weights / 1e6:.1f} MB of weights (file {resident['file_bytes'] / 1e6:.2f} MB, "
         f"{resident['file_bytes'] / weights:.3f} x weights): resident growth after load "
-        f"{resident['rss_after_load_bytes'] / 1e6:.1f} MB, after running both methods "
-        f"{resident['rss_after_run_bytes'] / 1e6:.1f} MB = {resident['rss_after_run_bytes'] / weights:.2f} x weights; "
+        f"{resident['after_load'] / 1e6:.1f} MB, after running both methods "
+        f"{resident['after_run'] / 1e6:.1f} MB = {resident['after_run'] / weights:.2f} x weights; "
         "target <= 1.2 x\n"
-        f"   (not counted: MKL's one-time GEMM workspace, {resident['gemm_workspace_bytes'] / 1e6:.1f} MB, "
+        f"   (not counted: MKL's one-time GEMM workspace, {resident['workspace'] / 1e6:.1f} MB, "
         "taken before the baseline)"
     )
 

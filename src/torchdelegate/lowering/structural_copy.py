@@ -111,8 +111,16 @@ def copy_signature(signature: ExportGraphSignature) -> ExportGraphSignature:
 
 def copy_program(program: ExportedProgram) -> ExportedProgram:
     """A structural copy of ``program``: its graphs copied, its tensors shared."""
-    # The attributes as root: ExportedProgram compiles the one GraphModule itself.
     graph, attrs = copy_graph(program.graph_module)
+    return program_around(program, graph, attrs)
+
+
+def program_around(program: ExportedProgram, graph: torch.fx.Graph, attrs: dict[str, Any]) -> ExportedProgram:
+    """A new program of ``graph`` (reading ``attrs``) with ``program``'s signature, tensors and specs.
+
+    The signature and call graph are copied, the tensors shared.
+    """
+    # The attributes as root: ExportedProgram compiles the one GraphModule itself.
     copied = ExportedProgram(
         root=attrs,
         graph=graph,

@@ -35,7 +35,7 @@ from torch.fx import GraphModule, Node
 
 from torchdelegate.errors import FormatError, SerializationError
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
-from torchdelegate.lowering.structural_copy import copy_module_call_graph, copy_signature, fetch_attr
+from torchdelegate.lowering.structural_copy import fetch_attr, program_around
 
 _library = torch.library.Library("torchdelegate", "DEF")
 _library.define("delegate_call(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]")
@@ -74,17 +74,7 @@ def serializable_program(
     """
     calls: list[DelegateCall] = []
     graph, attrs = _rewrite_graph(program.graph_module, delegate_index, calls)
-    rewritten = ExportedProgram(
-        root=attrs,
-        graph=graph,
-        graph_signature=copy_signature(program.graph_signature),
-        state_dict=dict(program.state_dict),
-        range_constraints=dict(program.range_constraints),
-        module_call_graph=copy_module_call_graph(program.module_call_graph),
-        example_inputs=None,
-        constants=dict(program.constants),
-        verifiers=list(program.verifiers),
-    )
+    rewritten = program_around(program, graph, attrs)
     return rewritten, calls
 
 
