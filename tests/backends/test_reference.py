@@ -3,10 +3,10 @@
 from pathlib import Path
 
 import torch
-
-import torchdelegate as td
 from backends import OpSetPartitioner
 from models import SharedConstant, TwoLinears, export
+
+import torchdelegate as td
 from torchdelegate.backends.reference import ReferencePartitioner
 
 aten = torch.ops.aten
