@@ -227,3 +227,15 @@ def test_loading_does_not_read_weights(tmp_path: Path) -> None:
         total = sum(len(program.named_data.get_data(k)) for k in keys)
         assert total >= fresh_decoder().weight_bytes()
     assert os.path.getsize(path) >= total
+
+
+def test_an_input_specialized_at_export_must_be_given_the_same_value(tmp_path: Path) -> None:
+    class Repeat(torch.nn.Module):
+        def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+            return x * n
+
+    td.to_edge(torch.export.export(Repeat(), (torch.ones(2), 3))).save(tmp_path / "r.tdp")
+    with td.load(tmp_path / "r.tdp") as program:
+        assert program.run("forward", torch.ones(2), 3).tolist() == [3.0, 3.0]
+        with pytest.raises(td.ProgramInputError, match="argument 'n' was the constant 3 when exported, got 5"):
+            program.run("forward", torch.ones(2), 5)

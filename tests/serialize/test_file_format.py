@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -241,3 +242,60 @@ def test_any_mutation_of_a_file_loads_and_runs_or_is_a_format_error(
 
 def test_struct_layout_is_64_bytes() -> None:
     assert HEADER.size == 64 == struct.calcsize("<8sIIQQ32s")
+
+
+def _manifest(data: bytes) -> bytes:
+    _, _, _, length, _, _ = HEADER.unpack_from(data)
+    return data[HEADER.size : HEADER.size + length]
+
+
+def test_a_symbolic_size_that_would_take_forever_to_evaluate_is_refused(tmp_path: Path) -> None:
+    batch = torch.export.Dim("batch", min=2, max=64)
+    program = torch.export.export(TwoLinears(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    td.to_edge(program).to_backend(ReferencePartitioner()).save(tmp_path / "d.tdp")
+    data = (tmp_path / "d.tdp").read_bytes()
+    manifest = _manifest(data)
+    symbol = re.search(rb"Symbol\('s\d+', positive=True, integer=True\)", manifest)
+    assert symbol is not None
+    hostile = manifest.replace(symbol.group(0), b"9**9**9**9", 1)
+    _refused(_rewrap(data, hostile), tmp_path / "p.tdp", "raises to a power")
+
+
+def test_a_graph_that_reads_state_the_file_lacks_is_refused_at_load(small_file: bytes, tmp_path: Path) -> None:
+    manifest = json.loads(_manifest(small_file))
+    manifest["methods"][0]["graph"]["graph_module"]["signature"]["input_specs"].insert(
+        0, {"buffer": {"arg": {"name": "b_extra"}, "buffer_name": "extra", "persistent": True}}
+    )
+    refused = _rewrap(small_file, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+    _refused(refused, tmp_path / "s.tdp", "not stored")
+
+
+def test_a_corrupt_weight_never_runs_however_often_it_is_called(tmp_path: Path) -> None:
+    model = TwoLinears()
+    x = torch.randn(2, 4)
+    td.to_edge(export(model, x)).save(tmp_path / "plain.tdp")  # no delegates: weights are the program's state
+    data = bytearray((tmp_path / "plain.tdp").read_bytes())
+    _, _, _, length, data_offset, _ = HEADER.unpack_from(data)
+    manifest = json.loads(data[HEADER.size : HEADER.size + length])
+    weight = manifest["segments"][0]
+    data[data_offset + weight["offset"]] ^= 0xFF
+    (tmp_path / "bad.tdp").write_bytes(bytes(data))
+    with td.load(tmp_path / "bad.tdp") as program:
+        for _ in range(3):
+            with pytest.raises(td.FormatError, match="checksum mismatch"):
+                program.run("forward", x)
+
+
+def test_negative_zero_is_not_stored_as_zeros(tmp_path: Path) -> None:
+    class NegativeZero(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("z", torch.tensor([-0.0, -0.0]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x / self.z
+
+    x = torch.ones(2)
+    td.to_edge(export(NegativeZero(), x)).save(tmp_path / "z.tdp")
+    with td.load(tmp_path / "z.tdp") as program:
+        assert program.run("forward", x).tolist() == [float("-inf")] * 2

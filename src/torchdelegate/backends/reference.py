@@ -111,7 +111,7 @@ class _ReferenceHandle:
         try:
             blob = json.loads(bytes(processed))
             version, graph, tensors = blob["version"], blob["graph"], blob["tensors"]
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise FormatError(f"reference blob: not a reference backend blob ({e})") from None
         if version != BLOB_VERSION:
             raise FormatError(f"reference blob: version {version!r}; this torchdelegate reads {BLOB_VERSION}")

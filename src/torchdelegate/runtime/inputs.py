@@ -15,11 +15,11 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._pytree as pytree
-from torch.export import ExportedProgram
+from torch.export import ExportedProgram, ModuleCallSignature
 from torch.export.graph_signature import InputKind
 from torch.utils._sympy.numbers import int_oo
 
-from torchdelegate.errors import ProgramInputError
+from torchdelegate.errors import FormatError, ProgramInputError
 
 
 @dataclass(frozen=True)
@@ -61,19 +61,34 @@ def _dim(size: Any, ranges: Mapping[Any, Any]) -> _Dim:
 
 
 def _leaf(name: str, value: Any, ranges: Mapping[Any, Any]) -> _Leaf:
+    """What a user input may be: a tensor, a symbolic number, or the one value it was exported with."""
     if isinstance(value, torch.Tensor):
         dims = tuple(_dim(s, ranges) for s in value.shape)
         return _Leaf(name, "tensor", value.dtype, value.device, dims)
-    if isinstance(value, (bool, torch.SymBool)):
+    if isinstance(value, torch.SymBool):
         return _Leaf(name, "bool")
-    if isinstance(value, (int, torch.SymInt)):
+    if isinstance(value, torch.SymInt):
         return _Leaf(name, "int")
-    if isinstance(value, (float, torch.SymFloat)):
+    if isinstance(value, torch.SymFloat):
         return _Leaf(name, "float")
-    return _Leaf(name, "constant", constant=value)
+    return _Leaf(name, "constant", constant=value)  # specialized when exported: must be equal
 
 
 _PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "bool": bool, "float": (float, int)}
+
+
+def call_signature(program: ExportedProgram, method: str) -> ModuleCallSignature:
+    """The calling convention of the whole program (the module call graph's root entry)."""
+    for entry in program.module_call_graph:
+        signature = entry.signature
+        if (
+            entry.fqn == ""
+            and signature is not None
+            and signature.in_spec is not None
+            and signature.out_spec is not None
+        ):
+            return signature
+    raise FormatError(f"method {method!r}: the graph has no calling convention (a root module call signature)")
 
 
 class MethodInputs:
@@ -81,11 +96,13 @@ class MethodInputs:
 
     def __init__(self, method: str, program: ExportedProgram) -> None:
         self.method = method
-        signature = program.module_call_graph[0].signature
-        assert signature is not None and signature.in_spec is not None
+        signature = call_signature(program, method)
         self.in_spec = signature.in_spec
         self.arg_names: list[str] = list(signature.forward_arg_names or [])
-        args_spec, kwargs_spec = self.in_spec.children()
+        children = self.in_spec.children() if self.in_spec.type is tuple else []
+        if len(children) != 2 or children[0].type is not tuple or children[1].type is not dict:
+            raise FormatError(f"method {method!r}: its input structure {self.in_spec} is not (args, kwargs)")
+        args_spec, kwargs_spec = children
         self.positional_count = args_spec.num_children
         self.keyword_names: list[str] = list(kwargs_spec.context or [])
         placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
@@ -166,7 +183,7 @@ class MethodInputs:
                         f"method {self.method!r}: argument {leaf.name!r} must be a Python {leaf.kind}, "
                         f"got {type(value).__name__}"
                     )
-            elif leaf.constant is not None and value != leaf.constant:
+            elif type(value) is not type(leaf.constant) or value != leaf.constant:
                 raise ProgramInputError(
                     f"method {self.method!r}: argument {leaf.name!r} was the constant {leaf.constant!r} when "
                     f"exported, got {value!r}"

@@ -21,7 +21,7 @@ from torch.fx import GraphModule
 
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError
-from torchdelegate.runtime.inputs import MethodInputs
+from torchdelegate.runtime.inputs import MethodInputs, call_signature
 from torchdelegate.serialize.graph import SIZE, TENSOR, allowed_call_target, delegate_call_nodes
 
 
@@ -67,6 +67,13 @@ def _bind_delegate_call(
             f"sizes; the delegate table says {expected!r}"
         )
     delegate = delegates[index]
+    values = node.meta.get("val")
+    if not isinstance(values, (list, tuple)) or len(values) != delegate.output_count:
+        raise FormatError(
+            f"method {method!r}: the graph expects delegate {index} to return "
+            f"{len(values) if isinstance(values, (list, tuple)) else 'no list of'} values; its table entry says "
+            f"{delegate.output_count}"
+        )
     for user in node.users:
         read = user.args[1] if user.target is operator.getitem else None
         if type(read) is not int or not 0 <= read < delegate.output_count:
@@ -87,6 +94,18 @@ def _is_delegate_call(target: Any) -> bool:
     return getattr(target, "__self__", None).__class__ is DelegateInstance
 
 
+def _check_state(method: str, name: str, tensor: torch.Tensor, expected: Any) -> None:
+    """A stored tensor must be what the graph was traced with: its dtype and static sizes."""
+    if not isinstance(expected, torch.Tensor):
+        raise FormatError(f"method {method!r}: the graph has no tensor metadata for state {name!r}")
+    static = all(isinstance(size, int) for size in expected.shape)
+    if tensor.dtype != expected.dtype or (static and tuple(tensor.shape) != tuple(expected.shape)):
+        raise FormatError(
+            f"method {method!r}: state {name!r} is stored as {tensor.dtype} {tuple(tensor.shape)}, "
+            f"the graph reads {expected.dtype} {tuple(expected.shape)}"
+        )
+
+
 class Method:
     """A callable method of a :class:`~torchdelegate.runtime.program.Program`."""
 
@@ -104,15 +123,18 @@ class Method:
         signature = program.graph_signature
         self.delegates = [delegates[i] for i in sorted(delegates)]
         self._forward = _compile_graph(program, name, delegates, delegate_inputs).forward
-        self._out_spec = program.module_call_graph[0].signature.out_spec  # type: ignore[union-attr]
+        self._out_spec = call_signature(program, name).out_spec
         self._template: list[Any] = []
         self._user_slots: list[int] = []
-        for spec in signature.input_specs:
+        placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+        for spec, placeholder in zip(signature.input_specs, placeholders, strict=True):
             if spec.kind == InputKind.USER_INPUT:
                 self._user_slots.append(len(self._template))
                 self._template.append(None)
             else:
-                self._template.append(state[spec.target])  # type: ignore[index]
+                tensor = state[spec.target]  # type: ignore[index]
+                _check_state(name, spec.target, tensor, placeholder.meta.get("val"))  # type: ignore[arg-type]
+                self._template.append(tensor)
         user_positions = {name: i for i, name in enumerate(signature.user_inputs)}
         self._buffer_updates: list[tuple[int, torch.Tensor]] = []
         self._input_updates: list[tuple[int, int]] = []
@@ -126,6 +148,11 @@ class Method:
                 self._user_outputs.append(position)
             else:
                 raise FormatError(f"method {name!r}: output {spec.arg} of kind {spec.kind.name} is not supported")
+        if self._out_spec.num_leaves != len(self._user_outputs):
+            raise FormatError(
+                f"method {name!r}: its output structure has {self._out_spec.num_leaves} values, "
+                f"the graph returns {len(self._user_outputs)}"
+            )
         reads = {s.target for s in signature.input_specs if s.kind == InputKind.BUFFER}
         # Buffers shared with other methods: calls that touch them are serialized by the program.
         self.uses_mutable_state = bool(self._buffer_updates) or not reads.isdisjoint(mutable)

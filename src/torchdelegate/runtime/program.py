@@ -198,16 +198,22 @@ class Program:
         return state
 
     def _verify_state(self, method: Method) -> None:
-        """Check the checksums of the state ``method`` reads, on its first call."""
-        pending = self._unverified.get(method.name)
-        if pending is None:
+        """Check the checksums of the state ``method`` reads, before its first call runs.
+
+        Until every one has passed, each call checks again: a corrupt weight never runs.
+        """
+        if method.name not in self._unverified:
             return
         with self._verify_lock:
+            pending = self._unverified.get(method.name)
+            if pending is None:
+                return
             digests = {r.name: r.data for r in self._file.state}
-            for fqn in self._unverified.pop(method.name, []):
+            for fqn in pending:
                 digest = digests[fqn]
                 if digest is not None:
                     self._file.data(digest, f"state {fqn!r} of method {method.name!r}")
+            del self._unverified[method.name]
 
     def _delegate(self, record: DelegateRecord) -> DelegateInstance:
         where = f"{self._file.path}: delegate {record.name!r} of method {record.method!r}"
@@ -246,8 +252,15 @@ class Program:
             return Method(name, program, self._state, delegates, kinds, self._mutable)
         except FormatError as e:
             raise FormatError(f"{self._file.path}: {e}") from e
+        except Exception as e:  # anything else a malformed graph trips over
+            raise FormatError(f"{where}: the graph cannot be prepared to run ({type(e).__name__}: {e})") from e
 
 
 def load(path: str | os.PathLike[str], *, external_data_path: str | os.PathLike[str] | None = None) -> Program:
     """Map a program file and get it ready to run; see :class:`Program`."""
-    return Program(ProgramFile(path, external_data_path))
+    file = ProgramFile(path, external_data_path)
+    try:
+        return Program(file)
+    except BaseException:
+        file.close()
+        raise

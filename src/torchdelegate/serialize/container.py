@@ -173,8 +173,8 @@ class Container:
             raise self._error("manifest checksum mismatch (offset 64): the file is corrupt or truncated")
         try:
             manifest = json.loads(manifest_bytes)
-        except (UnicodeDecodeError, ValueError) as e:
-            raise self._error(f"the manifest is not JSON: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise self._error(f"the manifest is not JSON (or nests too deeply): {e}") from None
         if not isinstance(manifest, dict):
             raise self._error("the manifest is not a JSON object")
         data_length = manifest.get("data_length")

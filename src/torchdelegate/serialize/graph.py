@@ -240,18 +240,21 @@ _BUILTINS = frozenset(
 )
 _REFUSED_OPERATORS = frozenset({"from_file"})
 # Symbolic sizes: symbols, integers, arithmetic and the sympy functions torch emits.
+# No powers or shifts (a few characters could ask sympy for an astronomically large number),
+# numbers of at most 19 digits, parentheses at most 32 deep.
 _EXPRESSION_TOKEN = re.compile(
-    r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d+(?:\.\d+)?)|'([a-z]+\d+)'|(\*\*|//|[-+*/%(),<>=!&|~]=?|==))"
+    r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d{1,19}(?:\.\d{1,19})?(?![\d.]))|'([a-z]+\d+)'|(//|[-+*/%(),<>=!&|~]=?|==))"
 )
+_MAX_NESTING = 32
 _SYMBOL = re.compile(r"[a-z]+\d+")
 _EXPRESSION_FUNCTIONS = frozenset(
     {
         *("Max", "Min", "Mod", "FloorDiv", "CleanDiv", "CeilDiv", "IntTrueDiv", "FloatTrueDiv", "ToFloat"),
-        *("TruncToInt", "TruncToFloat", "RoundToInt", "RoundDecimal", "PowByNatural", "FloatPow", "CeilToInt"),
+        *("TruncToInt", "TruncToFloat", "RoundToInt", "RoundDecimal", "CeilToInt"),
         *("FloorToInt", "Identity", "OpaqueUnaryFn_sqrt", "PythonMod", "IsNonOverlappingAndDenseIndicator"),
         *("Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "Piecewise", "ITE", "True", "False", "oo"),
         *("floor", "ceiling", "sqrt", "Abs", "Integer", "Rational", "Float", "BitwiseFn_bitwise_and"),
-        *("BitwiseFn_bitwise_or", "LShift", "RShift", "Symbol", "Add", "Mul", "Pow"),
+        *("BitwiseFn_bitwise_or", "Symbol", "Add", "Mul"),
         # keyword assumptions of Symbol('s0', positive=True, integer=True)
         *("positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "zero", "commutative"),
     }
@@ -302,16 +305,23 @@ def _check_higher_order(name: str, target: str, where: str) -> None:
 def _check_expression(expression: Any, where: str) -> None:
     if not isinstance(expression, str) or len(expression) > 10_000:
         raise FormatError(f"{where}: a symbolic size is not a short string")
-    position = 0
+    if "**" in "".join(expression.split()):
+        raise FormatError(f"{where}: symbolic size {expression[:200]!r} raises to a power, which a saved size may not")
+    position = depth = 0
     while position < len(expression):
         match = _EXPRESSION_TOKEN.match(expression, position)
         if match is None or match.end() == position:
             if expression[position:].strip() == "":
                 return
-            raise FormatError(f"{where}: symbolic size {expression!r} has an unexpected character at {position}")
-        word = match.group(1)
+            raise FormatError(
+                f"{where}: symbolic size {expression[:200]!r} has an unexpected or too long token at {position}"
+            )
+        word, symbol = match.group(1), match.group(4)
         if word is not None and word not in _EXPRESSION_FUNCTIONS and not _SYMBOL.fullmatch(word):
-            raise FormatError(f"{where}: symbolic size {expression!r} names {word!r}, which is not a size symbol")
+            raise FormatError(f"{where}: symbolic size {expression[:200]!r} names {word!r}, which is not a size symbol")
+        depth += 1 if symbol == "(" else -1 if symbol == ")" else 0
+        if depth > _MAX_NESTING:
+            raise FormatError(f"{where}: symbolic size {expression[:200]!r} nests deeper than {_MAX_NESTING}")
         position = match.end()
 
 

@@ -110,9 +110,17 @@ class ProgramFile:
 
     def _open_external(self, entry: dict[str, Any], given: str | os.PathLike[str] | None) -> Container:
         fields = _Fields(entry, "external_data", self.path)
-        name = fields.get("file_name", str, lambda v: bool(v) and Path(v).name == v and v not in (".", ".."))
+        name = fields.get(
+            "file_name",
+            str,
+            lambda v: 0 < len(v) <= 255 and "\0" not in v and Path(v).name == v and v not in (".", ".."),
+        )
         path = Path(given) if given is not None else self.path.parent / name
-        if not path.exists():
+        try:
+            exists = path.is_file()
+        except OSError as e:
+            raise FormatError(f"{self.path}: external data file {name!r}: {e}") from None
+        if not exists:
             raise FileNotFoundError(
                 f"{self.path} keeps its data in an external file {name!r}, not found at {str(path)!r}; "
                 "pass external_data_path= to say where it is"
@@ -146,7 +154,7 @@ class ProgramFile:
             spec_fields = _Fields(spec, f"delegates[{index}].compile_specs[{number}]", self.path)
             try:
                 raw = base64.b64decode(spec_fields.get("value", str), validate=True)
-            except binascii.Error:
+            except (binascii.Error, ValueError):
                 raise FormatError(f"{self.path}: delegates[{index}].compile_specs[{number}] is not base64") from None
             specs.append(CompileSpec(spec_fields.get("key", str), raw))
         handles = value.get("debug_handle_map")
@@ -199,9 +207,17 @@ class ProgramFile:
                     raise FormatError(
                         f"{self.path}: method {method.name!r} names delegate {index}, which does not exist"
                     )
-        names = [m.name for m in self.methods]
-        if len(set(names)) != len(names):
-            raise FormatError(f"{self.path}: a method name appears twice in {names}")
+        for what, names in (
+            ("method name", [m.name for m in self.methods]),
+            ("state name", [s.name for s in self.state]),
+            ("named data key", [n.key for n in self.named_data]),
+        ):
+            if len(set(names)) != len(names):
+                twice = sorted({n for n in names if names.count(n) > 1})[:3]
+                raise FormatError(f"{self.path}: {what} {', '.join(map(repr, twice))} appears twice")
+        for method in self.methods:
+            if len(set(method.delegates)) != len(method.delegates):
+                raise FormatError(f"{self.path}: method {method.name!r} lists a delegate twice")
 
     def _location(self, digest: str, what: str) -> tuple[Container, int]:
         location = self._locations.get(digest)

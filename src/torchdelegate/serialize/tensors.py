@@ -66,6 +66,8 @@ def _checked(dtype: Any, shape: Any, where: str) -> torch.dtype:
         raise FormatError(f"{where}: unknown dtype {dtype!r}")
     if not isinstance(shape, list) or len(shape) > 64 or any(type(d) is not int or not 0 <= d < 1 << 48 for d in shape):
         raise FormatError(f"{where}: shape must be a list of at most 64 sizes below 2**48, got {shape!r:.200}")
+    if math.prod(max(d, 1) for d in shape) >= 1 << 48:
+        raise FormatError(f"{where}: shape {shape!r:.200} has too many elements (even if one size is 0)")
     return torch_dtype
 
 

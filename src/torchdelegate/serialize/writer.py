@@ -174,11 +174,17 @@ def _state_entries(programs: Mapping[str, ExportedProgram], segments: _Segments)
                 "dtype": dtype_name(tensor, where),
                 "shape": list(tensor.shape),
                 # All-zero state (a fresh KV cache) is stored as its shape alone.
-                "data": segments.add(tensor_bytes(tensor)) if bool(tensor.any()) else None,
+                "data": None if _all_zero_bytes(tensor) else segments.add(tensor_bytes(tensor)),
                 "mutable": fqn in mutable,
             }
         )
     return entries
+
+
+def _all_zero_bytes(tensor: torch.Tensor) -> bool:
+    """Whether every byte is zero (so -0.0, whose sign bit is set, is not)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    return flat.numel() > 0 and not bool(flat.view(torch.uint8).any())
 
 
 def _check_same(fqn: str, first: tuple[str, torch.Tensor], second: tuple[str, torch.Tensor]) -> None:
