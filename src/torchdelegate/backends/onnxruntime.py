@@ -1,0 +1,277 @@
+"""The ONNX Runtime backend: partitions exported to ONNX, run by ONNX Runtime's CPU provider.
+
+Ahead of time each partition is exported with torch's ONNX exporter (dynamo, onnxscript);
+every initializer leaves the model and becomes named data keyed by the SHA-256 of its
+bytes, so a weight that ``prefill`` and ``decode`` (or two partitions) use is stored once.
+The blob is a small JSON header (each initializer's key, dtype and shape) and the ONNX
+model, whose initializers of 1 KiB or more are external references (smaller ones, such as
+the axes of a reshape, stay inside: ONNX Runtime reads them while loading the model).
+
+At run time each delegate is one ``InferenceSession``. Its initializers are handed over as
+``OrtValue``s created once per key and per program over the named data (views of the
+mapped file: no copy), and shared by every session of the program. Session options come
+from compile specs: ``intra_op_num_threads`` (an integer), ``graph_optimization_level``
+(``disable``, ``basic``, ``extended``, ``all``), ``disable_prepacking`` (``1`` keeps one
+copy of each weight; by default ONNX Runtime packs weights per session for speed).
+
+Needs ``pip install torchdelegate[onnxruntime]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import logging
+import operator
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from torchdelegate.backend import BackendDetails, PreprocessResult
+from torchdelegate.data import NamedDataMap, NamedDataStore
+from torchdelegate.errors import FormatError, PreprocessError
+from torchdelegate.partition.grouping import cycle_free_levels
+from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.tagging import tag_constant_data
+from torchdelegate.serialize.container import canonical_json
+from torchdelegate.specs import CompileSpec, DelegationSpec
+
+BLOB_VERSION = 1
+_SMALLEST_SHARED = 1024  # bytes: smaller initializers stay inside the model
+_EXTRA = "pip install 'torchdelegate[onnxruntime]'"
+_OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
+_OPTIMIZATION_LEVELS["all"] = "ORT_ENABLE_ALL"
+# ONNX element types of the numpy dtypes initializers come in; bfloat16 travels as uint16.
+_ONNX_TYPES = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "bool": 9}
+_ONNX_TYPES |= {"float16": 10, "float64": 11, "uint32": 12, "uint64": 13, "bfloat16": 16}
+
+
+def _require(module: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"the onnxruntime backend needs {module!r}: {_EXTRA}") from e
+
+
+class OnnxRuntimeBackend(BackendDetails):
+    """Runs partitions with ONNX Runtime (CPU provider); weights are shared named data."""
+
+    backend_id = "onnxruntime"
+    thread_safe_execute = True  # InferenceSession.run may be called from several threads
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            ort = importlib.import_module("onnxruntime")
+        except ImportError:
+            return False
+        return "CPUExecutionProvider" in ort.get_available_providers()
+
+    @staticmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
+        store = NamedDataStore()
+        blob = _export(edge_program, store, "sub-program")
+        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+
+    @classmethod
+    def preprocess_multimethod(
+        cls,
+        edge_programs: dict[str, list[ExportedProgram]],
+        compile_specs: dict[str, list[list[CompileSpec]]],
+    ) -> dict[str, list[PreprocessResult]]:
+        store = NamedDataStore()
+        results = {
+            method: [
+                PreprocessResult(_export(program, store, f"method {method!r}, partition {index}"))
+                for index, program in enumerate(programs)
+            ]
+            for method, programs in edge_programs.items()
+        }
+        output = store.get_named_data_store_output()
+        for method_results in results.values():
+            for result in method_results:
+                result.data_store_output = output
+        return results
+
+    @classmethod
+    def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
+        return _Session(processed, compile_specs, named_data)
+
+    @classmethod
+    def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
+        return handle(inputs)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter reports progress on stdout and warns about optional packages; keep it quiet."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "torch.onnx._internal")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(None):  # type: ignore[type-var]
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _export(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
+    """The partition as an ONNX model whose initializers are named data, with its header."""
+    ir = _require("onnx_ir")
+    _require("onnxscript")
+    try:
+        with _quiet_exporter():
+            onnx_program = torch.onnx.export(program, (), dynamo=True, optimize=True, verbose=False)
+    except Exception as e:
+        raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {e}") from e
+    assert onnx_program is not None
+    model = onnx_program.model
+    initializers = {}
+    for name, value in sorted(model.graph.initializers.items()):
+        tensor = value.const_value
+        if tensor is None or tensor.nbytes < _SMALLEST_SHARED:
+            continue  # shape-like constants stay in the model: ONNX Runtime reads them while loading it
+        array = np.ascontiguousarray(tensor.numpy())
+        array.flags.writeable = False
+        data = memoryview(array).cast("B") if array.size else memoryview(b"")  # type: ignore[arg-type]
+        key = hashlib.sha256(data).hexdigest()
+        store.add_named_data(key, data, alignment=64)  # read-only: kept, not copied
+        dtype = "bfloat16" if tensor.dtype == ir.DataType.BFLOAT16 else str(array.dtype)
+        if dtype not in _ONNX_TYPES:
+            raise PreprocessError(f"onnxruntime: {where}: initializer {name!r} has unsupported dtype {dtype}")
+        initializers[name] = {"key": key, "dtype": dtype, "shape": list(array.shape)}
+        value.const_value = ir.ExternalTensor(
+            location=key, offset=0, length=array.nbytes, dtype=tensor.dtype, shape=tensor.shape, name=name
+        )
+    inputs = [v.name for v in model.graph.inputs]
+    outputs = [v.name for v in model.graph.outputs]
+    header = canonical_json(
+        {"version": BLOB_VERSION, "initializers": initializers, "inputs": inputs, "outputs": outputs}
+    )
+    model_bytes = ir.to_proto(model).SerializeToString()
+    return len(header).to_bytes(8, "little") + header + model_bytes
+
+
+# One OrtValue per named-data key per program, shared by all its sessions.
+_shared_values: weakref.WeakKeyDictionary[NamedDataMap, dict[str, Any]] = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
+def _ort_value(named_data: NamedDataMap, key: str, dtype: str, shape: list[int]) -> Any:
+    ort = _require("onnxruntime")
+    with _shared_lock:
+        values = _shared_values.setdefault(named_data, {})
+        value = values.get(key)
+        if value is None:
+            view = named_data.get_data(key)
+            storage = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)
+            array = np.frombuffer(view, dtype=storage).reshape(shape) if len(view) else np.zeros(shape, storage)
+            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, _ONNX_TYPES[dtype])
+            values[key] = value
+    return value
+
+
+def _session_options(compile_specs: list[CompileSpec]) -> Any:
+    ort = _require("onnxruntime")
+    options = ort.SessionOptions()
+    for spec in compile_specs:
+        text = spec.value.decode("utf-8", "replace")
+        if spec.key == "intra_op_num_threads":
+            options.intra_op_num_threads = int(text)
+        elif spec.key == "graph_optimization_level":
+            if text not in _OPTIMIZATION_LEVELS:
+                raise ValueError(f"graph_optimization_level {text!r}: use one of {sorted(_OPTIMIZATION_LEVELS)}")
+            options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION_LEVELS[text])
+        elif spec.key == "disable_prepacking":
+            options.add_session_config_entry("session.disable_prepacking", text)
+    return options
+
+
+class _Session:
+    """One delegate's InferenceSession, its initializers shared through named data."""
+
+    def __init__(self, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
+        ort = _require("onnxruntime")
+        size = int.from_bytes(processed[:8], "little")
+        try:
+            header = json.loads(bytes(processed[8 : 8 + size]))
+            if header["version"] != BLOB_VERSION:
+                raise ValueError(f"version {header['version']!r}, this torchdelegate reads {BLOB_VERSION}")
+            initializers = header["initializers"]
+            self._inputs, self._outputs = list(header["inputs"]), list(header["outputs"])
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise FormatError(f"onnxruntime blob: not a blob of this backend ({e})") from None
+        options = _session_options(compile_specs)
+        names = sorted(initializers)
+        values = [_ort_value(named_data, *(initializers[n][f] for f in ("key", "dtype", "shape"))) for n in names]
+        if names:
+            options.add_external_initializers(names, values)
+        self._values = values  # the session reads them: keep them alive as long as it lives
+        self._session = ort.InferenceSession(bytes(processed[8 + size :]), options, providers=["CPUExecutionProvider"])
+
+    def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:
+        feed = {name: _as_numpy(value) for name, value in zip(self._inputs, inputs, strict=True)}
+        return [torch.from_numpy(array) for array in self._session.run(self._outputs, feed)]
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().contiguous().numpy()
+    return np.asarray(value, dtype=np.int64)
+
+
+@cache
+def _onnx_registry() -> Any:
+    with _quiet_exporter():
+        registration = importlib.import_module("torch.onnx._internal.exporter._registration")
+        return registration.ONNXRegistry.from_torchlib()
+
+
+class OnnxRuntimePartitioner(Partitioner):
+    """Claims the ops torch's ONNX exporter can translate, in cycle-free maximal groups.
+
+    The exporter's own registry decides (no hard-coded list); groups with fewer than
+    ``min_partition_size`` computations are left to later partitioners, since each
+    delegate call costs a session run.
+    """
+
+    def __init__(self, min_partition_size: int = 1, compile_specs: list[CompileSpec] | None = None) -> None:
+        _require("onnxruntime")
+        self.min_partition_size = min_partition_size
+        self.spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
+
+    def supports(self, node: Node) -> bool:
+        """Whether the exporter translates this node's op and every value it makes is a tensor."""
+        if not isinstance(node.target, torch._ops.OpOverload) or not _onnx_registry().is_registered(node.target):
+            return False
+        value = node.meta.get("val")
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        return all(isinstance(v, torch.Tensor) and v.dtype != torch.complex64 for v in values)
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        levels = cycle_free_levels(exported_program.graph, self.supports)
+        sizes: dict[int, int] = {}
+        for node, level in levels.items():
+            if node.target is not operator.getitem:
+                sizes[level] = sizes.get(level, 0) + 1
+        tags: dict[str, DelegationSpec] = {}
+        for node, level in levels.items():
+            if sizes.get(level, 0) >= self.min_partition_size:
+                node.meta[DELEGATION_TAG] = tag = f"onnxruntime_{level}"
+                tags[tag] = self.spec
+        tag_constant_data(exported_program)
+        return PartitionResult(exported_program, tags)
