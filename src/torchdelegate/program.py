@@ -158,12 +158,19 @@ class EdgeProgramManager:
             programs = lower(programs, stage, named_data=store, copy_mutable_state=False, stage=label).programs
         return EdgeProgramManager(programs, store.get_named_data_store_output())
 
-    def save(self, path: str | os.PathLike[str], *, external_data_path: str | os.PathLike[str] | None = None) -> None:
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        external_data_path: str | os.PathLike[str] | None = None,
+        debug_info: bool = False,
+    ) -> None:
         """Write the program to one file (docs/FORMAT.md): residual graphs, delegate blobs, state and
         named data, each distinct blob or tensor stored once. ``external_data_path`` puts named data
         and tensors in a second file, which other programs saved with the same path share (it is
-        extended, never shrunk). The delegates' original sub-programs are not saved."""
-        save_program(self._programs, self._named_data, path, external_data_path)
+        extended, never shrunk). The delegates' original sub-programs are not saved. ``debug_info``
+        keeps the residual graphs' stack traces and module paths (a few hundred bytes a node)."""
+        save_program(self._programs, self._named_data, path, external_data_path, debug_info=debug_info)
 
     def _per_method(self, value: Any, what: str) -> dict[str, Any]:
         if isinstance(value, Mapping):

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import struct
+import zlib
 import subprocess
 import sys
 import textwrap
@@ -58,9 +59,9 @@ def test_the_file_holds_json_and_raw_bytes_only(tmp_path: Path) -> None:
     segments = {s["sha256"]: s for s in manifest["segments"]}
     for segment in segments.values():
         assert segment["offset"] % 64 == 0 and (data_offset + segment["offset"]) % segment["alignment"] == 0
-    for delegate in manifest["delegates"]:  # the reference backend's blobs are JSON too
+    for delegate in manifest["delegates"]:  # the reference backend's blobs are compressed JSON
         blob = segments[delegate["blob"]]
-        json.loads(data[data_offset + blob["offset"] : data_offset + blob["offset"] + blob["length"]])
+        json.loads(zlib.decompress(data[data_offset + blob["offset"] : data_offset + blob["offset"] + blob["length"]]))
     # Every other segment is raw tensor bytes, named by the state or named-data table.
     named = {e["data"] for e in manifest["named_data"]} | {e["data"] for e in manifest["state"] if e["data"]}
     assert set(segments) == named | {d["blob"] for d in manifest["delegates"]}

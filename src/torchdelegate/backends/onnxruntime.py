@@ -157,6 +157,7 @@ def _export(program: ExportedProgram, store: NamedDataStore, where: str) -> byte
         value.const_value = ir.ExternalTensor(
             location=key, offset=0, length=array.nbytes, dtype=tensor.dtype, shape=tensor.shape, name=name
         )
+    _strip_debug_metadata(ir, model)
     inputs = [v.name for v in model.graph.inputs]
     outputs = [v.name for v in model.graph.outputs]
     header = canonical_json(
@@ -164,6 +165,16 @@ def _export(program: ExportedProgram, store: NamedDataStore, where: str) -> byte
     )
     model_bytes = ir.to_proto(model).SerializeToString()
     return len(header).to_bytes(8, "little") + header + model_bytes
+
+
+def _strip_debug_metadata(ir: ModuleType, model: Any) -> None:
+    """Drop the exporter's per-node stack traces and module paths: most of a model's bytes."""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        node.metadata_props.clear()
+        for value in node.outputs:
+            value.metadata_props.clear()
+    for value in (*model.graph.inputs, *model.graph.outputs, *model.graph.initializers.values()):
+        value.metadata_props.clear()
 
 
 # One OrtValue per named-data key per program, shared by all its sessions.

@@ -1,6 +1,6 @@
 """The reference backend: any core-ATen sub-program, run with torch.
 
-Its blob is the sub-program in torch.export's JSON form, without tensors; every tensor is
+Its blob is the sub-program in torch.export's JSON form (zlib-compressed), without tensors; every tensor is
 named data keyed by its SHA-256, so partitions and methods that use one weight store it
 once. It runs anywhere torch runs, which makes it the fallback of every partitioner list
 (put last, it claims what the others left) and the backend of choice for checking a
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import zlib
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
+_MAX_BLOB_JSON = 1 << 28  # bytes a blob may inflate to
 _STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 _CONTROL_FLOW = frozenset({torch.ops.higher_order.cond, torch.ops.higher_order.while_loop})
 _TENSOR_ALIGNMENT = 64
@@ -101,7 +103,16 @@ def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
         )
     serializable, _ = serializable_program(program, lambda module: 0)
     graph = program_to_json(serializable, where)
-    return canonical_json({"version": BLOB_VERSION, "graph": graph, "tensors": tensors})
+    # Graph JSON is repetitive: compressed, it is about a tenth of its size.
+    return zlib.compress(canonical_json({"version": BLOB_VERSION, "graph": graph, "tensors": tensors}), 9)
+
+
+def _blob_json(processed: memoryview) -> Any:
+    inflater = zlib.decompressobj()
+    text = inflater.decompress(processed, _MAX_BLOB_JSON)
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError(f"not a complete zlib stream of at most {_MAX_BLOB_JSON} bytes")
+    return json.loads(text)
 
 
 class _ReferenceHandle:
@@ -109,9 +120,9 @@ class _ReferenceHandle:
 
     def __init__(self, processed: memoryview, named_data: NamedDataMap) -> None:
         try:
-            blob = json.loads(bytes(processed))
+            blob = _blob_json(processed)
             version, graph, tensors = blob["version"], blob["graph"], blob["tensors"]
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError, zlib.error) as e:
             raise FormatError(f"reference blob: not a reference backend blob ({e})") from None
         if version != BLOB_VERSION:
             raise FormatError(f"reference blob: version {version!r}; this torchdelegate reads {BLOB_VERSION}")

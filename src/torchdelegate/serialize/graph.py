@@ -141,8 +141,16 @@ def _delegate_call_node(
     return call
 
 
-def program_to_json(program: ExportedProgram, where: str) -> dict[str, Any]:
-    """torch.export's serialized form of ``program`` (graph, signature, specs), without tensors."""
+# Node metadata that only helps a person debugging: stack traces and module paths are most of
+# a graph's JSON (a few hundred bytes per node), so files carry them only when asked.
+_DEBUG_METADATA = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn")
+
+
+def program_to_json(program: ExportedProgram, where: str, *, debug_info: bool = False) -> dict[str, Any]:
+    """torch.export's serialized form of ``program`` (graph, signature, specs), without tensors.
+
+    ``debug_info`` keeps each node's stack trace and module path.
+    """
     for spec in program.graph_signature.input_specs:
         if spec.kind.name in ("CUSTOM_OBJ", "TOKEN"):
             raise SerializationError(
@@ -162,6 +170,8 @@ def program_to_json(program: ExportedProgram, where: str) -> dict[str, Any]:
         if key == "metadata" and isinstance(value, dict):
             # Provenance of passes, keyed by id() of in-memory graphs: neither stable nor useful in a file.
             value.pop("from_node", None)
+            for name in () if debug_info else _DEBUG_METADATA:
+                value.pop(name, None)
     return document
 
 

@@ -61,8 +61,13 @@ def save_program(
     named_data: NamedDataStoreOutput,
     path: str | os.PathLike[str],
     external_data_path: str | os.PathLike[str] | None = None,
+    *,
+    debug_info: bool = False,
 ) -> None:
-    """Write ``programs`` (one per method) and the named data of their delegates to ``path``."""
+    """Write ``programs`` (one per method) and the named data of their delegates to ``path``.
+
+    ``debug_info`` keeps each residual node's stack trace and module path in the file.
+    """
     path = Path(path)
     external = Path(external_data_path) if external_data_path is not None else None
     if external is not None and external.resolve() == path.resolve():
@@ -80,7 +85,7 @@ def save_program(
         methods.append(
             {
                 "name": method,
-                "graph": program_to_json(serializable, f"method {method!r}"),
+                "graph": program_to_json(serializable, f"method {method!r}", debug_info=debug_info),
                 "delegates": sorted({delegates[c.module] for c in calls}),
             }
         )
