@@ -1,0 +1,79 @@
+"""The ONNX Runtime backend: real sessions, weights shared across methods and sessions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchdelegate as td
+from models import decoder_methods
+from programs import eager_generation, fresh_decoder, program_generation
+from torchdelegate import CompileSpec
+
+pytest.importorskip("onnxruntime")
+from torchdelegate.backends import onnxruntime as ort_backend  # noqa: E402
+from torchdelegate.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartitioner  # noqa: E402
+
+
+def test_two_methods_share_each_weight_in_the_file_and_in_memory(tmp_path: Path) -> None:
+    specs = [CompileSpec("intra_op_num_threads", b"1"), CompileSpec("graph_optimization_level", b"all")]
+    lowered = td.to_edge(decoder_methods(fresh_decoder())).to_backend(OnnxRuntimePartitioner(compile_specs=specs))
+    assert {m: [d.backend_id for d in ds] for m, ds in lowered.delegates().items()} == {
+        "prefill": ["onnxruntime"],
+        "decode": ["onnxruntime"],
+    }
+    weights = fresh_decoder().weight_bytes()
+    assert lowered.named_data_summary().unique_bytes <= weights * 1.01  # each weight once for both methods
+    lowered.save(tmp_path / "d.tdp")
+    assert (tmp_path / "d.tdp").stat().st_size <= 1.02 * weights + 256 * 1024
+    with td.load(tmp_path / "d.tdp") as program:
+        outputs = program_generation(program)
+        shared = ort_backend._shared_values[program.named_data]
+        assert len(shared) == len(list(program.named_data.keys()))  # one OrtValue per key, for both sessions
+        for value in shared.values():  # over the mapped file, not a copy
+            start, size = value.data_ptr(), value.tensor_size_in_bytes()
+            assert any(_within(start, size, program.named_data.get_data(k)) for k in program.named_data.keys())
+    for got, expected in zip(outputs, eager_generation(), strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def _within(start: int, size: int, view: memoryview) -> bool:
+    import numpy as np
+
+    base = np.frombuffer(view, dtype=np.uint8).ctypes.data if len(view) else -1
+    return base == start and len(view) == size
+
+
+def test_min_partition_size_leaves_small_groups_to_the_next_partitioner() -> None:
+    from models import TwoLinears, export
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    model = TwoLinears()
+    x = torch.randn(2, 4)
+    lowered = td.to_edge(export(model, x)).to_backend(
+        [OnnxRuntimePartitioner(min_partition_size=100), ReferencePartitioner()]
+    )
+    assert [d.backend_id for d in lowered.delegates()["forward"]] == ["reference"]
+
+
+def test_a_bad_compile_spec_is_an_init_error_naming_it(tmp_path: Path) -> None:
+    from models import TwoLinears, export
+
+    spec = CompileSpec("graph_optimization_level", b"fastest")
+    lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(
+        OnnxRuntimePartitioner(compile_specs=[spec])
+    )
+    with pytest.raises(td.DelegateExecutionError, match="graph_optimization_level 'fastest'"):
+        lowered.exported_program().module()(torch.randn(2, 4))
+
+
+def test_the_backend_is_available_and_found_by_entry_point() -> None:
+    assert OnnxRuntimeBackend.is_available()
+    assert td.get_backend("onnxruntime") is OnnxRuntimeBackend
+
+
+def test_a_missing_dependency_names_the_extra_to_install() -> None:
+    with pytest.raises(ImportError, match=r"torchdelegate\[onnxruntime\]"):
+        ort_backend._require("onnxruntime_that_is_not_installed")
