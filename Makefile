@@ -26,6 +26,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/lowering.py
 	$(PY) benchmarks/runtime.py
+	$(PY) benchmarks/backends.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
