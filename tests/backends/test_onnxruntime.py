@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import torchdelegate as td
 from models import decoder_methods
 from programs import eager_generation, fresh_decoder, program_generation
+
+import torchdelegate as td
 from torchdelegate import CompileSpec
 
 pytest.importorskip("onnxruntime")
@@ -48,6 +48,7 @@ def _within(start: int, size: int, view: memoryview) -> bool:
 
 def test_min_partition_size_leaves_small_groups_to_the_next_partitioner() -> None:
     from models import TwoLinears, export
+
     from torchdelegate.backends.reference import ReferencePartitioner
 
     model = TwoLinears()

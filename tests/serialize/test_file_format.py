@@ -6,10 +6,10 @@ import json
 import os
 import re
 import struct
-import zlib
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import pytest
