@@ -3,6 +3,7 @@
 from torchdelegate.backend import (
     BackendDetails,
     PreprocessResult,
+    SharedDataBackend,
     get_backend,
     register_backend,
     registered_backend_ids,
@@ -68,6 +69,7 @@ __all__ = [
     "ProgramClosedError",
     "ProgramInputError",
     "SerializationError",
+    "SharedDataBackend",
     "TorchDelegateError",
     "call_delegate",
     "copy_program",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch.export import ExportedProgram
 
-from torchdelegate.data import NamedDataMap, NamedDataStoreOutput
+from torchdelegate.data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
 from torchdelegate.errors import (
     BackendNotFoundError,
     BackendRegistrationError,
@@ -119,6 +119,48 @@ class BackendDetails(ABC):
     def destroy(cls, handle: Any) -> None:
         """Release a handle returned by ``init``; the default keeps nothing to release."""
         del handle
+
+
+class SharedDataBackend(BackendDetails):
+    """A backend whose blobs keep their weights in named data that all its partitions share.
+
+    Implement :meth:`compile_partition`; every partition of every method of one lowering
+    adds to one :class:`NamedDataStore`, so a weight that several partitions or methods use
+    is stored once.
+    """
+
+    @classmethod
+    @abstractmethod
+    def compile_partition(
+        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+    ) -> bytes:
+        """The blob of one partition; its weights go to ``store`` (``where`` names it in errors)."""
+
+    @classmethod
+    def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
+        store = NamedDataStore()
+        blob = cls.compile_partition(edge_program, compile_specs, store, "sub-program")
+        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+
+    @classmethod
+    def preprocess_multimethod(
+        cls,
+        edge_programs: dict[str, list[ExportedProgram]],
+        compile_specs: dict[str, list[list[CompileSpec]]],
+    ) -> dict[str, list[PreprocessResult]]:
+        store = NamedDataStore()
+        results = {
+            method: [
+                PreprocessResult(cls.compile_partition(program, specs, store, f"method {method!r}, partition {index}"))
+                for index, (program, specs) in enumerate(zip(programs, compile_specs[method], strict=True))
+            ]
+            for method, programs in edge_programs.items()
+        }
+        output = store.get_named_data_store_output()
+        for method_results in results.values():
+            for result in method_results:
+                result.data_store_output = output  # one store: the lowering merges it once
+        return results
 
 
 def register_backend(cls: type[BackendDetails]) -> None:

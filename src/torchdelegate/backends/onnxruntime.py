@@ -38,7 +38,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from torchdelegate.backend import BackendDetails, PreprocessResult
+from torchdelegate.backend import SharedDataBackend
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError
 from torchdelegate.partition.grouping import cycle_free_levels
@@ -64,7 +64,7 @@ def _require(module: str) -> ModuleType:
         raise ImportError(f"the onnxruntime backend needs {module!r}: {_EXTRA}") from e
 
 
-class OnnxRuntimeBackend(BackendDetails):
+class OnnxRuntimeBackend(SharedDataBackend):
     """Runs partitions with ONNX Runtime (CPU provider); weights are shared named data."""
 
     backend_id = "onnxruntime"
@@ -78,31 +78,11 @@ class OnnxRuntimeBackend(BackendDetails):
             return False
         return "CPUExecutionProvider" in ort.get_available_providers()
 
-    @staticmethod
-    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
-        store = NamedDataStore()
-        blob = _export(edge_program, store, "sub-program")
-        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
-
     @classmethod
-    def preprocess_multimethod(
-        cls,
-        edge_programs: dict[str, list[ExportedProgram]],
-        compile_specs: dict[str, list[list[CompileSpec]]],
-    ) -> dict[str, list[PreprocessResult]]:
-        store = NamedDataStore()
-        results = {
-            method: [
-                PreprocessResult(_export(program, store, f"method {method!r}, partition {index}"))
-                for index, program in enumerate(programs)
-            ]
-            for method, programs in edge_programs.items()
-        }
-        output = store.get_named_data_store_output()
-        for method_results in results.values():
-            for result in method_results:
-                result.data_store_output = output
-        return results
+    def compile_partition(
+        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+    ) -> bytes:
+        return _export(program, store, where)
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:

@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import Node
 
-from torchdelegate.backend import BackendDetails, PreprocessResult
+from torchdelegate.backend import SharedDataBackend
 from torchdelegate.data import NamedDataMap, NamedDataStore, tensor_bytes
 from torchdelegate.errors import FormatError
 from torchdelegate.partition.grouping import cycle_free_levels
@@ -43,34 +43,17 @@ def _state_tensor(program: ExportedProgram, fqn: str) -> torch.Tensor:
     return program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
 
 
-class ReferenceBackend(BackendDetails):
+class ReferenceBackend(SharedDataBackend):
     """Runs sub-programs with torch; weights are named data shared by content."""
 
     backend_id = "reference"
     thread_safe_execute = True  # a handle that owns state locks itself
 
-    @staticmethod
-    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
-        store = NamedDataStore()
-        blob = _blob(edge_program, store, "sub-program")
-        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
-
     @classmethod
-    def preprocess_multimethod(
-        cls,
-        edge_programs: dict[str, list[ExportedProgram]],
-        compile_specs: dict[str, list[list[CompileSpec]]],
-    ) -> dict[str, list[PreprocessResult]]:
-        store = NamedDataStore()
-        results = {
-            method: [PreprocessResult(_blob(p, store, f"method {method!r}, partition {i}")) for i, p in enumerate(ps)]
-            for method, ps in edge_programs.items()
-        }
-        output = store.get_named_data_store_output()
-        for method_results in results.values():
-            for result in method_results:
-                result.data_store_output = output  # one store: merged once by the lowering
-        return results
+    def compile_partition(
+        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+    ) -> bytes:
+        return _blob(program, store, where)
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
