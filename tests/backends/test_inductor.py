@@ -1,0 +1,39 @@
+"""The AOTInductor backend (compiles take tens of seconds: one test covers it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from models import TinyDecoder, decoder_methods
+
+import torchdelegate as td
+from torchdelegate.backends.inductor import InductorBackend, InductorPartitioner
+
+pytestmark = pytest.mark.skipif(not InductorBackend.is_available(), reason="no C++ compiler for AOTInductor")
+
+
+def test_two_methods_compiled_ahead_of_time_share_their_constants_and_match_eager(tmp_path: Path) -> None:
+    torch.manual_seed(7)
+    model = TinyDecoder(vocab=64, d=32, max_len=16)
+    lowered = td.to_edge(decoder_methods(model, prompt_length=4)).to_backend(InductorPartitioner())
+    assert {m: [d.backend_id for d in ds] for m, ds in lowered.delegates().items()} == {
+        "prefill": ["inductor"],
+        "decode": ["inductor"],
+    }
+    assert lowered.named_data_summary().unique_bytes <= model.weight_bytes() * 1.01  # once for both methods
+    lowered.save(tmp_path / "compiled.tdp")
+
+    torch.manual_seed(7)
+    eager = TinyDecoder(vocab=64, d=32, max_len=16)
+    prompt, positions = torch.tensor([3, 1, 4, 1]), torch.arange(4)
+    with td.load(tmp_path / "compiled.tdp") as program, torch.no_grad():
+        torch.testing.assert_close(program.run("prefill", prompt, positions), eager(prompt, positions))
+        for step, token in enumerate((5, 9, 2)):
+            args = (torch.tensor([token]), torch.tensor([4 + step]))
+            torch.testing.assert_close(program.run("decode", *args), eager(*args))
+        prefill, decode = (program._delegates[i]._handle for i in range(2))
+        # The same weight, the same memory, for both compiled methods: user-managed constants over the file.
+        for name in ("embed.weight", "qkv.weight", "head.weight"):
+            assert prefill.constants[name].data_ptr() == decode.constants[name].data_ptr()
