@@ -40,7 +40,7 @@ def _partitioners(backend: str) -> list[Any]:
 
         return [OnnxRuntimePartitioner(), ReferencePartitioner()]
     if backend == "inductor":
-        from torchdelegate.backends.inductor import InductorPartitioner  # type: ignore[import-not-found]
+        from torchdelegate.backends.inductor import InductorPartitioner
 
         return [InductorPartitioner(), ReferencePartitioner()]
     return [ReferencePartitioner()]
@@ -74,7 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--backends", nargs="+", default=["reference", "onnxruntime"])
+    parser.add_argument("--backends", nargs="+", default=["reference", "onnxruntime", "inductor"])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)

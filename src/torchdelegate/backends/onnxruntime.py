@@ -213,10 +213,14 @@ class _Session:
             options.add_external_initializers(names, values)
         self._values = values  # the session reads them: keep them alive as long as it lives
         self._session = ort.InferenceSession(bytes(processed[8 + size :]), options, providers=["CPUExecutionProvider"])
+        # The binding's run, without the Python wrapper's per-call checks of names we already know.
+        self._run = self._session._sess.run
 
     def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:
+        if len(inputs) != len(self._inputs):
+            raise ValueError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
         feed = {name: _as_numpy(value) for name, value in zip(self._inputs, inputs, strict=True)}
-        return [torch.from_numpy(array) for array in self._session.run(self._outputs, feed)]
+        return [torch.from_numpy(array) for array in self._run(self._outputs, feed, None)]
 
 
 def _as_numpy(value: Any) -> np.ndarray:

@@ -103,6 +103,8 @@ class MethodInputs:
         if len(children) != 2 or children[0].type is not tuple or children[1].type is not dict:
             raise FormatError(f"method {method!r}: its input structure {self.in_spec} is not (args, kwargs)")
         args_spec, kwargs_spec = children
+        # Exported with plain positional leaves only: calls need no tree flattening.
+        self._flat_positional = kwargs_spec.num_children == 0 and all(c.is_leaf() for c in args_spec.children())
         self.positional_count = args_spec.num_children
         self.keyword_names: list[str] = list(kwargs_spec.context or [])
         placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
@@ -119,6 +121,11 @@ class MethodInputs:
 
     def flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
         """The flat user inputs of a call, checked."""
+        if self._flat_positional and not kwargs and len(args) == self.positional_count:
+            if all(type(a) is torch.Tensor for a in args):  # the common call: no tree to walk
+                flat = list(args)
+                self._check(flat)
+                return flat
         if kwargs or len(args) != self.positional_count:
             args, kwargs = self._bind(args, kwargs)
         flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))

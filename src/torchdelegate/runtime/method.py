@@ -148,6 +148,7 @@ class Method:
                 self._user_outputs.append(position)
             else:
                 raise FormatError(f"method {name!r}: output {spec.arg} of kind {spec.kind.name} is not supported")
+        self._single_output = self._out_spec.is_leaf()
         if self._out_spec.num_leaves != len(self._user_outputs):
             raise FormatError(
                 f"method {name!r}: its output structure has {self._out_spec.num_leaves} values, "
@@ -162,7 +163,10 @@ class Method:
 
     def run_flat(self, user_inputs: Sequence[Any]) -> Any:
         """Run on already checked flat user inputs; the outputs in the method's structure."""
-        return pytree.tree_unflatten(self.run_user_outputs(user_inputs), self._out_spec)
+        outputs = self.run_user_outputs(user_inputs)
+        if self._single_output:
+            return outputs[0]
+        return pytree.tree_unflatten(outputs, self._out_spec)
 
     def run_user_outputs(self, user_inputs: Sequence[Any]) -> list[Any]:
         """Run on flat user inputs; the flat user outputs (buffers and mutated inputs updated)."""
