@@ -40,8 +40,8 @@ def _as_buffer(data: bytes | bytearray | memoryview | torch.Tensor) -> Buffer:
         return tensor_bytes(data)
     if isinstance(data, bytes):
         return data
-    if isinstance(data, memoryview) and data.readonly:
-        return data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    if isinstance(data, memoryview) and isinstance(data.obj, bytes):
+        return data.cast("B") if data.format != "B" or data.ndim != 1 else data  # bytes never change
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
     raise TypeError(f"named data must be bytes or a torch.Tensor, got {type(data).__name__}")
@@ -126,8 +126,8 @@ class NamedDataStore:
         self._owners: dict[str, str] = {}
 
     def add_named_data(self, key: str, data: bytes | bytearray | memoryview | torch.Tensor, alignment: int = 1) -> None:
-        """Store ``data`` under ``key``. Tensors and read-only memoryviews are kept as views (no
-        copy; they must not change afterwards); bytearrays and writable views are copied."""
+        """Store ``data`` under ``key``. Tensors are kept as views (no copy: they must not change
+        afterwards, which saving checks); bytes and views of bytes are kept; others are copied."""
         if not isinstance(key, str) or not key:
             raise TypeError(f"named data key must be a non-empty str, got {key!r}")
         _check_alignment(key, alignment)

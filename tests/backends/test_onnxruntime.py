@@ -78,3 +78,23 @@ def test_the_backend_is_available_and_found_by_entry_point() -> None:
 def test_a_missing_dependency_names_the_extra_to_install() -> None:
     with pytest.raises(ImportError, match=r"torchdelegate\[onnxruntime\]"):
         ort_backend._require("onnxruntime_that_is_not_installed")
+
+
+def test_bfloat16_work_is_left_to_the_next_partitioner() -> None:
+    from models import export
+
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    class Mixed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x.to(torch.bfloat16) * 2).float() + 1
+
+    x = torch.randn(3)
+    lowered = td.to_edge(export(Mixed(), x)).to_backend([OnnxRuntimePartitioner(), ReferencePartitioner()])
+    bf16 = [
+        d
+        for d in lowered.delegates()["forward"]
+        if any(getattr(n.meta.get("val"), "dtype", None) == torch.bfloat16 for n in d.original_module.graph.nodes)
+    ]
+    assert bf16 and all(d.backend_id == "reference" for d in bf16)
+    torch.testing.assert_close(lowered.exported_program().module()(x), Mixed()(x))

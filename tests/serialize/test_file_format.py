@@ -300,3 +300,13 @@ def test_negative_zero_is_not_stored_as_zeros(tmp_path: Path) -> None:
     td.to_edge(export(NegativeZero(), x)).save(tmp_path / "z.tdp")
     with td.load(tmp_path / "z.tdp") as program:
         assert program.run("forward", x).tolist() == [float("-inf")] * 2
+
+
+def test_a_weight_changed_in_place_after_lowering_is_refused_at_save(tmp_path: Path) -> None:
+    model = TwoLinears()
+    lowered = td.to_edge(export(model, torch.randn(2, 4))).to_backend(ReferencePartitioner())
+    with torch.no_grad():
+        model.l1.weight.mul_(2)  # the lowered program shares this tensor: its named data changed
+    with pytest.raises(td.SerializationError, match="changed after it was lowered"):
+        lowered.save(tmp_path / "m.tdp")
+    assert not (tmp_path / "m.tdp").exists()

@@ -72,7 +72,7 @@ class InductorBackend(SharedDataBackend):
             tensor = program.state_dict[name] if name in program.state_dict else program.constants[name]
             data = tensor_bytes(tensor)
             key = hashlib.sha256(data).hexdigest()
-            store.add_named_data(key, data, alignment=64)
+            store.add_named_data(key, tensor, alignment=64)  # a view of the tensor, not a copy
             tensors.append(
                 {
                     "name": name,

@@ -48,6 +48,9 @@ from torchdelegate.serialize.container import canonical_json
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
+_UNSUPPORTED_DTYPES = frozenset(
+    {torch.bfloat16, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2}
+)
 _SMALLEST_SHARED = 1024  # bytes: smaller initializers stay inside the model
 _EXTRA = "pip install 'torchdelegate[onnxruntime]'"
 _OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
@@ -126,10 +129,11 @@ def _export(program: ExportedProgram, store: NamedDataStore, where: str) -> byte
         if tensor is None or tensor.nbytes < _SMALLEST_SHARED:
             continue  # shape-like constants stay in the model: ONNX Runtime reads them while loading it
         array = np.ascontiguousarray(tensor.numpy())
-        array.flags.writeable = False
         data = memoryview(array).cast("B") if array.size else memoryview(b"")  # type: ignore[arg-type]
         key = hashlib.sha256(data).hexdigest()
-        store.add_named_data(key, data, alignment=64)  # read-only: kept, not copied
+        # A tensor over the exporter's array is stored as a view; other dtypes are copied.
+        viewable = array.size and array.dtype.kind in "biuf" and array.dtype.itemsize in (1, 2, 4, 8)
+        store.add_named_data(key, torch.from_numpy(array) if viewable else bytes(data), alignment=64)
         dtype = "bfloat16" if tensor.dtype == ir.DataType.BFLOAT16 else str(array.dtype)
         if dtype not in _ONNX_TYPES:
             raise PreprocessError(f"onnxruntime: {where}: initializer {name!r} has unsupported dtype {dtype}")
@@ -250,12 +254,16 @@ class OnnxRuntimePartitioner(Partitioner):
         self.spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
 
     def supports(self, node: Node) -> bool:
-        """Whether the exporter translates this node's op and every value it makes is a tensor."""
+        """Whether the exporter translates this node's op, every value it makes is a tensor, and
+        every tensor it reads or makes has a dtype that ONNX Runtime's CPU provider and numpy share."""
         if not isinstance(node.target, torch._ops.OpOverload) or not _onnx_registry().is_registered(node.target):
             return False
         value = node.meta.get("val")
         values = value if isinstance(value, (tuple, list)) else (value,)
-        return all(isinstance(v, torch.Tensor) and v.dtype != torch.complex64 for v in values)
+        if not all(isinstance(v, torch.Tensor) and v.dtype not in _UNSUPPORTED_DTYPES for v in values):
+            return False
+        inputs = (source.meta.get("val") for source in node.all_input_nodes)
+        return not any(isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES for v in inputs)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         levels = cycle_free_levels(exported_program.graph, self.supports)

@@ -74,7 +74,7 @@ def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
         tensor = _state_tensor(program, spec.target)
         data = tensor_bytes(tensor)
         key = hashlib.sha256(data).hexdigest()
-        store.add_named_data(key, data, alignment=_TENSOR_ALIGNMENT)
+        store.add_named_data(key, tensor, alignment=_TENSOR_ALIGNMENT)  # a view of the tensor, not a copy
         tensors.append(
             {
                 "name": spec.target,
@@ -93,7 +93,7 @@ def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
 def _blob_json(processed: memoryview) -> Any:
     inflater = zlib.decompressobj()
     text = inflater.decompress(processed, _MAX_BLOB_JSON)
-    if inflater.unconsumed_tail or not inflater.eof:
+    if inflater.unconsumed_tail or inflater.unused_data or not inflater.eof:
         raise ValueError(f"not a complete zlib stream of at most {_MAX_BLOB_JSON} bytes")
     return json.loads(text)
 
@@ -117,9 +117,12 @@ class _ReferenceHandle:
                 raise FormatError(f"reference blob: a tensor entry is malformed: {entry!r:.200}") from None
             if not isinstance(key, str) or key not in named_data:
                 raise FormatError(f"reference blob: tensor {name!r} names missing named data {key!r:.80}")
-            value = tensor_from_bytes(named_data.get_data(key), dtype, shape, f"reference blob: tensor {name!r}")
-            state[name] = value.clone() if mutable is True else value
+            if not isinstance(name, str) or type(mutable) is not bool:
+                raise FormatError(f"reference blob: a tensor entry is malformed: {entry!r:.200}")
+            state[name] = tensor_from_bytes(named_data.get_data(key), dtype, shape, f"reference blob: tensor {name!r}")
         program = program_from_json(graph, state, "reference blob")
+        for name in program.graph_signature.buffers_to_mutate.values():  # the graph says what it writes
+            state[name] = state[name].clone()  # its own copy: named data is shared and never written
         self._method = Method("delegate", program, state, {}, {})
         has_state = any(s.kind == OutputKind.BUFFER_MUTATION for s in program.graph_signature.output_specs)
         self._lock = threading.Lock() if has_state else None

@@ -154,6 +154,7 @@ class Method:
                 f"method {name!r}: its output structure has {self._out_spec.num_leaves} values, "
                 f"the graph returns {len(self._user_outputs)}"
             )
+        self.writes = frozenset(signature.buffers_to_mutate.values())
         reads = {s.target for s in signature.input_specs if s.kind == InputKind.BUFFER}
         # Buffers shared with other methods: calls that touch them are serialized by the program.
         self.uses_mutable_state = bool(self._buffer_updates) or not reads.isdisjoint(mutable)

@@ -249,7 +249,11 @@ class Program:
         delegates = {i: self._delegates[i] for i in indices}
         kinds = {i: self._file.delegates[i].input_kinds for i in indices}
         try:
-            return Method(name, program, self._state, delegates, kinds, self._mutable)
+            method = Method(name, program, self._state, delegates, kinds, self._mutable)
+            unmarked = sorted(method.writes - self._mutable)
+            if unmarked:  # the program's copy would be the file's shared, read-only bytes
+                raise FormatError(f"method {name!r} writes {', '.join(map(repr, unmarked))}, not marked mutable")
+            return method
         except FormatError as e:
             raise FormatError(f"{self._file.path}: {e}") from e
         except Exception as e:  # anything else a malformed graph trips over

@@ -37,6 +37,14 @@ MAX_ALIGNMENT = 1 << 16
 MAX_MANIFEST_BYTES = 1 << 30
 
 
+class ChangedDataError(ValueError):
+    """A segment's bytes no longer have the digest they were added with."""
+
+    def __init__(self, digest: bytes) -> None:
+        super().__init__(digest.hex())
+        self.digest = digest
+
+
 @dataclass(frozen=True)
 class SegmentSource:
     """A segment to write: its bytes, their SHA-256, and the alignment its reader needs."""
@@ -95,6 +103,8 @@ def write_container(
             _pad(out, data_offset - HEADER.size - len(manifest_bytes))
             position = 0
             for entry, source in zip(manifest["segments"], sources, strict=True):
+                if hashlib.sha256(source.data).digest() != source.digest:
+                    raise ChangedDataError(source.digest)
                 _pad(out, entry["offset"] - position)
                 out.write(source.data)
                 position = entry["offset"] + len(source.data)

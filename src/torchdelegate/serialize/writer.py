@@ -25,6 +25,7 @@ from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.serialize.container import (
     MAX_ALIGNMENT,
     SEGMENT_ALIGNMENT,
+    ChangedDataError,
     Container,
     SegmentSource,
     layout_segments,
@@ -110,7 +111,15 @@ def save_program(
 def _write(path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segments) -> None:
     sources = list(segments.sources.values())
     table, data_length, largest = layout_segments(sources)
-    write_container(path, magic, {**manifest, "segments": table, "data_length": data_length}, sources, largest)
+    try:
+        write_container(path, magic, {**manifest, "segments": table, "data_length": data_length}, sources, largest)
+    except ChangedDataError as e:
+        users = [f"named data {n['key']!r}" for n in manifest.get("named_data", []) if n["data"] == e.digest.hex()]
+        users += [f"state {s['name']!r}" for s in manifest.get("state", []) if s["data"] == e.digest.hex()]
+        raise SerializationError(
+            f"{', '.join(users) or 'a segment'} changed after it was lowered (a tensor written in place?); "
+            f"lower the program again from the changed model. Nothing was written to {path}"
+        ) from None
 
 
 def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> dict[str, Any]:
