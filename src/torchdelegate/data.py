@@ -158,6 +158,19 @@ class NamedDataStore:
         if owner is not None:
             self._owners[key] = owner
 
+    def add_by_content(self, data: bytes | bytearray | memoryview | torch.Tensor, alignment: int = 1) -> str:
+        """Store ``data`` under the hex SHA-256 of its bytes, and return that key.
+
+        The key a backend should use for weights: equal bytes get equal keys, so every
+        partition and method that adds one weight shares one entry.
+        """
+        _check_alignment("(by content)", alignment)
+        buffer = _as_buffer(data)
+        digest = _digest(buffer)
+        key = digest.hex()
+        self._add(key, buffer, alignment, digest, None)
+        return key
+
     def merge(self, output: NamedDataStoreOutput, owner: str | None = None) -> None:
         """Add every entry of ``output``; a key already stored with other bytes is a ``ValueError``.
 

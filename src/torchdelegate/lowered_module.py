@@ -129,7 +129,7 @@ class LoweredBackendModule(torch.nn.Module):
         return self._original_runner(inputs)
 
 
-def _state_value(program: ExportedProgram, fqn: str) -> Any:
+def state_value(program: ExportedProgram, fqn: str) -> Any:
     """A parameter, buffer or constant of ``program`` by its fully qualified name."""
     return program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
 
@@ -155,7 +155,7 @@ class _OriginalRunner:
         for spec in signature.input_specs:
             if spec.kind == InputKind.USER_INPUT or spec.target is None:
                 continue
-            value = _state_value(program, spec.target)
+            value = state_value(program, spec.target)
             self._state[spec.target] = value.clone() if spec.target in mutated else value
 
     def __call__(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
@@ -180,7 +180,7 @@ def _fake_outputs(lowered: LoweredBackendModule, args: tuple[Any, ...]) -> tuple
     mode = torch._guards.detect_fake_mode(args)
 
     def fake_state(fqn: str) -> Any:
-        value = _state_value(program, fqn)
+        value = state_value(program, fqn)
         if mode is not None and isinstance(value, torch.Tensor):
             return mode.from_tensor(value, static_shapes=True)
         return value

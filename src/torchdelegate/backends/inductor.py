@@ -14,9 +14,7 @@ computation, in cycle-free maximal groups. Mutable buffers stay with the program
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,12 +25,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from torchdelegate.backend import SharedDataBackend
+from torchdelegate.backends.blob import pack, unpack, weight_table, weights
 from torchdelegate.backends.reference import ReferencePartitioner
-from torchdelegate.data import NamedDataMap, NamedDataStore, tensor_bytes
-from torchdelegate.errors import FormatError, PreprocessError
+from torchdelegate.data import NamedDataMap, NamedDataStore
+from torchdelegate.errors import PreprocessError
 from torchdelegate.lowering.structural_copy import copy_program
-from torchdelegate.serialize.container import canonical_json
-from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
@@ -64,23 +61,7 @@ class InductorBackend(SharedDataBackend):
                 f"inductor: {where} writes a buffer it owns; leave mutable buffers with the program "
                 "(do not tag them) so that the runtime keeps them"
             )
-        tensors = []
-        for spec in program.graph_signature.input_specs:
-            if spec.kind not in _STATE_KINDS or spec.target is None:
-                continue
-            name = spec.target
-            tensor = program.state_dict[name] if name in program.state_dict else program.constants[name]
-            data = tensor_bytes(tensor)
-            key = hashlib.sha256(data).hexdigest()
-            store.add_named_data(key, tensor, alignment=64)  # a view of the tensor, not a copy
-            tensors.append(
-                {
-                    "name": name,
-                    "key": key,
-                    "dtype": dtype_name(tensor, f"{where}: {name!r}"),
-                    "shape": list(tensor.shape),
-                }
-            )
+        tensors = weight_table(program, store, where)
         with tempfile.TemporaryDirectory() as directory:
             package = Path(directory) / "partition.pt2"
             try:
@@ -92,29 +73,13 @@ class InductorBackend(SharedDataBackend):
             except Exception as e:
                 raise PreprocessError(f"inductor: {where}: AOTInductor failed to compile: {e}") from e
             compiled = package.read_bytes()
-        header = canonical_json({"version": BLOB_VERSION, "tensors": tensors})
-        return len(header).to_bytes(8, "little") + header + compiled
+        return pack({"version": BLOB_VERSION, "tensors": tensors}, compiled)
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
-        size = int.from_bytes(processed[:8], "little")
-        try:
-            header = json.loads(bytes(processed[8 : 8 + size]))
-            if header["version"] != BLOB_VERSION:
-                raise ValueError(f"version {header['version']!r}; this torchdelegate reads {BLOB_VERSION}")
-            tensors = header["tensors"]
-            constants = {
-                entry["name"]: tensor_from_bytes(
-                    named_data.get_data(entry["key"]),
-                    entry["dtype"],
-                    entry["shape"],
-                    f"inductor blob: {entry['name']!r}",
-                )
-                for entry in tensors
-            }
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
-            raise FormatError(f"inductor blob: not a blob of this backend ({e})") from None
-        runner = torch._inductor.aoti_load_package(io.BytesIO(bytes(processed[8 + size :])))
+        header, package = unpack(processed, BLOB_VERSION, "inductor")
+        constants = weights(header.get("tensors"), named_data, "inductor")
+        runner = torch._inductor.aoti_load_package(io.BytesIO(bytes(package)))
         if constants:
             # User-managed: the compiled model reads these tensors (views of the file) in place.
             runner.load_constants(constants, check_full_update=True, user_managed=True)

@@ -20,9 +20,7 @@ Needs ``pip install torchdelegate[onnxruntime]``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
-import json
 import logging
 import operator
 import threading
@@ -39,12 +37,12 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from torchdelegate.backend import SharedDataBackend
+from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, unpack
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError
 from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
-from torchdelegate.serialize.container import canonical_json
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
@@ -129,11 +127,10 @@ def _export(program: ExportedProgram, store: NamedDataStore, where: str) -> byte
         if tensor is None or tensor.nbytes < _SMALLEST_SHARED:
             continue  # shape-like constants stay in the model: ONNX Runtime reads them while loading it
         array = np.ascontiguousarray(tensor.numpy())
-        data = memoryview(array).cast("B") if array.size else memoryview(b"")  # type: ignore[arg-type]
-        key = hashlib.sha256(data).hexdigest()
-        # A tensor over the exporter's array is stored as a view; other dtypes are copied.
+        # A tensor over the exporter's array is stored as a view; other dtypes (bfloat16) are copied.
         viewable = array.size and array.dtype.kind in "biuf" and array.dtype.itemsize in (1, 2, 4, 8)
-        store.add_named_data(key, torch.from_numpy(array) if viewable else bytes(data), alignment=64)
+        data = torch.from_numpy(array) if viewable else array.tobytes()
+        key = store.add_by_content(data, alignment=WEIGHT_ALIGNMENT)
         dtype = "bfloat16" if tensor.dtype == ir.DataType.BFLOAT16 else str(array.dtype)
         if dtype not in _ONNX_TYPES:
             raise PreprocessError(f"onnxruntime: {where}: initializer {name!r} has unsupported dtype {dtype}")
@@ -144,11 +141,8 @@ def _export(program: ExportedProgram, store: NamedDataStore, where: str) -> byte
     _strip_debug_metadata(ir, model)
     inputs = [v.name for v in model.graph.inputs]
     outputs = [v.name for v in model.graph.outputs]
-    header = canonical_json(
-        {"version": BLOB_VERSION, "initializers": initializers, "inputs": inputs, "outputs": outputs}
-    )
-    model_bytes = ir.to_proto(model).SerializeToString()
-    return len(header).to_bytes(8, "little") + header + model_bytes
+    header = {"version": BLOB_VERSION, "initializers": initializers, "inputs": inputs, "outputs": outputs}
+    return pack(header, ir.to_proto(model).SerializeToString())
 
 
 def _strip_debug_metadata(ir: ModuleType, model: Any) -> None:
@@ -201,14 +195,11 @@ class _Session:
 
     def __init__(self, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
         ort = _require("onnxruntime")
-        size = int.from_bytes(processed[:8], "little")
+        header, model = unpack(processed, BLOB_VERSION, "onnxruntime")
         try:
-            header = json.loads(bytes(processed[8 : 8 + size]))
-            if header["version"] != BLOB_VERSION:
-                raise ValueError(f"version {header['version']!r}, this torchdelegate reads {BLOB_VERSION}")
             initializers = header["initializers"]
             self._inputs, self._outputs = list(header["inputs"]), list(header["outputs"])
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
+        except (KeyError, TypeError) as e:
             raise FormatError(f"onnxruntime blob: not a blob of this backend ({e})") from None
         options = _session_options(compile_specs)
         names = sorted(initializers)
@@ -216,7 +207,7 @@ class _Session:
         if names:
             options.add_external_initializers(names, values)
         self._values = values  # the session reads them: keep them alive as long as it lives
-        self._session = ort.InferenceSession(bytes(processed[8 + size :]), options, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(bytes(model), options, providers=["CPUExecutionProvider"])
         # The binding's run, without the Python wrapper's per-call checks of names we already know.
         self._run = self._session._sess.run
 

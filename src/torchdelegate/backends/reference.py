@@ -9,7 +9,6 @@ program's numerics after saving and loading.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import zlib
@@ -17,11 +16,12 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import OutputKind
 from torch.fx import Node
 
 from torchdelegate.backend import SharedDataBackend
-from torchdelegate.data import NamedDataMap, NamedDataStore, tensor_bytes
+from torchdelegate.backends.blob import weight_table, weights
+from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError
 from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
@@ -29,18 +29,11 @@ from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.graph import program_from_json, program_to_json, serializable_program
-from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
 _MAX_BLOB_JSON = 1 << 28  # bytes a blob may inflate to
-_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 _CONTROL_FLOW = frozenset({torch.ops.higher_order.cond, torch.ops.higher_order.while_loop})
-_TENSOR_ALIGNMENT = 64
-
-
-def _state_tensor(program: ExportedProgram, fqn: str) -> torch.Tensor:
-    return program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
 
 
 class ReferenceBackend(SharedDataBackend):
@@ -65,25 +58,11 @@ class ReferenceBackend(SharedDataBackend):
 
 
 def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
-    """The sub-program's graph as JSON, and a table of its tensors by named-data key."""
+    """The sub-program's graph as JSON, and its weight table (named data by content)."""
     mutated = set(program.graph_signature.buffers_to_mutate.values())
-    tensors = []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind not in _STATE_KINDS or spec.target is None:
-            continue
-        tensor = _state_tensor(program, spec.target)
-        data = tensor_bytes(tensor)
-        key = hashlib.sha256(data).hexdigest()
-        store.add_named_data(key, tensor, alignment=_TENSOR_ALIGNMENT)  # a view of the tensor, not a copy
-        tensors.append(
-            {
-                "name": spec.target,
-                "key": key,
-                "dtype": dtype_name(tensor, f"{where}: {spec.target!r}"),
-                "shape": list(tensor.shape),
-                "mutable": spec.target in mutated,
-            }
-        )
+    tensors = weight_table(program, store, where)
+    for entry in tensors:
+        entry["mutable"] = entry["name"] in mutated
     serializable, _ = serializable_program(program, lambda module: 0)
     graph = program_to_json(serializable, where)
     # Graph JSON is repetitive: compressed, it is about a tenth of its size.
@@ -109,17 +88,11 @@ class _ReferenceHandle:
             raise FormatError(f"reference blob: not a reference backend blob ({e})") from None
         if version != BLOB_VERSION:
             raise FormatError(f"reference blob: version {version!r}; this torchdelegate reads {BLOB_VERSION}")
-        state: dict[str, torch.Tensor] = {}
-        for entry in tensors if isinstance(tensors, list) else [None]:
-            try:
-                name, key, dtype, shape, mutable = (entry[f] for f in ("name", "key", "dtype", "shape", "mutable"))  # type: ignore[index]
-            except (KeyError, TypeError):
-                raise FormatError(f"reference blob: a tensor entry is malformed: {entry!r:.200}") from None
-            if not isinstance(key, str) or key not in named_data:
-                raise FormatError(f"reference blob: tensor {name!r} names missing named data {key!r:.80}")
-            if not isinstance(name, str) or type(mutable) is not bool:
-                raise FormatError(f"reference blob: a tensor entry is malformed: {entry!r:.200}")
-            state[name] = tensor_from_bytes(named_data.get_data(key), dtype, shape, f"reference blob: tensor {name!r}")
+        if isinstance(tensors, list) and any(
+            type(e.get("mutable")) is not bool for e in tensors if isinstance(e, dict)
+        ):
+            raise FormatError("reference blob: a tensor entry's 'mutable' is not a bool")
+        state = weights(tensors, named_data, "reference")
         program = program_from_json(graph, state, "reference blob")
         for name in program.graph_signature.buffers_to_mutate.values():  # the graph says what it writes
             state[name] = state[name].clone()  # its own copy: named data is shared and never written

@@ -121,7 +121,6 @@ class Method:
         self.name = name
         self.inputs = MethodInputs(name, program)
         signature = program.graph_signature
-        self.delegates = [delegates[i] for i in sorted(delegates)]
         self._forward = _compile_graph(program, name, delegates, delegate_inputs).forward
         self._out_spec = call_signature(program, name).out_spec
         self._template: list[Any] = []
@@ -158,9 +157,6 @@ class Method:
         reads = {s.target for s in signature.input_specs if s.kind == InputKind.BUFFER}
         # Buffers shared with other methods: calls that touch them are serialized by the program.
         self.uses_mutable_state = bool(self._buffer_updates) or not reads.isdisjoint(mutable)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.run_flat(self.inputs.flatten(args, kwargs))
 
     def run_flat(self, user_inputs: Sequence[Any]) -> Any:
         """Run on already checked flat user inputs; the outputs in the method's structure."""

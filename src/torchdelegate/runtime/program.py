@@ -22,13 +22,14 @@ from types import TracebackType
 from typing import Any
 
 import torch
+from torch.export.graph_signature import InputKind
 
 from torchdelegate.backend import BackendDetails, get_backend
 from torchdelegate.data import NamedDataMap
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, FormatError, ProgramClosedError
 from torchdelegate.runtime.method import Method
-from torchdelegate.serialize.graph import program_from_json, state_names
+from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
 
@@ -129,7 +130,7 @@ class Program:
         self._delegates = [self._delegate(record) for record in file.delegates]
         self._methods: dict[str, Method] = {}
         self._bound: dict[str, BoundMethod] = {}
-        self._unverified: dict[str, list[str]] = {}
+        self._unverified: dict[str, list[tuple[str, str]]] = {}  # method: (name, digest) of its read-only state
         for record in file.methods:
             self._methods[record.name] = method = self._method(record.name, record.graph, record.delegates)
             self._bound[record.name] = BoundMethod(self, method)
@@ -208,11 +209,8 @@ class Program:
             pending = self._unverified.get(method.name)
             if pending is None:
                 return
-            digests = {r.name: r.data for r in self._file.state}
-            for fqn in pending:
-                digest = digests[fqn]
-                if digest is not None:
-                    self._file.data(digest, f"state {fqn!r} of method {method.name!r}")
+            for fqn, digest in pending:
+                self._file.data(digest, f"state {fqn!r} of method {method.name!r}")
             del self._unverified[method.name]
 
     def _delegate(self, record: DelegateRecord) -> DelegateInstance:
@@ -244,8 +242,13 @@ class Program:
     def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
         where = f"{self._file.path}: method {name!r}"
         program = program_from_json(graph, self._state, where)
-        wanted = state_names(graph)
-        self._unverified[name] = sorted(f for f in wanted if f not in self._mutable)
+        digests = {r.name: r.data for r in self._file.state}
+        reads = {s.target for s in program.graph_signature.input_specs if s.kind != InputKind.USER_INPUT}
+        self._unverified[name] = [
+            (fqn, digest)
+            for fqn in sorted(reads - self._mutable)
+            if (digest := digests[fqn]) is not None  # type: ignore[operator]
+        ]
         delegates = {i: self._delegates[i] for i in indices}
         kinds = {i: self._file.delegates[i].input_kinds for i in indices}
         try:

@@ -9,6 +9,7 @@ The layout is specified in docs/FORMAT.md.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping
@@ -48,12 +49,14 @@ class _Segments:
         self.sources: dict[bytes, SegmentSource] = {}
 
     def add(self, data: bytes | memoryview, digest: bytes | None = None, alignment: int = SEGMENT_ALIGNMENT) -> str:
+        """Add ``data``; a ``digest`` computed earlier is checked again when the bytes are written."""
+        recheck = digest is not None
         digest = digest if digest is not None else hashlib.sha256(data).digest()
         current = self.sources.get(digest)
         if current is None:
-            self.sources[digest] = SegmentSource(data, digest, alignment)
+            self.sources[digest] = SegmentSource(data, digest, alignment, recheck)
         elif alignment > current.alignment:
-            self.sources[digest] = SegmentSource(current.data, digest, alignment)
+            self.sources[digest] = dataclasses.replace(current, alignment=alignment)
         return digest.hex()
 
 
@@ -238,7 +241,8 @@ def _extend_data_file(path: Path, segments: _Segments) -> None:
                 f"{path} exists and is not a torchdelegate data file ({e}); remove it or choose another path"
             ) from e
         for number, segment in enumerate(existing.segments):
-            merged.add(existing.segment(number, f"existing segment {number}"), segment.digest, segment.alignment)
+            data = existing.segment(number, f"existing segment {number}")  # its checksum checked here
+            merged.sources[segment.digest] = SegmentSource(data, segment.digest, segment.alignment, recheck=False)
     added = [d for d in segments.sources if d not in merged.sources]
     for digest, source in segments.sources.items():
         merged.add(source.data, digest, source.alignment)
