@@ -6,28 +6,13 @@ import torch
 from torchdelegate import DelegationSpec, to_edge
 
 transformers = pytest.importorskip("transformers")
+import backends  # noqa: E402, F401  (registers the TestTorchExport backend this test lowers to)
+from language_models import tiny_llama  # noqa: E402
 from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM  # noqa: E402
 
 
-def tiny_llama() -> torch.nn.Module:
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=100,
-        max_position_embeddings=64,
-        use_cache=True,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.generation_config.use_cache = True
-    model.generation_config.cache_implementation = "static"
-    return model
-
-
 def test_llama_prefill_and_decode_lowered_whole_give_eagers_logits() -> None:
-    model = tiny_llama()
+    model = tiny_llama(hidden_size=32, vocab_size=100)
     prompt = torch.randint(0, 100, (1, 8))
     exporter = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=16)
     with torch.no_grad():

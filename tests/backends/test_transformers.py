@@ -13,6 +13,7 @@ from torchdelegate import Partitioner
 from torchdelegate.backends.reference import ReferencePartitioner
 
 transformers = pytest.importorskip("transformers")
+from language_models import tiny_gpt2, tiny_llama  # noqa: E402
 from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM  # noqa: E402
 
 PROMPT_LENGTH, STEPS, CACHE = 8, 4, 16
@@ -35,29 +36,6 @@ BACKENDS = [
         ),
     ),
 ]
-
-
-def tiny_llama() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        max_position_embeddings=64,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.generation_config.use_cache = True
-    model.generation_config.cache_implementation = "static"
-    return model
-
-
-def tiny_gpt2() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=64)
-    return transformers.GPT2LMHeadModel(config).eval()
 
 
 class Logits(torch.nn.Module):
