@@ -310,3 +310,22 @@ def test_a_weight_changed_in_place_after_lowering_is_refused_at_save(tmp_path: P
     with pytest.raises(td.SerializationError, match="changed after it was lowered"):
         lowered.save(tmp_path / "m.tdp")
     assert not (tmp_path / "m.tdp").exists()
+
+
+def test_a_program_needing_more_alignment_than_the_data_file_has_gets_it(tmp_path: Path) -> None:
+    program = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).exported_program()
+    weights = tmp_path / "shared.tdd"
+    for name, alignment in (("a.tdp", 64), ("b.tdp", 4096)):
+        store = td.NamedDataStore()
+        store.add_named_data("table", bytes(range(256)) * 8, alignment=alignment)
+        td.EdgeProgramManager({"forward": program}, store.get_named_data_store_output()).save(
+            tmp_path / name, external_data_path=weights
+        )
+    for name in ("a.tdp", "b.tdp"):
+        with td.load(tmp_path / name) as loaded:
+            view = loaded.named_data.get_data("table")
+            assert bytes(view) == bytes(range(256)) * 8
+    with td.load(tmp_path / "b.tdp") as loaded:
+        import numpy as np
+
+        assert np.frombuffer(loaded.named_data.get_data("table"), np.uint8).ctypes.data % 4096 == 0

@@ -230,7 +230,8 @@ def _named_data_entries(named_data: NamedDataStoreOutput, segments: _Segments) -
 
 
 def _extend_data_file(path: Path, segments: _Segments) -> None:
-    """Write the data file: its current segments (if it exists) and then those it lacks."""
+    """Write the data file: its current segments (if it exists), then those it lacks or holds
+    at too small an alignment. A file that already has everything is left untouched."""
     merged = _Segments()
     existing = None
     if path.exists():
@@ -243,13 +244,13 @@ def _extend_data_file(path: Path, segments: _Segments) -> None:
         for number, segment in enumerate(existing.segments):
             data = existing.segment(number, f"existing segment {number}")  # its checksum checked here
             merged.sources[segment.digest] = SegmentSource(data, segment.digest, segment.alignment, recheck=False)
-    added = [d for d in segments.sources if d not in merged.sources]
+    before = {digest: source.alignment for digest, source in merged.sources.items()}
     for digest, source in segments.sources.items():
         merged.add(source.data, digest, source.alignment)
-    if existing is not None and not added:
-        return
+    unchanged = all(before.get(d) == s.alignment for d, s in merged.sources.items())
     try:
-        _write(path, DATA_MAGIC, {"format": DATA_FORMAT}, merged)
+        if existing is None or not unchanged:
+            _write(path, DATA_MAGIC, {"format": DATA_FORMAT}, merged)
     finally:
         if existing is not None:
             existing.close()
