@@ -59,15 +59,33 @@ def test_min_partition_size_leaves_small_groups_to_the_next_partitioner() -> Non
     assert [d.backend_id for d in lowered.delegates()["forward"]] == ["reference"]
 
 
-def test_a_bad_compile_spec_is_an_init_error_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (CompileSpec("graph_optimization_level", b"fastest"), "graph_optimization_level 'fastest'"),
+        (CompileSpec("intra_op_num_threads", b"two"), "intra_op_num_threads 'two'"),
+        (CompileSpec("fusions", b"yes"), "fusions 'yes'"),
+        (CompileSpec("optimisation", b"1"), "unknown compile spec 'optimisation'"),
+    ],
+)
+def test_a_bad_compile_spec_is_refused_when_lowering_naming_it(spec: CompileSpec, message: str) -> None:
     from models import TwoLinears, export
 
-    spec = CompileSpec("graph_optimization_level", b"fastest")
-    lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(
-        OnnxRuntimePartitioner(compile_specs=[spec])
-    )
-    with pytest.raises(td.DelegateExecutionError, match="graph_optimization_level 'fastest'"):
-        lowered.exported_program().module()(torch.randn(2, 4))
+    edge = td.to_edge(export(TwoLinears(), torch.randn(2, 4)))
+    with pytest.raises(td.PreprocessError, match=message):
+        edge.to_backend(OnnxRuntimePartitioner(compile_specs=[spec]))
+
+
+def test_a_bad_compile_spec_in_a_file_is_an_init_error_naming_it() -> None:
+    from models import TwoLinears, export
+
+    lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(OnnxRuntimePartitioner())
+    delegate = lowered.delegates()["forward"][0]
+    named_data = td.NamedDataMap(delegate.named_data_store_output)
+    with pytest.raises(ValueError, match="graph_optimization_level 'fastest'"):
+        OnnxRuntimeBackend.init(
+            memoryview(delegate.processed_bytes), [CompileSpec("graph_optimization_level", b"fastest")], named_data
+        )
 
 
 def test_the_backend_is_available_and_found_by_entry_point() -> None:
@@ -98,3 +116,41 @@ def test_bfloat16_work_is_left_to_the_next_partitioner() -> None:
     ]
     assert bf16 and all(d.backend_id == "reference" for d in bf16)
     torch.testing.assert_close(lowered.exported_program().module()(x), Mixed()(x))
+
+
+def _fusions(lowered: td.EdgeProgramManager) -> dict[str, int]:
+    from torchdelegate.backends.blob import unpack
+
+    (delegate,) = lowered.delegates()["forward"]
+    header, _ = unpack(memoryview(delegate.processed_bytes), ort_backend.BLOB_VERSION, "onnxruntime")
+    return header["fusions"]
+
+
+def test_a_transformer_block_runs_on_onnx_runtimes_fused_kernels(tmp_path: Path) -> None:
+    from models import AttentionBlock, export
+
+    model, x = AttentionBlock(), torch.randn(1, 5, 32)
+    fused = td.to_edge(export(model, x)).to_backend(OnnxRuntimePartitioner())
+    unfused = td.to_edge(export(model, x)).to_backend(
+        OnnxRuntimePartitioner(compile_specs=[CompileSpec("fusions", b"0")])
+    )
+    assert {"bias_gelu", "skip_layer_normalization"} <= set(_fusions(fused))
+    assert _fusions(unfused) == {}
+    fused.save(tmp_path / "fused.tdp")
+    with td.load(tmp_path / "fused.tdp") as program:
+        torch.testing.assert_close(program.run("forward", x), model(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(unfused.exported_program().module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_partition_whose_fusions_fail_is_exported_unfused_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    from models import AttentionBlock, export
+
+    def failing(model: object) -> dict[str, int]:
+        raise ort_backend._FusionError("onnxscript's fusions for ONNX Runtime failed (a rule raised)")
+
+    monkeypatch.setattr(ort_backend, "_fuse", failing)
+    model, x = AttentionBlock(), torch.randn(1, 2, 32)
+    with pytest.warns(UserWarning, match=r"method 'forward', partition 0: .*a rule raised.*without onnxscript's"):
+        lowered = td.to_edge(export(model, x)).to_backend(OnnxRuntimePartitioner())
+    assert _fusions(lowered) == {}
+    torch.testing.assert_close(lowered.exported_program().module()(x), model(x), atol=1e-5, rtol=1e-5)

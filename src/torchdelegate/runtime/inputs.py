@@ -40,6 +40,7 @@ class _Leaf:
     device: torch.device | None = None
     dims: tuple[_Dim, ...] = ()
     constant: Any = None
+    static_shape: tuple[int, ...] | None = None  # every size fixed: one comparison checks them all
 
 
 def _bound(value: Any) -> int | None:
@@ -64,7 +65,8 @@ def _leaf(name: str, value: Any, ranges: Mapping[Any, Any]) -> _Leaf:
     """What a user input may be: a tensor, a symbolic number, or the one value it was exported with."""
     if isinstance(value, torch.Tensor):
         dims = tuple(_dim(s, ranges) for s in value.shape)
-        return _Leaf(name, "tensor", value.dtype, value.device, dims)
+        static = tuple(d.value for d in dims) if all(d.value is not None for d in dims) else None
+        return _Leaf(name, "tensor", value.dtype, value.device, dims, static_shape=static)  # type: ignore[arg-type]
     if isinstance(value, torch.SymBool):
         return _Leaf(name, "bool")
     if isinstance(value, torch.SymInt):
@@ -197,6 +199,14 @@ class MethodInputs:
                 )
 
     def _check_tensor(self, leaf: _Leaf, value: Any, sizes: dict[str, tuple[int, str]]) -> None:
+        if (
+            leaf.static_shape is not None
+            and type(value) is torch.Tensor
+            and value.dtype is leaf.dtype
+            and value.shape == leaf.static_shape
+            and (leaf.device is None or value.device.type == leaf.device.type)
+        ):
+            return  # the common case, checked at once; anything else is looked at size by size below
         where = f"method {self.method!r}: argument {leaf.name!r}"
         if not isinstance(value, torch.Tensor):
             raise ProgramInputError(f"{where} must be a tensor, got {type(value).__name__}")

@@ -170,10 +170,15 @@ class Method:
         arguments = list(self._template)
         for slot, value in zip(self._user_slots, user_inputs, strict=True):
             arguments[slot] = value
-        with torch.no_grad():
+        # torch.no_grad(), without its context-manager objects: this runs once per call.
+        grad_was_enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             outputs = self._forward(*arguments)
             for position, buffer in self._buffer_updates:
                 buffer.copy_(outputs[position])
             for position, user in self._input_updates:
                 user_inputs[user].copy_(outputs[position])
+        finally:
+            torch._C._set_grad_enabled(grad_was_enabled)
         return [outputs[p] for p in self._user_outputs]

@@ -62,7 +62,7 @@ class _Gate:
     """Counts calls in progress so that ``close`` can wait for them, and refuses calls after it."""
 
     def __init__(self, path: str) -> None:
-        self._condition = threading.Condition()
+        self._condition = threading.Condition(threading.Lock())  # never re-entered: a plain lock is cheaper
         self._active = 0
         self._path = path
         self.closed = False
