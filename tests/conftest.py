@@ -5,6 +5,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))  # stack.py: the benchmarks' model
 
 
 @pytest.fixture(autouse=True)

@@ -138,24 +138,9 @@ def decoder_methods(model: TinyDecoder, prompt_length: int = 8) -> dict[str, tor
         }
 
 
-class AttentionBlock(torch.nn.Module):
-    """A pre-norm transformer block (attention + GELU MLP) on (batch, tokens, width)."""
 
-    def __init__(self, d: int = 32, heads: int = 4) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = torch.nn.LayerNorm(d)
-        self.qkv = torch.nn.Linear(d, 3 * d)
-        self.proj = torch.nn.Linear(d, d)
-        self.ln2 = torch.nn.LayerNorm(d)
-        self.fc1 = torch.nn.Linear(d, 4 * d)
-        self.fc2 = torch.nn.Linear(4 * d, d)
+def attention_block(d: int = 32, heads: int = 4) -> torch.nn.Module:
+    """A pre-norm transformer block (attention + GELU MLP): the benchmark stack's block."""
+    from stack import Block
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        attention = ((q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5).softmax(-1)
-        y = (attention @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+    return Block(d, heads)

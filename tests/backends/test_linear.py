@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from models import AttentionBlock, TwoLinears, export
+from models import TwoLinears, attention_block, export
 
 import torchdelegate as td
 from torchdelegate.backends.linear import recompose_linear
@@ -21,7 +21,7 @@ def _edge(model: torch.nn.Module, x: torch.Tensor) -> torch.export.ExportedProgr
 
 def test_each_decomposed_linear_is_one_linear_again_and_computes_the_same() -> None:
     x = torch.randn(2, 3, 32)
-    program = _edge(AttentionBlock(), x)
+    program = _edge(attention_block(), x)
     assert aten.addmm.default in _targets(program)
     recomposed = recompose_linear(program)
     targets = _targets(recomposed)
@@ -40,7 +40,7 @@ def test_a_linear_that_is_a_program_output_keeps_its_place_in_the_signature() ->
 
 
 def test_the_input_program_is_unchanged_and_its_weights_are_shared() -> None:
-    program = _edge(AttentionBlock(), torch.randn(1, 1, 32))
+    program = _edge(attention_block(), torch.randn(1, 1, 32))
     code, signature = program.graph_module.code, str(program.graph_signature)
     recomposed = recompose_linear(program)
     assert program.graph_module.code == code and str(program.graph_signature) == signature

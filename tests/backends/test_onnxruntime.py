@@ -127,9 +127,9 @@ def _fusions(lowered: td.EdgeProgramManager) -> dict[str, int]:
 
 
 def test_a_transformer_block_runs_on_onnx_runtimes_fused_kernels(tmp_path: Path) -> None:
-    from models import AttentionBlock, export
+    from models import attention_block, export
 
-    model, x = AttentionBlock(), torch.randn(1, 5, 32)
+    model, x = attention_block(), torch.randn(1, 5, 32)
     fused = td.to_edge(export(model, x)).to_backend(OnnxRuntimePartitioner())
     unfused = td.to_edge(export(model, x)).to_backend(
         OnnxRuntimePartitioner(compile_specs=[CompileSpec("fusions", b"0")])
@@ -143,13 +143,13 @@ def test_a_transformer_block_runs_on_onnx_runtimes_fused_kernels(tmp_path: Path)
 
 
 def test_a_partition_whose_fusions_fail_is_exported_unfused_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    from models import AttentionBlock, export
+    from models import attention_block, export
 
     def failing(model: object) -> dict[str, int]:
         raise ort_backend._FusionError("onnxscript's fusions for ONNX Runtime failed (a rule raised)")
 
     monkeypatch.setattr(ort_backend, "_fuse", failing)
-    model, x = AttentionBlock(), torch.randn(1, 2, 32)
+    model, x = attention_block(), torch.randn(1, 2, 32)
     with pytest.warns(UserWarning, match=r"method 'forward', partition 0: .*a rule raised.*without onnxscript's"):
         lowered = td.to_edge(export(model, x)).to_backend(OnnxRuntimePartitioner())
     assert _fusions(lowered) == {}
