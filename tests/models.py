@@ -138,7 +138,6 @@ def decoder_methods(model: TinyDecoder, prompt_length: int = 8) -> dict[str, tor
         }
 
 
-
 def attention_block(d: int = 32, heads: int = 4) -> torch.nn.Module:
     """A pre-norm transformer block (attention + GELU MLP): the benchmark stack's block."""
     from stack import Block

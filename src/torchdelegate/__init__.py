@@ -30,7 +30,9 @@ from torchdelegate.lowering.to_backend import to_backend
 from torchdelegate.lowering.validation import disable_validation, validation_disabled
 from torchdelegate.partition import (
     DELEGATION_TAG,
+    CapabilityPartitioner,
     Partitioner,
+    PartitionPlan,
     PartitionResult,
     tag_constant_data,
     tag_mutated_buffers,
@@ -43,6 +45,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DELEGATION_TAG",
+    "CapabilityPartitioner",
+    "PartitionPlan",
     "BackendDetails",
     "BackendNotFoundError",
     "BackendRegistrationError",

@@ -1,6 +1,24 @@
 """Partitioners: who decides which nodes go to which backend."""
 
+from torchdelegate.partition.capability import (
+    CapabilityPartitioner,
+    NodeDecision,
+    OperatorSupport,
+    PartitionPlan,
+    PlannedPartition,
+)
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 
-__all__ = ["DELEGATION_TAG", "PartitionResult", "Partitioner", "tag_constant_data", "tag_mutated_buffers"]
+__all__ = [
+    "DELEGATION_TAG",
+    "CapabilityPartitioner",
+    "NodeDecision",
+    "OperatorSupport",
+    "PartitionPlan",
+    "PartitionResult",
+    "Partitioner",
+    "PlannedPartition",
+    "tag_constant_data",
+    "tag_mutated_buffers",
+]

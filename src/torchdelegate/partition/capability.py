@@ -1,0 +1,270 @@
+"""The capability partitioner: nodes to backends by what each backend supports, in priority order.
+
+A backend is described by an *operator support*: a set of ops, or a callable on a node that
+answers ``True``/``None`` (supported), ``False`` or a string (not supported, and why, in
+the backend's own words: op, dtype, shape). Backends are taken in priority order; each claims
+the nodes it supports that no earlier backend took, in cycle-free maximal groups, then
+groups smaller than ``min_partition_size`` computations are given back for later backends.
+
+Groups are found with levels (see ``partition/grouping.py``) over a graph in which every
+group of an earlier backend is one unit, since it will be one delegate call: joining two
+nodes that a path through such a group links would make a cycle. Each backend's pass is
+one Kahn ordering of the units and two linear passes, so the whole costs
+O(backends x (nodes + edges)).
+
+:meth:`CapabilityPartitioner.plan` returns the decisions as data (:class:`PartitionPlan`):
+for every computation, its partition or the reason it was not delegated by each backend.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import Graph, Node
+
+from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.tagging import tag_constant_data
+from torchdelegate.specs import DelegationSpec
+
+SupportAnswer = bool | str | None
+OperatorSupport = Collection[object] | Callable[[Node], SupportAnswer]
+"""A set of op targets, or ``node -> True/None`` (supported) ``| False | "why not"``."""
+
+UNSUPPORTED = "unsupported"
+CLAIMED_EARLIER = "claimed by a higher-priority backend"
+TOO_SMALL = "partition smaller than min_partition_size"
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """Where one computation went: a backend and tag, or nowhere; and each backend's answer."""
+
+    node: str
+    op: str
+    backend_id: str | None
+    tag: str | None
+    reasons: dict[str, str] = field(default_factory=dict)  # backend id -> why it did not take the node
+
+
+@dataclass(frozen=True)
+class PlannedPartition:
+    tag: str
+    backend_id: str
+    nodes: list[str]  # graph order; tuple items (getitem) included
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """The decisions of a capability partitioner for one program, as data."""
+
+    decisions: list[NodeDecision]  # one per computation, in graph order
+    partitions: list[PlannedPartition]  # in order of their first node
+
+    def delegated(self) -> int:
+        return sum(d.tag is not None for d in self.decisions)
+
+    def by_node(self) -> dict[str, NodeDecision]:
+        return {d.node: d for d in self.decisions}
+
+
+def _answer(support: OperatorSupport, node: Node) -> str | None:
+    """None if ``support`` takes ``node``, else why not."""
+    if callable(support):
+        answer = support(node)
+        if answer is True or answer is None:
+            return None
+        return answer if isinstance(answer, str) and answer else f"{UNSUPPORTED}: {_op_name(node)}"
+    return None if node.target in support else f"{UNSUPPORTED}: {_op_name(node)}"
+
+
+def _op_name(node: Node) -> str:
+    target = node.target
+    name = getattr(target, "__name__", None) if not isinstance(target, str) else target
+    if isinstance(target, torch._ops.OpOverload):
+        name = str(target)
+    return str(name)
+
+
+def _is_item(node: Node) -> bool:
+    return node.target is operator.getitem and isinstance(node.args[0], Node) and node.args[0].op == "call_function"
+
+
+class _Units:
+    """The graph's computations as units: a node with its tuple items, or a group of an earlier backend."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.nodes = list(graph.nodes)
+        self.index = {node: i for i, node in enumerate(self.nodes)}
+        self.unit: dict[Node, int] = {}
+        self.members: dict[int, list[Node]] = {}
+        self.group_of: dict[int, str] = {}  # unit -> tag, for groups already taken
+        for index, node in enumerate(self.nodes):
+            head = self.unit[node.args[0]] if _is_item(node) else index  # type: ignore[index]
+            self.unit[node] = head
+            self.members.setdefault(head, []).append(node)
+
+    def head(self, unit: int) -> Node:
+        return self.members[unit][0]
+
+    def order(self) -> tuple[list[int], dict[int, list[int]]]:
+        """The units in a topological order (Kahn, ties in graph order), and each unit's successors."""
+        successors: dict[int, dict[int, None]] = {u: {} for u in self.members}
+        indegree = dict.fromkeys(self.members, 0)
+        for node in self.nodes:
+            target = self.unit[node]
+            for source in node.all_input_nodes:
+                origin = self.unit[source]
+                if origin != target and target not in successors[origin]:
+                    successors[origin][target] = None
+                    indegree[target] += 1
+        ready = deque(u for u in self.members if indegree[u] == 0)
+        order = []
+        while ready:
+            unit = ready.popleft()
+            order.append(unit)
+            for successor in successors[unit]:
+                indegree[successor] -= 1
+                if indegree[successor] == 0:
+                    ready.append(successor)
+        return order, {u: list(s) for u, s in successors.items()}
+
+    def merge(self, units: list[int], tag: str) -> None:
+        head = min(units)
+        for unit in units:
+            if unit == head:
+                continue
+            for node in self.members.pop(unit):
+                self.unit[node] = head
+                self.members[head].append(node)
+        self.members[head].sort(key=self.index.__getitem__)
+        self.group_of[head] = tag
+
+
+class CapabilityPartitioner(Partitioner):
+    """Partitions by operator support, for one backend or several in priority order.
+
+    ``CapabilityPartitioner(support, spec)`` or ``CapabilityPartitioner([(support_a, spec_a),
+    (support_b, spec_b)])``: a node goes to the first backend that supports it and no earlier
+    backend took. Tags are ``{backend_id}_{n}``, numbered in graph order. Constant data used
+    only by one partition's nodes goes inside it (:func:`tag_constant_data`).
+    """
+
+    def __init__(
+        self,
+        support: OperatorSupport | Sequence[tuple[OperatorSupport, DelegationSpec]],
+        spec: DelegationSpec | None = None,
+        *,
+        min_partition_size: int = 1,
+    ) -> None:
+        if spec is not None:
+            self.backends = [(support, spec)]
+        elif isinstance(support, Sequence) and all(
+            isinstance(b, tuple) and len(b) == 2 and isinstance(b[1], DelegationSpec) for b in support
+        ):
+            self.backends = list(support)  # type: ignore[arg-type]
+        else:
+            raise TypeError(
+                "CapabilityPartitioner takes (support, DelegationSpec) or a list of (support, DelegationSpec) "
+                "pairs in priority order"
+            )
+        if not self.backends:
+            raise ValueError("CapabilityPartitioner needs at least one backend")
+        if min_partition_size < 1:
+            raise ValueError(f"min_partition_size must be at least 1, got {min_partition_size}")
+        self.min_partition_size = min_partition_size
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        plan = self.plan(exported_program)
+        nodes = {n.name: n for n in exported_program.graph.nodes}
+        tags: dict[str, DelegationSpec] = {}
+        specs = {spec.backend_id: spec for _, spec in self.backends}
+        for partition in plan.partitions:
+            for name in partition.nodes:
+                nodes[name].meta[DELEGATION_TAG] = partition.tag
+            tags[partition.tag] = specs[partition.backend_id]
+        tag_constant_data(exported_program)
+        return PartitionResult(exported_program, tags)
+
+    def plan(self, exported_program: ExportedProgram) -> PartitionPlan:
+        """Where each computation of ``exported_program`` goes, and why; the program is not changed."""
+        units = _Units(exported_program.graph)
+        reasons: dict[Node, dict[str, str]] = {}
+        groups: list[tuple[str, list[Node]]] = []
+        for support, spec in self.backends:
+            backend = spec.backend_id
+            claimed: dict[int, None] = {}
+            for unit, members in units.members.items():
+                head = members[0]
+                if head.op != "call_function":
+                    continue
+                if unit in units.group_of:  # taken by an earlier backend: say so where this one could have
+                    for node in members:
+                        if not _is_item(node) and _answer(support, node) is None:
+                            reasons.setdefault(node, {})[backend] = CLAIMED_EARLIER
+                    continue
+                why = _answer(support, head)
+                if why is None:
+                    claimed[unit] = None
+                else:
+                    reasons.setdefault(head, {})[backend] = why
+            for node_group in self._groups(units, claimed):
+                computations = sum(not _is_item(n) for n in node_group)
+                if computations < self.min_partition_size:
+                    for node in node_group:
+                        reasons.setdefault(node, {})[backend] = (
+                            f"{TOO_SMALL} ({computations} < {self.min_partition_size})"
+                        )
+                    continue
+                groups.append((backend, node_group))
+                units.merge(sorted({units.unit[n] for n in node_group}), backend)
+        return self._plan(exported_program.graph, groups, reasons)
+
+    def _groups(self, units: _Units, claimed: dict[int, None]) -> list[list[Node]]:
+        """The cycle-free maximal groups of the claimed units, in order of their first node."""
+        order, successors = units.order()
+        level: dict[int, int] = {}
+        for unit in order:
+            level.setdefault(unit, 0)
+            outside = unit not in claimed and (
+                unit in units.group_of or units.head(unit).op == "call_function"
+            )  # a computation this backend does not take
+            for successor in successors[unit]:
+                level[successor] = max(level.get(successor, 0), level[unit] + outside)
+        top = max(level.values(), default=0)
+        for unit in reversed(order):  # raise each claimed unit as far as its users allow
+            if unit in claimed:
+                lowest = min((level[s] for s in successors[unit]), default=top)  # no users: any level will do
+                level[unit] = max(level[unit], lowest)
+        by_level: dict[int, list[Node]] = {}
+        for unit in claimed:
+            by_level.setdefault(level[unit], []).extend(units.members[unit])
+        index = units.index
+        grouped = [sorted(nodes, key=index.__getitem__) for _, nodes in sorted(by_level.items())]
+        return sorted(grouped, key=lambda nodes: index[nodes[0]])
+
+    def _plan(
+        self, graph: Graph, groups: list[tuple[str, list[Node]]], reasons: dict[Node, dict[str, str]]
+    ) -> PartitionPlan:
+        index = {node: i for i, node in enumerate(graph.nodes)}
+        ordered = sorted(groups, key=lambda group: index[group[1][0]])
+        counters: dict[str, int] = {}
+        partitions = []
+        tag_of: dict[Node, tuple[str | None, str | None]] = {}
+        for backend, nodes in ordered:
+            tag = f"{backend}_{counters.setdefault(backend, 0)}"
+            counters[backend] += 1
+            partitions.append(PlannedPartition(tag, backend, [n.name for n in nodes]))
+            for node in nodes:
+                tag_of[node] = (backend, tag)
+        decisions = []
+        for node in graph.nodes:
+            if node.op != "call_function" or _is_item(node):
+                continue
+            where, label = tag_of.get(node, (None, None))
+            decisions.append(NodeDecision(node.name, _op_name(node), where, label, dict(reasons.get(node, {}))))
+        return PartitionPlan(decisions, partitions)
