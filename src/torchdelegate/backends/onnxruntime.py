@@ -128,41 +128,42 @@ def _export(program: ExportedProgram, compile_specs: list[CompileSpec], store: N
         options = _Options(compile_specs)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from None
+    program = recompose_linear(program)
     if options.fusions:
-        attempt = NamedDataStore()
         try:
-            blob = _exported_blob(program, True, attempt, where)
-            refusal = _refusal(blob, compile_specs, attempt)
-        except _FusionError as e:
-            refusal = str(e)
-        if refusal is None:
-            store.merge(attempt.get_named_data_store_output())
-            return blob
-        warnings.warn(
-            f"onnxruntime: {where}: {refusal}; this partition is exported without onnxscript's fusions",
-            stacklevel=2,
-        )
-    attempt = NamedDataStore()
-    blob = _exported_blob(program, False, attempt, where)
-    refusal = _refusal(blob, compile_specs, attempt)
-    if refusal is not None:
-        raise PreprocessError(f"onnxruntime: {where}: {refusal}")
-    store.merge(attempt.get_named_data_store_output())
-    return blob
+            return _accepted_blob(program, True, compile_specs, store, where)
+        except _Refused as e:
+            warnings.warn(
+                f"onnxruntime: {where}: {e}; this partition is exported without onnxscript's fusions", stacklevel=2
+            )
+    try:
+        return _accepted_blob(program, False, compile_specs, store, where)
+    except _Refused as e:
+        raise PreprocessError(f"onnxruntime: {where}: {e}") from e
 
 
-class _FusionError(Exception):
+class _Refused(Exception):
+    """The partition's model could not be made or loaded this way."""
+
+
+class _FusionError(_Refused):
     """onnxscript's fusions raised: the partition is exported without them."""
 
 
-def _refusal(blob: bytes, compile_specs: list[CompileSpec], store: NamedDataStore) -> str | None:
-    """Why ONNX Runtime would not load ``blob``, or None: the check ``init`` would make at run time."""
+def _accepted_blob(
+    program: ExportedProgram, fuse: bool, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+) -> bytes:
+    """The blob, once ONNX Runtime has loaded it as ``init`` will; only then do its weights join ``store``."""
+    attempt = NamedDataStore()
+    blob = _exported_blob(program, fuse, attempt, where)
+    output = attempt.get_named_data_store_output()
     try:
-        _Session(memoryview(blob), compile_specs, NamedDataMap(store.get_named_data_store_output()))
+        _Session(memoryview(blob), compile_specs, NamedDataMap(output))
     except Exception as e:  # any refusal is reported with the partition it concerns
         message = str(e).strip().splitlines()
-        return f"ONNX Runtime refused the model ({message[0] if message else type(e).__name__})"
-    return None
+        raise _Refused(f"ONNX Runtime refused the model ({message[0] if message else type(e).__name__})") from e
+    store.merge(output)
+    return blob
 
 
 def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, where: str) -> bytes:
@@ -171,7 +172,7 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     _require("onnxscript")
     try:
         with _quiet_exporter():
-            onnx_program = torch.onnx.export(recompose_linear(program), (), dynamo=True, optimize=True, verbose=False)
+            onnx_program = torch.onnx.export(program, (), dynamo=True, optimize=True, verbose=False)
     except Exception as e:
         raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {e}") from e
     assert onnx_program is not None
@@ -195,10 +196,13 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
             location=key, offset=0, length=array.nbytes, dtype=tensor.dtype, shape=tensor.shape, name=name
         )
     _strip_debug_metadata(ir, model)
-    inputs = [v.name for v in model.graph.inputs]
-    outputs = [v.name for v in model.graph.outputs]
-    header = {"version": BLOB_VERSION, "initializers": initializers, "inputs": inputs, "outputs": outputs}
-    header["fusions"] = fusions
+    header = {
+        "version": BLOB_VERSION,
+        "initializers": initializers,
+        "inputs": [v.name for v in model.graph.inputs],
+        "outputs": [v.name for v in model.graph.outputs],
+        "fusions": fusions,
+    }
     return pack(header, ir.to_proto(model).SerializeToString())
 
 

@@ -84,10 +84,7 @@ def _answer(support: OperatorSupport, node: Node) -> str | None:
 
 def _op_name(node: Node) -> str:
     target = node.target
-    name = getattr(target, "__name__", None) if not isinstance(target, str) else target
-    if isinstance(target, torch._ops.OpOverload):
-        name = str(target)
-    return str(name)
+    return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
 
 
 def _is_item(node: Node) -> bool:
@@ -102,14 +99,11 @@ class _Units:
         self.index = {node: i for i, node in enumerate(self.nodes)}
         self.unit: dict[Node, int] = {}
         self.members: dict[int, list[Node]] = {}
-        self.group_of: dict[int, str] = {}  # unit -> tag, for groups already taken
+        self.taken: set[int] = set()  # units that are groups of an earlier backend
         for index, node in enumerate(self.nodes):
             head = self.unit[node.args[0]] if _is_item(node) else index  # type: ignore[index]
             self.unit[node] = head
             self.members.setdefault(head, []).append(node)
-
-    def head(self, unit: int) -> Node:
-        return self.members[unit][0]
 
     def order(self) -> tuple[list[int], dict[int, list[int]]]:
         """The units in a topological order (Kahn, ties in graph order), and each unit's successors."""
@@ -133,7 +127,8 @@ class _Units:
                     ready.append(successor)
         return order, {u: list(s) for u, s in successors.items()}
 
-    def merge(self, units: list[int], tag: str) -> None:
+    def merge(self, units: list[int]) -> None:
+        """Make ``units`` one unit: a backend's group, which will be one delegate call."""
         head = min(units)
         for unit in units:
             if unit == head:
@@ -142,7 +137,7 @@ class _Units:
                 self.unit[node] = head
                 self.members[head].append(node)
         self.members[head].sort(key=self.index.__getitem__)
-        self.group_of[head] = tag
+        self.taken.add(head)
 
 
 class CapabilityPartitioner(Partitioner):
@@ -202,7 +197,7 @@ class CapabilityPartitioner(Partitioner):
                 head = members[0]
                 if head.op != "call_function":
                     continue
-                if unit in units.group_of:  # taken by an earlier backend: say so where this one could have
+                if unit in units.taken:  # taken by an earlier backend: say so where this one could have
                     for node in members:
                         if not _is_item(node) and _answer(support, node) is None:
                             reasons.setdefault(node, {})[backend] = CLAIMED_EARLIER
@@ -221,8 +216,8 @@ class CapabilityPartitioner(Partitioner):
                         )
                     continue
                 groups.append((backend, node_group))
-                units.merge(sorted({units.unit[n] for n in node_group}), backend)
-        return self._plan(exported_program.graph, groups, reasons)
+                units.merge(sorted({units.unit[n] for n in node_group}))
+        return self._plan(units, groups, reasons)
 
     def _groups(self, units: _Units, claimed: dict[int, None]) -> list[list[Node]]:
         """The cycle-free maximal groups of the claimed units, in order of their first node."""
@@ -230,9 +225,8 @@ class CapabilityPartitioner(Partitioner):
         level: dict[int, int] = {}
         for unit in order:
             level.setdefault(unit, 0)
-            outside = unit not in claimed and (
-                unit in units.group_of or units.head(unit).op == "call_function"
-            )  # a computation this backend does not take
+            # a computation this backend does not take
+            outside = unit not in claimed and (unit in units.taken or units.members[unit][0].op == "call_function")
             for successor in successors[unit]:
                 level[successor] = max(level.get(successor, 0), level[unit] + outside)
         top = max(level.values(), default=0)
@@ -248,10 +242,9 @@ class CapabilityPartitioner(Partitioner):
         return sorted(grouped, key=lambda nodes: index[nodes[0]])
 
     def _plan(
-        self, graph: Graph, groups: list[tuple[str, list[Node]]], reasons: dict[Node, dict[str, str]]
+        self, units: _Units, groups: list[tuple[str, list[Node]]], reasons: dict[Node, dict[str, str]]
     ) -> PartitionPlan:
-        index = {node: i for i, node in enumerate(graph.nodes)}
-        ordered = sorted(groups, key=lambda group: index[group[1][0]])
+        ordered = sorted(groups, key=lambda group: units.index[group[1][0]])
         counters: dict[str, int] = {}
         partitions = []
         tag_of: dict[Node, tuple[str | None, str | None]] = {}
@@ -262,7 +255,7 @@ class CapabilityPartitioner(Partitioner):
             for node in nodes:
                 tag_of[node] = (backend, tag)
         decisions = []
-        for node in graph.nodes:
+        for node in units.nodes:
             if node.op != "call_function" or _is_item(node):
                 continue
             where, label = tag_of.get(node, (None, None))

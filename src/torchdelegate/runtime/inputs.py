@@ -65,8 +65,9 @@ def _leaf(name: str, value: Any, ranges: Mapping[Any, Any]) -> _Leaf:
     """What a user input may be: a tensor, a symbolic number, or the one value it was exported with."""
     if isinstance(value, torch.Tensor):
         dims = tuple(_dim(s, ranges) for s in value.shape)
-        static = tuple(d.value for d in dims) if all(d.value is not None for d in dims) else None
-        return _Leaf(name, "tensor", value.dtype, value.device, dims, static_shape=static)  # type: ignore[arg-type]
+        sizes = tuple(d.value for d in dims if d.value is not None)
+        static = sizes if len(sizes) == len(dims) else None
+        return _Leaf(name, "tensor", value.dtype, value.device, dims, static_shape=static)
     if isinstance(value, torch.SymBool):
         return _Leaf(name, "bool")
     if isinstance(value, torch.SymInt):
