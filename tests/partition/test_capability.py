@@ -133,6 +133,7 @@ def test_tags_and_decisions_are_the_same_every_time() -> None:
         ((LINEAR_OPS,), "takes \\(support, DelegationSpec\\)"),
         (([],), "needs at least one backend"),
         ((LINEAR_OPS, REFERENCE, 0), "min_partition_size must be at least 1"),
+        (([(LINEAR_OPS, REFERENCE), ({aten.sigmoid.default}, REFERENCE)],), "'reference' is listed more than once"),
     ],
 )
 def test_bad_arguments_are_refused(arguments: tuple[object, ...], message: str) -> None:

@@ -169,6 +169,13 @@ class CapabilityPartitioner(Partitioner):
             )
         if not self.backends:
             raise ValueError("CapabilityPartitioner needs at least one backend")
+        ids = [spec.backend_id for _, spec in self.backends]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:  # tags and reasons are per backend id: one entry each, with one support
+            raise ValueError(
+                f"CapabilityPartitioner: backend {', '.join(map(repr, repeated))} is listed more than once; "
+                "give each backend one entry whose support covers everything it takes"
+            )
         if min_partition_size < 1:
             raise ValueError(f"min_partition_size must be at least 1, got {min_partition_size}")
         self.min_partition_size = min_partition_size
