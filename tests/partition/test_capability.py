@@ -9,7 +9,7 @@ from models import LINEAR_OPS, TwoLinears, export
 
 import torchdelegate as td
 from torchdelegate import CapabilityPartitioner, DelegationSpec
-from torchdelegate.partition.capability import CLAIMED_EARLIER, TOO_SMALL
+from torchdelegate.partition.capability import CLAIMED_EARLIER, CYCLE, TOO_SMALL
 
 aten = torch.ops.aten
 REFERENCE = DelegationSpec("reference")
@@ -77,7 +77,40 @@ def test_nodes_on_both_sides_of_an_unsupported_one_go_to_two_partitions() -> Non
     partitioner = CapabilityPartitioner({aten.add.Tensor, aten.mul.Tensor}, REFERENCE)
     plan = partitioner.plan(edge.exported_program())
     assert [p.nodes for p in plan.partitions] == [["add"], ["mul"]]
+    assert [p.kept_apart for p in plan.partitions] == [{"reference_1": "sigmoid"}, {"reference_0": "sigmoid"}]
     torch.testing.assert_close(edge.to_backend(partitioner).exported_program().module()(x), Diamond()(x))
+
+
+def test_a_small_group_a_cycle_kept_apart_says_so() -> None:
+    class Diamond(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a = (x + 1).cos()
+            return a * torch.sigmoid(a)
+
+    x = torch.randn(3)
+    edge = _edge(Diamond(), x)
+    support = {aten.add.Tensor, aten.cos.default, aten.mul.Tensor}
+    plan = CapabilityPartitioner(support, REFERENCE, min_partition_size=2).plan(edge.exported_program())
+    assert [p.nodes for p in plan.partitions] == [["add", "cos"]]
+    why = plan.by_node()["mul"].reasons["reference"]
+    assert why == f"{TOO_SMALL} (1 < 2); joining the group holding add {CYCLE} through sigmoid"
+
+
+def test_groups_no_path_links_are_one_partition() -> None:
+    class Branches(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            left = torch.sigmoid(x).cos()  # cos after an unsupported node: level 1
+            right = x.sin()  # level 0, no path to or from cos
+            return torch.tanh(left) + right
+
+    x = torch.randn(3)
+    edge = _edge(Branches(), x)
+    support = {aten.cos.default, aten.sin.default}
+    plan = CapabilityPartitioner(support, REFERENCE).plan(edge.exported_program())
+    assert [p.nodes for p in plan.partitions] == [["cos", "sin"]]
+    torch.testing.assert_close(
+        edge.to_backend(CapabilityPartitioner(support, REFERENCE)).exported_program().module()(x), Branches()(x)
+    )
 
 
 def test_two_backends_interleaved_along_paths_lower_without_a_cycle() -> None:
@@ -142,25 +175,44 @@ def test_bad_arguments_are_refused(arguments: tuple[object, ...], message: str) 
         CapabilityPartitioner(*arguments[:2], **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("model", "excluded"),
-    [
-        ("llama", {"aten.embedding.default"}),
-        ("llama", {"aten.add.Tensor", "aten.rsqrt.default"}),
-        ("gpt2", {"aten.embedding.default"}),
-        ("gpt2", {"aten.mul.Tensor"}),
-        ("gpt2", {"aten.permute.default", "aten.sin.default"}),
-    ],
-)
-def test_no_more_partitions_than_torch_fx_on_transformers_graphs(model: str, excluded: set[str]) -> None:
+_TRANSFORMERS_CASES = [
+    ("llama", {"aten.embedding.default"}),
+    ("llama", {"aten.add.Tensor", "aten.rsqrt.default"}),
+    ("llama", {"aten.mul.Tensor"}),
+    ("llama", {"aten.view.default"}),
+    ("llama", {"aten.permute.default", "aten.sin.default"}),
+    ("llama", {"aten.mm.default"}),
+    ("llama", {"aten.cat.default", "aten.neg.default"}),
+    ("gpt2", {"aten.embedding.default"}),
+    ("gpt2", {"aten.mul.Tensor"}),
+    ("gpt2", {"aten.view.default"}),
+    ("gpt2", {"aten.permute.default", "aten.sin.default"}),
+    ("gpt2", {"aten.addmm.default"}),
+]
+
+
+@pytest.fixture(scope="module")
+def language_models() -> dict[str, tuple[torch.nn.Module, torch.Tensor, td.EdgeProgramManager]]:
     pytest.importorskip("transformers")
     from language_models import tiny_gpt2, tiny_llama
+
+    found = {}
+    for name, build in (("llama", tiny_llama), ("gpt2", tiny_gpt2)):
+        module, ids = build(), torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(0))
+        found[name] = module, ids, td.to_edge(torch.export.export(module, (ids,), kwargs={"use_cache": False}))
+    return found
+
+
+@pytest.mark.parametrize(("model", "excluded"), _TRANSFORMERS_CASES)
+def test_no_more_partitions_than_torch_fx_on_transformers_graphs(
+    language_models: dict[str, tuple[torch.nn.Module, torch.Tensor, td.EdgeProgramManager]],
+    model: str,
+    excluded: set[str],
+) -> None:
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
-    module = tiny_llama() if model == "llama" else tiny_gpt2()
-    ids = torch.randint(0, 512, (1, 8))
-    edge = td.to_edge(torch.export.export(module, (ids,), kwargs={"use_cache": False}))
+    module, ids, edge = language_models[model]
     program = edge.exported_program()
 
     def support(node: torch.fx.Node) -> bool:
@@ -176,10 +228,9 @@ def test_no_more_partitions_than_torch_fx_on_transformers_graphs(model: str, exc
         program.graph_module, Support(), allows_single_node_partition=True
     ).propose_partitions()
     assert len(ours) <= len(theirs)
-    if model == "gpt2" and excluded == {"aten.mul.Tensor"}:
-        lowered = edge.to_backend(partitioner)
-        with torch.no_grad():
-            expected = module(ids, use_cache=False).logits
-        torch.testing.assert_close(
-            lowered.exported_program().module()(ids, use_cache=False).logits, expected, atol=1e-4, rtol=1e-4
-        )
+    lowered = edge.to_backend(partitioner)
+    assert len(lowered.delegates()["forward"]) == len(ours)
+    with torch.no_grad():
+        expected = module(ids, use_cache=False).logits
+        actual = lowered.exported_program().module()(ids, use_cache=False).logits
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)

@@ -8,9 +8,13 @@ groups smaller than ``min_partition_size`` computations are given back for later
 
 Groups are found with levels (see ``partition/grouping.py``) over a graph in which every
 group of an earlier backend is one unit, since it will be one delegate call: joining two
-nodes that a path through such a group links would make a cycle. Each backend's pass is
-one Kahn ordering of the units and two linear passes, so the whole costs
-O(backends x (nodes + edges)).
+nodes that a path through such a group links would make a cycle. Levels are cycle-free but
+not always as few as can be, so groups are then joined wherever their union stays
+cycle-free (``partition/merging.py``), starting once from whole levels and once from their
+connected pieces, and the fewer groups win. Two groups that touch but stay apart are
+recorded with a node on the path between them, which is what a report shows as "would have
+made a cycle". Each backend's pass is linear in nodes and edges, plus one pass over the
+nodes per join.
 
 :meth:`CapabilityPartitioner.plan` returns the decisions as data (:class:`PartitionPlan`):
 for every computation, its partition or the reason it was not delegated by each backend.
@@ -27,6 +31,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Graph, Node
 
+from torchdelegate.partition.merging import merge_groups
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.specs import DelegationSpec
@@ -38,6 +43,7 @@ OperatorSupport = Collection[object] | Callable[[Node], SupportAnswer]
 UNSUPPORTED = "unsupported"
 CLAIMED_EARLIER = "claimed by a higher-priority backend"
 TOO_SMALL = "partition smaller than min_partition_size"
+CYCLE = "would have made a cycle"
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class PlannedPartition:
     tag: str
     backend_id: str
     nodes: list[str]  # graph order; tuple items (getitem) included
+    kept_apart: dict[str, str] = field(default_factory=dict)  # tag of a partition it touches -> a node between
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,7 @@ class CapabilityPartitioner(Partitioner):
         """Where each computation of ``exported_program`` goes, and why; the program is not changed."""
         units = _Units(exported_program.graph)
         reasons: dict[Node, dict[str, str]] = {}
-        groups: list[tuple[str, list[Node]]] = []
+        groups: list[_Group] = []
         for support, spec in self.backends:
             backend = spec.backend_id
             claimed: dict[int, None] = {}
@@ -214,57 +221,114 @@ class CapabilityPartitioner(Partitioner):
                     claimed[unit] = None
                 else:
                     reasons.setdefault(head, {})[backend] = why
-            for node_group in self._groups(units, claimed):
-                computations = sum(not _is_item(n) for n in node_group)
+            for group in self._groups(units, claimed, backend):
+                computations = sum(not _is_item(n) for n in group.nodes)
                 if computations < self.min_partition_size:
-                    for node in node_group:
-                        reasons.setdefault(node, {})[backend] = (
-                            f"{TOO_SMALL} ({computations} < {self.min_partition_size})"
-                        )
+                    small = f"{TOO_SMALL} ({computations} < {self.min_partition_size})"
+                    if group.apart:
+                        other, via = group.apart[0]
+                        small = f"{small}; joining the group holding {other.name} {CYCLE} through {via.name}"
+                    for node in group.nodes:
+                        reasons.setdefault(node, {})[backend] = small
                     continue
-                groups.append((backend, node_group))
-                units.merge(sorted({units.unit[n] for n in node_group}))
+                groups.append(group)
+                units.merge(sorted({units.unit[n] for n in group.nodes}))
         return self._plan(units, groups, reasons)
 
-    def _groups(self, units: _Units, claimed: dict[int, None]) -> list[list[Node]]:
-        """The cycle-free maximal groups of the claimed units, in order of their first node."""
+    def _groups(self, units: _Units, claimed: dict[int, None], backend: str) -> list[_Group]:
+        """The claimed units in cycle-free groups, as few as levels and joins find, in order of their first node."""
         order, successors = units.order()
-        level: dict[int, int] = {}
-        for unit in order:
-            level.setdefault(unit, 0)
-            # a computation this backend does not take
-            outside = unit not in claimed and (unit in units.taken or units.members[unit][0].op == "call_function")
-            for successor in successors[unit]:
-                level[successor] = max(level.get(successor, 0), level[unit] + outside)
-        top = max(level.values(), default=0)
-        for unit in reversed(order):  # raise each claimed unit as far as its users allow
-            if unit in claimed:
-                lowest = min((level[s] for s in successors[unit]), default=top)  # no users: any level will do
-                level[unit] = max(level[unit], lowest)
-        by_level: dict[int, list[Node]] = {}
-        for unit in claimed:
-            by_level.setdefault(level[unit], []).extend(units.members[unit])
+        seeds = [sorted(seed, key=lambda members: members[0]) for seed in _levels(units, claimed, order, successors)]
+        levels, (merged, refusals) = min(
+            ((seed, merge_groups(successors, seed)) for seed in seeds), key=lambda found: len(found[1][0])
+        )
+        group_of = {index: position for position, indices in enumerate(merged) for index in indices}
         index = units.index
-        grouped = [sorted(nodes, key=index.__getitem__) for _, nodes in sorted(by_level.items())]
-        return sorted(grouped, key=lambda nodes: index[nodes[0]])
+        found = [
+            _Group(
+                backend,
+                sorted((n for i in indices for u in levels[i] for n in units.members[u]), key=index.__getitem__),
+            )
+            for indices in merged
+        ]
+        for refusal in refusals:
+            mine, theirs = found[group_of[refusal.group]], found[group_of[refusal.other]]
+            via = units.members[refusal.via][0]  # type: ignore[index]
+            mine.apart.append((theirs.nodes[0], via))
+            theirs.apart.append((mine.nodes[0], via))
+        return sorted(found, key=lambda group: index[group.nodes[0]])
 
-    def _plan(
-        self, units: _Units, groups: list[tuple[str, list[Node]]], reasons: dict[Node, dict[str, str]]
-    ) -> PartitionPlan:
-        ordered = sorted(groups, key=lambda group: units.index[group[1][0]])
+    def _plan(self, units: _Units, groups: list[_Group], reasons: dict[Node, dict[str, str]]) -> PartitionPlan:
+        ordered = sorted(groups, key=lambda group: units.index[group.nodes[0]])
         counters: dict[str, int] = {}
+        placed: dict[Node, tuple[str, str]] = {}  # node -> (backend id, tag)
+        for group in ordered:
+            tag = f"{group.backend}_{counters.setdefault(group.backend, 0)}"
+            counters[group.backend] += 1
+            placed.update(dict.fromkeys(group.nodes, (group.backend, tag)))
         partitions = []
-        tag_of: dict[Node, tuple[str | None, str | None]] = {}
-        for backend, nodes in ordered:
-            tag = f"{backend}_{counters.setdefault(backend, 0)}"
-            counters[backend] += 1
-            partitions.append(PlannedPartition(tag, backend, [n.name for n in nodes]))
-            for node in nodes:
-                tag_of[node] = (backend, tag)
+        for group in ordered:
+            apart = {placed[first][1]: via.name for first, via in group.apart if first in placed}
+            nodes = [n.name for n in group.nodes]
+            partitions.append(
+                PlannedPartition(placed[group.nodes[0]][1], group.backend, nodes, dict(sorted(apart.items())))
+            )
         decisions = []
         for node in units.nodes:
             if node.op != "call_function" or _is_item(node):
                 continue
-            where, label = tag_of.get(node, (None, None))
+            where, label = placed.get(node, (None, None))
             decisions.append(NodeDecision(node.name, _op_name(node), where, label, dict(reasons.get(node, {}))))
         return PartitionPlan(decisions, partitions)
+
+
+@dataclass
+class _Group:
+    """Nodes one backend takes as one delegate call, and the groups of its own it could not join."""
+
+    backend: str
+    nodes: list[Node]
+    apart: list[tuple[Node, Node]] = field(default_factory=list)  # (first node of the other group, node between)
+
+
+def _levels(
+    units: _Units, claimed: dict[int, None], order: list[int], successors: dict[int, list[int]]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The claimed units grouped by level, and the same cut where no edge joins them: both cycle-free."""
+    level: dict[int, int] = {}
+    for unit in order:
+        level.setdefault(unit, 0)
+        # a computation this backend does not take
+        outside = unit not in claimed and (unit in units.taken or units.members[unit][0].op == "call_function")
+        for successor in successors[unit]:
+            level[successor] = max(level.get(successor, 0), level[unit] + outside)
+    top = max(level.values(), default=0)
+    for unit in reversed(order):  # raise each claimed unit as far as its users allow
+        if unit in claimed:
+            lowest = min((level[s] for s in successors[unit]), default=top)  # no users: any level will do
+            level[unit] = max(level[unit], lowest)
+    by_level: dict[int, list[int]] = {}
+    for unit in claimed:
+        by_level.setdefault(level[unit], []).append(unit)
+    return [sorted(members) for members in by_level.values()], _components(claimed, level, successors)
+
+
+def _components(claimed: dict[int, None], level: dict[int, int], successors: dict[int, list[int]]) -> list[list[int]]:
+    """Each level's units split where no edge within the level joins them."""
+    component = {unit: unit for unit in claimed}
+
+    def find(unit: int) -> int:
+        while component[unit] != unit:
+            component[unit] = component[component[unit]]
+            unit = component[unit]
+        return unit
+
+    for unit in claimed:
+        for successor in successors[unit]:
+            if successor in claimed and level[successor] == level[unit]:
+                first, second = sorted((find(unit), find(successor)))
+                component[second] = first
+    grouped: dict[int, list[int]] = {}
+    for unit in claimed:
+        grouped.setdefault(find(unit), []).append(unit)
+    return sorted((sorted(members) for members in grouped.values()), key=lambda members: members[0])
