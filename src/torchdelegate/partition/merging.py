@@ -154,8 +154,8 @@ class _Contracted:
             table[other] = set()
         self.after[keep] -= {keep, other}
         self.before[keep] -= {keep, other}
-        for table in (self.reach, self.above):
-            widened = table[keep] | table[other]
-            for vertex, bits in enumerate(table):
+        for closure in (self.reach, self.above):
+            widened = closure[keep] | closure[other]
+            for vertex, bits in enumerate(closure):
                 if bits & self.mask[keep]:
-                    table[vertex] = bits | widened
+                    closure[vertex] = bits | widened
