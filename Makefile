@@ -1,5 +1,6 @@
 # make test: create .venv if missing, install the package with its test extras under the
-# pinned torch, run the tests. make demo: the same set-up, then lower and run a small model.
+# pinned torch, run the tests. make demo: the same set-up, then `torchdelegate demo`: a small
+# language model lowered to ONNX Runtime, saved, loaded and generating tokens checked against eager.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -17,7 +18,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(VENV)/bin/torchdelegate demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples

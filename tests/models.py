@@ -143,3 +143,15 @@ def attention_block(d: int = 32, heads: int = 4) -> torch.nn.Module:
     from stack import Block
 
     return Block(d, heads)
+
+
+class CumprodBetweenLinears(torch.nn.Module):
+    """linear -> cumprod (no ONNX translation) -> linear, with a user input and two weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(8, 16)
+        self.l2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.cumprod(torch.sigmoid(self.l1(x)), dim=-1))

@@ -25,6 +25,7 @@ from torchdelegate.errors import (
     BackendRegistrationError,
     DelegateExecutionError,
 )
+from torchdelegate.progress import partition_compiled
 from torchdelegate.specs import CompileSpec
 
 ENTRY_POINT_GROUP = "torchdelegate.backends"
@@ -149,13 +150,13 @@ class SharedDataBackend(BackendDetails):
         compile_specs: dict[str, list[list[CompileSpec]]],
     ) -> dict[str, list[PreprocessResult]]:
         store = NamedDataStore()
-        results = {
-            method: [
-                PreprocessResult(cls.compile_partition(program, specs, store, f"method {method!r}, partition {index}"))
-                for index, (program, specs) in enumerate(zip(programs, compile_specs[method], strict=True))
-            ]
-            for method, programs in edge_programs.items()
-        }
+        results: dict[str, list[PreprocessResult]] = {}
+        for method, programs in edge_programs.items():
+            results[method] = []
+            for index, (program, specs) in enumerate(zip(programs, compile_specs[method], strict=True)):
+                where = f"method {method!r}, partition {index}"
+                results[method].append(PreprocessResult(cls.compile_partition(program, specs, store, where)))
+                partition_compiled(cls.backend_id, where)
         output = store.get_named_data_store_output()
         for method_results in results.values():
             for result in method_results:

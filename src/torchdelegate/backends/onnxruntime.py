@@ -347,16 +347,26 @@ class OnnxRuntimePartitioner(Partitioner):
         self.spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
 
     def supports(self, node: Node) -> bool:
-        """Whether the exporter translates this node's op, every value it makes is a tensor, and
-        every tensor it reads or makes has a dtype that ONNX Runtime's CPU provider and numpy share."""
+        return self.operator_support(node) is True
+
+    def operator_support(self, node: Node) -> bool | str:
+        """True if the exporter translates this node's op, every value it makes is a tensor, and
+        every tensor it reads or makes has a dtype that ONNX Runtime's CPU provider and numpy
+        share; otherwise why not (a :class:`~torchdelegate.CapabilityPartitioner` support)."""
         if not isinstance(node.target, torch._ops.OpOverload) or not _onnx_registry().is_registered(node.target):
-            return False
+            return f"torch.onnx has no translation for {node.target}"
         value = node.meta.get("val")
         values = value if isinstance(value, (tuple, list)) else (value,)
-        if not all(isinstance(v, torch.Tensor) and v.dtype not in _UNSUPPORTED_DTYPES for v in values):
-            return False
-        inputs = (source.meta.get("val") for source in node.all_input_nodes)
-        return not any(isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES for v in inputs)
+        for v in values:
+            if not isinstance(v, torch.Tensor):
+                return f"makes a non-tensor value ({type(v).__name__})"
+            if v.dtype in _UNSUPPORTED_DTYPES:
+                return f"makes {v.dtype}, which the CPU provider does not run"
+        for source in node.all_input_nodes:
+            v = source.meta.get("val")
+            if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
+                return f"reads {v.dtype} ({source.name}), which the CPU provider does not run"
+        return True
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         levels = cycle_free_levels(exported_program.graph, self.supports)

@@ -116,6 +116,10 @@ class ReferencePartitioner(Partitioner):
     def __init__(self, compile_specs: list[CompileSpec] | None = None) -> None:
         self.spec = DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or []))
 
+    def operator_support(self, node: Node) -> bool | str:
+        """What this partitioner claims, as a :class:`~torchdelegate.CapabilityPartitioner` support."""
+        return reference_support(node)
+
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         levels = cycle_free_levels(exported_program.graph, _claimable)
         tags: dict[str, DelegationSpec] = {}
@@ -128,8 +132,16 @@ class ReferencePartitioner(Partitioner):
 
 
 def _claimable(node: Node) -> bool:
+    return reference_support(node) is True
+
+
+def reference_support(node: Node) -> bool | str:
+    """True if ``node`` is an ATen op or control flow that makes tensors only; otherwise why not."""
     if not isinstance(node.target, torch._ops.OpOverload) and node.target not in _CONTROL_FLOW:
-        return False
+        return f"not an ATen operator ({getattr(node.target, '__name__', node.target)})"
     value = node.meta.get("val")
     values = value if isinstance(value, (tuple, list)) else (value,)
-    return all(isinstance(v, torch.Tensor) for v in values)
+    for v in values:
+        if not isinstance(v, torch.Tensor):
+            return f"makes a non-tensor value ({type(v).__name__})"
+    return True

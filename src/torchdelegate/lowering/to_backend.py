@@ -45,6 +45,7 @@ from torchdelegate.lowering.subprogram import build_subprogram
 from torchdelegate.lowering.validation import first_graph_difference, program_fingerprint, validation_enabled
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
+from torchdelegate.progress import expect_partitions, partition_compiled, partitions_compiled_until, steps_done
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 WHOLE_PROGRAM_TAG = "whole_program"
@@ -394,7 +395,9 @@ def _preprocess(jobs: list[_Job]) -> None:
     by_backend: dict[str, list[_Job]] = {}
     for job in jobs:
         by_backend.setdefault(job.partition.spec.backend_id, []).append(job)
+    expect_partitions(len(jobs))
     for backend_id, backend_jobs in by_backend.items():
+        until = steps_done() + len(backend_jobs)
         try:
             backend = get_backend(backend_id)
         except BackendNotFoundError as e:
@@ -403,11 +406,13 @@ def _preprocess(jobs: list[_Job]) -> None:
         before = [program_fingerprint(job.subprogram) for job in backend_jobs]
         if _overrides_multimethod(backend):
             _preprocess_multimethod(backend, backend_jobs)
+            partitions_compiled_until(until, backend_id, f"{len(backend_jobs)} partition(s)")
         else:
             for job in backend_jobs:
                 specs = list(job.partition.spec.compile_specs)
                 result = _preprocess_one(backend, job.subprogram, specs, job.method, job.partition.tag)
                 job.result = _check_result(result, backend_id, job.method)
+                partition_compiled(backend_id, f"method {job.method!r}, partition {job.partition.tag!r}")
         for job, fingerprint in zip(backend_jobs, before, strict=True):
             _check_unchanged(job.subprogram, fingerprint, backend_id, f"partition {job.partition.tag!r}", job.method)
 

@@ -118,6 +118,20 @@ class MethodInputs:
             if spec.kind == InputKind.USER_INPUT
         ]
 
+    def parameters(self) -> list[str]:
+        """Each user input as ``name: float32[1, 8]`` (``s0`` for a symbolic size), in call order."""
+        described = []
+        for leaf in self.leaves:
+            if leaf.kind == "tensor":
+                dtype = str(leaf.dtype).removeprefix("torch.")
+                sizes = ", ".join(str(d.value) if d.value is not None else str(d.symbol) for d in leaf.dims)
+                described.append(f"{leaf.name}: {dtype}[{sizes}]")
+            elif leaf.kind == "constant":
+                described.append(f"{leaf.name} = {leaf.constant!r}")
+            else:
+                described.append(f"{leaf.name}: {leaf.kind}")
+        return described
+
     def describe(self) -> str:
         """The call signature, for messages: ``decode(input_ids, cache_position)``."""
         return f"{self.method}({', '.join(self.arg_names or [leaf.name for leaf in self.leaves])})"

@@ -112,6 +112,10 @@ class BoundMethod:
         finally:
             self._gate.leave()
 
+    def signature(self) -> list[str]:
+        """The user inputs as ``name: dtype[sizes]``, in the order a call passes them."""
+        return self._method.inputs.parameters()
+
     def __repr__(self) -> str:
         return f"<method {self._method.inputs.describe()}>"
 
@@ -142,6 +146,16 @@ class Program:
     @property
     def method_names(self) -> list[str]:
         return list(self._methods)
+
+    @property
+    def file(self) -> ProgramFile:
+        """The checked manifest: methods, delegates, state and named data records (for inspection)."""
+        return self._file
+
+    @property
+    def report(self) -> dict[str, Any] | None:
+        """The partition report lowering saved in the file (``LoweringReport.from_json`` reads it), if any."""
+        return self._file.report
 
     @property
     def delegates(self) -> list[DelegateRecord]:

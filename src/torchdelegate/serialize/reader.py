@@ -107,6 +107,10 @@ class ProgramFile:
             self._named(v, i) for i, v in enumerate(_list(manifest.value.get("named_data"), "named_data", self.path))
         ]
         self._check_references()
+        report = manifest.value.get("report")
+        if report is not None and not isinstance(report, dict):
+            raise FormatError(f"{self.path}: manifest field 'report' is {type(report).__name__}; expected an object")
+        self.report: dict[str, Any] | None = report
 
     def _open_external(self, entry: dict[str, Any], given: str | os.PathLike[str] | None) -> Container:
         fields = _Fields(entry, "external_data", self.path)
@@ -226,6 +230,11 @@ class ProgramFile:
                 f"{self.path}: {what} refers to segment sha256:{digest[:16]}…, which is in no segment table"
             )
         return location
+
+    def segment_length(self, digest: str, what: str) -> int:
+        """The byte length of a segment, without reading it."""
+        container, number = self._location(digest, what)
+        return container.segments[number].length
 
     def data(self, digest: str, what: str, *, verify: bool = True) -> memoryview:
         """The bytes of the segment ``digest`` names, checked against it the first time (if ``verify``)."""

@@ -67,10 +67,12 @@ def save_program(
     external_data_path: str | os.PathLike[str] | None = None,
     *,
     debug_info: bool = False,
+    report: Mapping[str, Any] | None = None,
 ) -> None:
     """Write ``programs`` (one per method) and the named data of their delegates to ``path``.
 
-    ``debug_info`` keeps each residual node's stack trace and module path in the file.
+    ``debug_info`` keeps each residual node's stack trace and module path in the file;
+    ``report`` (JSON data) is kept as the manifest's ``report``, for ``torchdelegate inspect``.
     """
     path = Path(path)
     external = Path(external_data_path) if external_data_path is not None else None
@@ -102,6 +104,8 @@ def save_program(
         "named_data": _named_data_entries(named_data, data),
         "external_data": None,
     }
+    if report is not None:
+        manifest["report"] = dict(report)
     if external is not None:
         manifest["external_data"] = {
             "file_name": external.name,

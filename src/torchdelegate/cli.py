@@ -1,0 +1,418 @@
+"""The ``torchdelegate`` command: lower, inspect, run, demo.
+
+Exit codes: 0 success; 1 the work failed (a bad file, a backend error, outputs that differ
+from eager in the demo); 2 the command line was wrong. Errors go to stderr as one line,
+``torchdelegate: error: ...``; ``--verbose`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+import numpy as np
+import torch
+
+from torchdelegate.errors import TorchDelegateError
+from torchdelegate.progress import PreprocessProgress
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A failure to report in one line, with exit code 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="torchdelegate",
+        description="Lower torch.export programs to backends, inspect and run the files, or try the demo.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchdelegate {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    lower = commands.add_parser(
+        "lower",
+        help="lower torch.export files (one per method) and save one program file",
+        description="Lower torch.export.save files, one per method, to backends in priority order; save one file.",
+    )
+    lower.add_argument("methods", nargs="+", metavar="METHOD=FILE.pt2", help="a method name and its exported program")
+    lower.add_argument(
+        "--backend",
+        "-b",
+        action="append",
+        required=True,
+        dest="backends",
+        metavar="ID",
+        help="a backend, highest priority first (repeat): onnxruntime, inductor, reference",
+    )
+    lower.add_argument("-o", "--output", required=True, type=Path, help="the program file to write")
+    lower.add_argument(
+        "--compile-spec",
+        action="append",
+        default=[],
+        metavar="ID:KEY=VALUE",
+        help="a compile spec for one backend, e.g. onnxruntime:intra_op_threads=2 (repeat)",
+    )
+    lower.add_argument("--min-partition-size", type=int, default=1, metavar="N", help="smallest partition (default 1)")
+    lower.add_argument("--html", type=Path, metavar="FILE.html", help="also write the partition report as HTML")
+    lower.add_argument("--external-data", type=Path, metavar="FILE", help="put weights in this separate data file")
+
+    inspect = commands.add_parser(
+        "inspect", help="describe a program file", description="Describe a program file written by torchdelegate."
+    )
+    inspect.add_argument("file", type=Path)
+    inspect.add_argument("--html", type=Path, metavar="FILE.html", help="write the saved partition report as HTML")
+    inspect.add_argument("--report", action="store_true", help="print the saved partition report in full")
+    inspect.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
+
+    run = commands.add_parser(
+        "run",
+        help="run one method of a program file",
+        description="Run one method of a program file on inputs from .npy files (or numbers), in call order.",
+    )
+    run.add_argument("file", type=Path)
+    run.add_argument("--method", "-m", default=None, help="the method (default: the only one, or 'forward')")
+    run.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        default=[],
+        dest="inputs",
+        metavar="X.npy|NUMBER",
+        help="one input, in call order (repeat)",
+    )
+    run.add_argument("--save", type=Path, metavar="OUT.npz", help="save the outputs as output_0, output_1, ...")
+    run.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
+
+    demo = commands.add_parser(
+        "demo",
+        help="lower, save, load and run a small language model, checked against eager",
+        description="A small decoder-only language model (built in, random weights from a fixed seed) as prefill + "
+        "decode with a KV cache: lowered to ONNX Runtime with reference as fallback, saved, loaded, generating "
+        "tokens checked against eager torch.",
+    )
+    demo.add_argument("--tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
+    demo.add_argument("--output-dir", type=Path, metavar="DIR", help="keep the program file and report here")
+    demo.add_argument("--rounds", type=int, default=3, metavar="R", help="timing rounds, median taken (default 3)")
+
+    for sub in (lower, inspect, run, demo):
+        sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # torch's own serializer warns about its own pytree API; a command's output is not the place
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
+    commands: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
+        "lower": _lower,
+        "inspect": _inspect,
+        "run": _run,
+        "demo": _demo,
+    }
+    try:
+        return commands[args.command](args, sys.stdout)
+    except KeyboardInterrupt:
+        print("torchdelegate: interrupted", file=sys.stderr)
+        return 130
+    except (CommandError, TorchDelegateError, ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
+        if args.verbose:
+            traceback.print_exc()
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"torchdelegate: error: {message}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _version() -> str:
+    from torchdelegate import __version__
+
+    return __version__
+
+
+# lower
+
+
+def _lower(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.backends.support import backend_supports
+    from torchdelegate.partition.capability import CapabilityPartitioner
+    from torchdelegate.program import to_edge
+    from torchdelegate.report import render_html, render_text
+
+    programs = {method: _load_export(method, path) for method, path in _method_files(args.methods)}
+    partitioner = CapabilityPartitioner(
+        backend_supports(args.backends, _compile_specs(args.compile_spec)), min_partition_size=args.min_partition_size
+    )
+    started = time.perf_counter()
+    edge = to_edge(programs)
+    with _ProgressBar(sys.stderr) as bar:
+        lowered, report = bar.run(edge, partitioner)
+    seconds = time.perf_counter() - started
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    lowered.save(args.output, external_data_path=args.external_data, report=report.to_json())
+    print(render_text(report), file=out)
+    print("", file=out)
+    size = args.output.stat().st_size
+    print(f"lowered in {seconds:.1f} s; wrote {args.output}: {_bytes(size)}", file=out)
+    print(_sharing_line(report), file=out)
+    if args.html:
+        args.html.write_text(render_html(report, title=f"torchdelegate: {args.output.name}"), encoding="utf-8")
+        print(f"report: {args.html}", file=out)
+    return EXIT_OK
+
+
+def _sharing_line(report: Any) -> str:
+    held, unique = sum(report.state_bytes.values()), report.unique_state_bytes
+    line = f"weights and buffers: {_bytes(unique)} unique"
+    if len(report.state_bytes) > 1:
+        line += (
+            f"; the {len(report.state_bytes)} methods hold {_bytes(held)}, stored once: {_bytes(held - unique)} saved"
+        )
+    return line
+
+
+def _method_files(pairs: Sequence[str]) -> list[tuple[str, Path]]:
+    found: dict[str, Path] = {}
+    for pair in pairs:
+        method, sep, path = pair.partition("=")
+        if not sep or not method or not path:
+            raise CommandError(f"{pair!r} is not METHOD=FILE.pt2 (for one method: forward={pair})")
+        if not method.isidentifier():
+            raise CommandError(f"method name {method!r} is not a Python identifier")
+        if method in found:
+            raise CommandError(f"method {method!r} is given twice")
+        found[method] = Path(path)
+    return list(found.items())
+
+
+def _load_export(method: str, path: Path) -> torch.export.ExportedProgram:
+    if not path.is_file():
+        raise CommandError(f"method {method!r}: no file {str(path)!r}")
+    try:
+        return torch.export.load(path)
+    except Exception as error:
+        raise CommandError(
+            f"method {method!r}: {str(path)!r} is not a torch.export.save file ({type(error).__name__}: {error})"
+        ) from error
+
+
+def _compile_specs(values: Sequence[str]) -> dict[str, list[Any]]:
+    from torchdelegate.specs import CompileSpec
+
+    specs: dict[str, list[CompileSpec]] = {}
+    for value in values:
+        backend, sep, rest = value.partition(":")
+        key, eq, setting = rest.partition("=")
+        if not (sep and eq and backend and key):
+            raise CommandError(f"--compile-spec {value!r} is not ID:KEY=VALUE (e.g. onnxruntime:intra_op_threads=2)")
+        specs.setdefault(backend, []).append(CompileSpec(key, setting.encode()))
+    return specs
+
+
+class _ProgressBar:
+    """A progress bar over preprocess on a terminal; one line per partition elsewhere."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def __enter__(self) -> _ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def run(self, edge: Any, partitioner: Any) -> Any:
+        from torchdelegate.progress import preprocess_progress
+        from torchdelegate.report import lower_with_report
+
+        with preprocess_progress(self.show):
+            return lower_with_report(edge, partitioner)
+
+    def show(self, step: PreprocessProgress) -> None:
+        text = f"preprocess {step.done}/{step.total}: {step.backend_id}, {step.where}"
+        if self.tty:
+            filled = round(24 * step.done / max(step.total, 1))
+            self.stream.write(f"\r[{'#' * filled}{'.' * (24 - filled)}] {text[:90]:<90}")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+# inspect
+
+
+def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.report import LoweringReport, render_html, render_text
+    from torchdelegate.runtime.program import load
+    from torchdelegate.serialize.container import FORMAT_VERSION
+
+    with load(args.file, external_data_path=args.external_data) as program:
+        file = program.file
+        producer = file.producer.get("torch", "?")
+        print(f"{args.file}: {_bytes(args.file.stat().st_size)}, format version {FORMAT_VERSION}, ", end="", file=out)
+        print(f"written with torch {producer}", file=out)
+        print("methods:", file=out)
+        for record in file.methods:
+            parameters = ", ".join(program.method(record.name).signature())
+            delegates = ", ".join(f"#{i} {file.delegates[i].backend_id}" for i in record.delegates) or "none"
+            print(f"  {record.name}({parameters})  delegates: {delegates}", file=out)
+        print("delegates:", file=out)
+        by_backend: dict[str, list[int]] = {}
+        for delegate in file.delegates:
+            size = file.segment_length(delegate.blob, f"delegate {delegate.name}")
+            by_backend.setdefault(delegate.backend_id, []).append(size)
+        for backend, sizes in by_backend.items():
+            each = f" ({', '.join(_bytes(s) for s in sizes)})" if len(sizes) > 1 else ""
+            print(f"  {backend}: {len(sizes)} blob(s), {_bytes(sum(sizes))}{each}", file=out)
+        digests = {r.data for r in file.named_data}
+        unique = sum(file.segment_length(d, "named data") for d in digests)
+        referenced = sum(file.segment_length(r.data, "named data") for r in file.named_data)
+        print(
+            f"named data: {len(file.named_data)} entries, {_bytes(unique)} unique "
+            f"({_bytes(referenced - unique)} saved by storing equal bytes once)",
+            file=out,
+        )
+        stored = [r for r in file.state if r.data is not None]
+        state_bytes = sum(file.segment_length(r.data, "state") for r in stored if r.data is not None)
+        mutable = sum(r.mutable for r in file.state)
+        print(
+            f"state: {len(file.state)} tensors, {_bytes(state_bytes)} stored ({mutable} updated at run time)", file=out
+        )
+        saved = program.report
+    if saved is None:
+        print("report: none saved (lower with the torchdelegate command to keep one)", file=out)
+        if args.html or args.report:
+            raise CommandError(f"{args.file} holds no partition report")
+        return EXIT_OK
+    try:
+        report = LoweringReport.from_json(saved)
+    except ValueError as error:
+        raise CommandError(f"{args.file}: the saved partition report cannot be read: {error}") from error
+    if args.report:
+        print("", file=out)
+        print(render_text(report), file=out)
+    else:
+        for method in report.methods.values():
+            from torchdelegate.report.terminal import coverage_line
+
+            print(coverage_line(method), file=out)
+    if args.html:
+        args.html.write_text(render_html(report, title=f"torchdelegate: {args.file.name}"), encoding="utf-8")
+        print(f"report: {args.html}", file=out)
+    return EXIT_OK
+
+
+# run
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.runtime.program import load
+
+    inputs = [_input(value) for value in args.inputs]
+    with load(args.file, external_data_path=args.external_data) as program:
+        method = args.method or _default_method(program.method_names)
+        if method not in program.method_names:
+            names = ", ".join(program.method_names)
+            raise CommandError(f"no method {method!r} in {args.file}; the methods are {names}")
+        started = time.perf_counter()
+        outputs = program.run(method, *inputs)
+        seconds = time.perf_counter() - started
+    flat = torch.utils._pytree.tree_leaves(outputs)
+    print(f"{method}: {len(flat)} output(s) in {seconds * 1e3:.2f} ms", file=out)
+    for index, value in enumerate(flat):
+        print(f"  output_{index}: {_describe_value(value)}", file=out)
+    if args.save:
+        arrays = {f"output_{i}": _as_array(v) for i, v in enumerate(flat)}
+        np.savez(args.save, **arrays)  # type: ignore[arg-type]
+        print(f"saved {args.save}", file=out)
+    return EXIT_OK
+
+
+def _default_method(names: list[str]) -> str:
+    if len(names) == 1:
+        return names[0]
+    if "forward" in names:
+        return "forward"
+    raise CommandError(f"the file has several methods ({', '.join(names)}); choose one with --method")
+
+
+def _input(value: str) -> Any:
+    """A .npy file as a tensor; otherwise an int, a float, or true/false."""
+    if value.endswith(".npy"):
+        path = Path(value)
+        if not path.is_file():
+            raise CommandError(f"no input file {value!r}")
+        try:
+            array = np.load(path, allow_pickle=False)
+        except ValueError as error:
+            raise CommandError(f"{value!r} is not a .npy array without objects: {error}") from error
+        return torch.from_numpy(np.ascontiguousarray(array))
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    raise CommandError(f"input {value!r} is neither a .npy file nor a number")
+
+
+def _as_array(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _describe_value(value: Any) -> str:
+    if not isinstance(value, torch.Tensor):
+        return repr(value)
+    dtype = str(value.dtype).removeprefix("torch.")
+    head = np.array2string(value.detach().reshape(-1)[:6].numpy(), precision=4, separator=", ")
+    more = " ..." if value.numel() > 6 else ""
+    return f"{dtype}[{', '.join(map(str, value.shape))}] {head}{more}"
+
+
+# demo
+
+
+def _demo(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.demo.session import run_demo
+
+    if args.tokens < 1:
+        raise CommandError(f"--tokens must be at least 1, got {args.tokens}")
+    if args.rounds < 1:
+        raise CommandError(f"--rounds must be at least 1, got {args.rounds}")
+    result = run_demo(tokens=args.tokens, output_dir=args.output_dir, rounds=args.rounds, out=out)
+    return EXIT_OK if result.matches else EXIT_FAILED
+
+
+def _bytes(count: int) -> str:
+    from torchdelegate.report.terminal import human_bytes
+
+    return human_bytes(count)
+
+
+def entry_point() -> None:
+    """``[project.scripts]``: exit with :func:`main`'s code."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry_point()

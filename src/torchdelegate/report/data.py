@@ -1,0 +1,246 @@
+"""What went where and why, as data: the partition report of a lowering.
+
+A report is made from a method's program *before* lowering and the partitioner's
+:class:`~torchdelegate.partition.capability.PartitionPlan`: for every computation, its
+backend or the reasons each backend gave; for every partition, its nodes, ops, inputs and
+outputs, the bytes of the weights that move into it and the FLOPs it computes; for the
+method, the share delegated by node count and by FLOPs. FLOPs are torch's own count
+(``torch.utils.flop_counter``: matrix products, convolutions, attention), so element-wise
+work weighs nothing; a node without shapes counts zero. Blob sizes are added once the
+backends have compiled the partitions. A report is plain JSON (``to_json``/``from_json``),
+which is how a saved file carries it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.fx import Node
+from torch.utils.flop_counter import flop_registry
+
+from torchdelegate.partition.capability import PartitionPlan
+
+REPORT_VERSION = 1
+NOT_DELEGATED = "not delegated"
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One computation: where it went (``backend_id``/``tag``, or None) and each backend's reason if not there."""
+
+    name: str
+    op: str
+    backend_id: str | None
+    tag: str | None
+    reasons: dict[str, str]
+    flops: int
+    inputs: list[str]  # computations and user inputs it reads (through tuple items)
+
+
+@dataclass(frozen=True)
+class PartitionRow:
+    tag: str
+    backend_id: str
+    nodes: int
+    ops: dict[str, int]  # op -> count, most frequent first
+    inputs: list[str]  # values computed or given outside that it reads
+    outputs: list[str]  # its values read outside
+    weight_bytes: int  # parameters and constants only it reads: they move into the delegate
+    flops: int
+    kept_apart: dict[str, str]  # tag of a partition it touches -> a node on the path between them
+    blob_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class MethodReport:
+    method: str
+    nodes: list[NodeRow]  # every computation, in graph order
+    partitions: list[PartitionRow]
+    user_inputs: list[str]
+    user_outputs: list[str]
+
+    @property
+    def delegated_nodes(self) -> int:
+        return sum(row.tag is not None for row in self.nodes)
+
+    @property
+    def total_flops(self) -> int:
+        return sum(row.flops for row in self.nodes)
+
+    @property
+    def delegated_flops(self) -> int:
+        return sum(row.flops for row in self.nodes if row.tag is not None)
+
+    def not_delegated(self) -> dict[tuple[str, str], list[str]]:
+        """``(op, reason) -> node names``; the reason joins every backend's answer."""
+        found: dict[tuple[str, str], list[str]] = {}
+        for row in self.nodes:
+            if row.tag is None:
+                why = "; ".join(f"{b}: {r}" for b, r in row.reasons.items()) or "no backend was asked"
+                found.setdefault((row.op, why), []).append(row.name)
+        return found
+
+
+@dataclass(frozen=True)
+class LoweringReport:
+    """A report per method, and the backends in the priority order they were given."""
+
+    backends: list[str]
+    methods: dict[str, MethodReport] = field(default_factory=dict)
+    state_bytes: dict[str, int] = field(default_factory=dict)  # method -> bytes of the tensors it holds
+    unique_state_bytes: int = 0  # the same, counting a tensor that several methods hold by one name once
+
+    def with_blob_sizes(self, sizes: Mapping[str, Mapping[str, int]]) -> LoweringReport:
+        """A copy with each partition's compiled size, from ``{method: {tag: bytes}}``."""
+        methods = {}
+        for name, method in self.methods.items():
+            partitions = [
+                PartitionRow(**{**asdict(p), "blob_bytes": sizes.get(name, {}).get(p.tag)}) for p in method.partitions
+            ]
+            methods[name] = MethodReport(
+                method.method, method.nodes, partitions, method.user_inputs, method.user_outputs
+            )
+        return LoweringReport(self.backends, methods, self.state_bytes, self.unique_state_bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": REPORT_VERSION,
+            "backends": self.backends,
+            "methods": [asdict(m) for m in self.methods.values()],
+            "state_bytes": self.state_bytes,
+            "unique_state_bytes": self.unique_state_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> LoweringReport:
+        """Raises ``ValueError`` naming the field when ``value`` is not a report this version reads."""
+        if not isinstance(value, Mapping) or value.get("version") != REPORT_VERSION:
+            raise ValueError(f"not a version {REPORT_VERSION} partition report")
+        try:
+            methods = {}
+            for entry in value["methods"]:
+                nodes = [NodeRow(**row) for row in entry["nodes"]]
+                partitions = [PartitionRow(**row) for row in entry["partitions"]]
+                methods[entry["method"]] = MethodReport(
+                    entry["method"], nodes, partitions, list(entry["user_inputs"]), list(entry["user_outputs"])
+                )
+            state = {str(k): int(v) for k, v in dict(value.get("state_bytes", {})).items()}
+            return cls(list(value["backends"]), methods, state, int(value.get("unique_state_bytes", 0)))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"partition report: malformed entry ({error})") from error
+
+
+def state_bytes(programs: Mapping[str, ExportedProgram]) -> tuple[dict[str, int], int]:
+    """Bytes of parameters, buffers and constants per method, and in all (one count per name)."""
+    per_method, named = {}, {}
+    for method, program in programs.items():
+        tensors = {**program.state_dict, **program.constants}
+        sizes = {k: v.numel() * v.element_size() for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+        per_method[method] = sum(sizes.values())
+        named.update(sizes)
+    return per_method, sum(named.values())
+
+
+def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) -> MethodReport:
+    """The report of ``program`` partitioned as ``plan`` says (the program is only read)."""
+    graph_nodes = {node.name: node for node in program.graph.nodes}
+    tag_of = {name: p.tag for p in plan.partitions for name in p.nodes}
+    user_inputs = _user_inputs(program)
+    rows = []
+    for decision in plan.decisions:
+        node = graph_nodes[decision.node]
+        inputs = [n.name for n in _sources(node) if n.op == "call_function" or n.name in user_inputs]
+        rows.append(
+            NodeRow(
+                decision.node, decision.op, decision.backend_id, decision.tag, decision.reasons, _flops(node), inputs
+            )
+        )
+    flops = {row.name: row.flops for row in rows}
+    weights = _weight_bytes(program)
+    partitions = []
+    for planned in plan.partitions:
+        members = [graph_nodes[name] for name in planned.nodes]
+        inside = set(planned.nodes)
+        computations = [n for n in members if not _is_item(n)]
+        sources = {s.name: None for n in members for s in n.all_input_nodes if s.name not in inside}
+        moved = [
+            s for s in sources if s in weights and all(tag_of.get(u.name) == planned.tag for u in graph_nodes[s].users)
+        ]
+        read_outside = [n.name for n in members if any(user.name not in inside for user in n.users)]
+        partitions.append(
+            PartitionRow(
+                tag=planned.tag,
+                backend_id=planned.backend_id,
+                nodes=len(computations),
+                ops=dict(Counter(_short(n) for n in computations).most_common()),
+                inputs=[s for s in sources if s not in moved],
+                outputs=read_outside,
+                weight_bytes=sum(weights[s] for s in moved),
+                flops=sum(flops.get(n.name, 0) for n in computations),
+                kept_apart=dict(planned.kept_apart),
+            )
+        )
+    outputs = [n.name for n in program.graph.output_node().all_input_nodes]
+    return MethodReport(method, rows, partitions, sorted(user_inputs, key=list(graph_nodes).index), outputs)
+
+
+def _is_item(node: Node) -> bool:
+    return node.target is operator.getitem
+
+
+def _sources(node: Node) -> list[Node]:
+    """The nodes ``node`` reads, looking through tuple items to the node that made the tuple."""
+    found: dict[Node, None] = {}
+    for source in node.all_input_nodes:
+        found[source.args[0] if _is_item(source) and isinstance(source.args[0], Node) else source] = None
+    return list(found)
+
+
+def _short(node: Node) -> str:
+    text = str(node.target)
+    return text.removeprefix("aten.").removesuffix(".default")
+
+
+def _user_inputs(program: ExportedProgram) -> set[str]:
+    return {spec.arg.name for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT}
+
+
+def _weight_bytes(program: ExportedProgram) -> dict[str, int]:
+    """Placeholder name -> bytes, for parameters and constants (not buffers a method updates)."""
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    found = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind in kinds and spec.target not in mutated:
+            value = program.state_dict.get(spec.target) if spec.target else None
+            if value is None:
+                value = program.constants.get(spec.target) if spec.target else None
+            if isinstance(value, torch.Tensor):
+                found[spec.arg.name] = value.numel() * value.element_size()
+    return found
+
+
+def _flops(node: Node) -> int:
+    """torch's FLOP count for ``node`` from the shapes export recorded; 0 when it has none."""
+    target = node.target
+    packet = getattr(target, "overloadpacket", None)
+    count = flop_registry.get(packet) if packet is not None else None
+    if count is None or "val" not in node.meta:
+        return 0
+
+    def value(argument: Any) -> Any:
+        return argument.meta.get("val") if isinstance(argument, Node) else argument
+
+    args = torch.utils._pytree.tree_map(value, node.args)
+    kwargs = torch.utils._pytree.tree_map(value, node.kwargs)
+    try:
+        return int(count(*args, **kwargs, out_val=node.meta["val"]))
+    except Exception:  # a shape torch's counter cannot read (symbolic sizes): count nothing
+        return 0

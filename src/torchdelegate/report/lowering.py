@@ -1,0 +1,36 @@
+"""Lowering with a capability partitioner, and the report of what went where.
+
+The plan of each method is made once from the manager's programs (which planning does not
+change), the lowering applies the same partitioner, and the report then gets each
+partition's compiled size from the delegates it made.
+"""
+
+from __future__ import annotations
+
+from torchdelegate.partition.capability import CapabilityPartitioner
+from torchdelegate.program import EdgeProgramManager
+from torchdelegate.report.data import LoweringReport, method_report, state_bytes
+
+
+def plan_report(manager: EdgeProgramManager, partitioner: CapabilityPartitioner) -> LoweringReport:
+    """What ``partitioner`` would do to every method of ``manager``, without lowering."""
+    backends = [spec.backend_id for _, spec in partitioner.backends]
+    programs = {method: manager.exported_program(method) for method in manager.methods}
+    methods = {
+        method: method_report(method, program, partitioner.plan(program)) for method, program in programs.items()
+    }
+    per_method, unique = state_bytes(programs)
+    return LoweringReport(backends, methods, per_method, unique)
+
+
+def lower_with_report(
+    manager: EdgeProgramManager, partitioner: CapabilityPartitioner
+) -> tuple[EdgeProgramManager, LoweringReport]:
+    """``manager.to_backend(partitioner)`` and its report, blob sizes included."""
+    report = plan_report(manager, partitioner)
+    lowered = manager.to_backend(partitioner)
+    sizes = {
+        method: {str(d.meta.get("tag")): len(d.processed_bytes) for d in delegates}
+        for method, delegates in lowered.delegates().items()
+    }
+    return lowered, report.with_blob_sizes(sizes)

@@ -1,0 +1,83 @@
+"""The HTML report: one self-contained file that headless Chromium renders without a script error."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from backends import TorchExportBackend
+from models import TwoLinears, export
+
+import torchdelegate as td
+from torchdelegate import CapabilityPartitioner, DelegationSpec
+from torchdelegate.report import plan_report, render_html
+
+aten = torch.ops.aten
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("TORCHDELEGATE_REQUIRE_CHROMIUM"):
+            pytest.fail("Chromium is required here (TORCHDELEGATE_REQUIRE_CHROMIUM) but is not installed")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    return found
+
+
+def _page(tmp_path: Path) -> tuple[Path, int]:
+    edge = td.to_edge(export(TwoLinears(), torch.randn(2, 4)))
+    linear = {aten.permute.default, aten.addmm.default}
+    partitioner = CapabilityPartitioner(
+        [
+            (linear, DelegationSpec(TorchExportBackend.backend_id)),
+            ({aten.relu.default, aten.add.Tensor}, DelegationSpec("reference")),
+        ]
+    )
+    report = plan_report(edge, partitioner)
+    page = tmp_path / "report.html"
+    page.write_text(render_html(report), encoding="utf-8")
+    return page, len(report.methods["forward"].nodes)
+
+
+def test_the_page_is_self_contained_and_colours_each_backend(tmp_path: Path) -> None:
+    page, nodes = _page(tmp_path)
+    text = page.read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", text)  # nothing fetched
+    assert text.count('<rect class="node"') == nodes
+    assert (
+        'fill="#1f77b4"' in text and 'fill="#2ca02c"' in text and 'fill="#c7c7c7"' in text
+    )  # two backends, and sigmoid
+
+
+def test_chromium_renders_the_page_and_its_script_runs(tmp_path: Path) -> None:
+    chromium = _chromium()
+    page, nodes = _page(tmp_path)
+    profile = tmp_path / "profile"
+    common = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-ready="1"' in dom.stdout  # the script ran to its end
+    assert dom.stdout.count('class="node"') == nodes
+    assert "Uncaught" not in dom.stderr, dom.stderr[-2000:]
+    shot = tmp_path / "report.png"
+    run = subprocess.run(
+        [*common, "--window-size=1000,800", f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120
+    )
+    assert run.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000

@@ -1,0 +1,92 @@
+"""The partition report as data: reasons per category, partitions' figures, coverage, and the saved copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from backends import TorchExportBackend
+from models import TwoLinears, export
+
+import torchdelegate as td
+from torchdelegate import CapabilityPartitioner, DelegationSpec
+from torchdelegate.partition.capability import CLAIMED_EARLIER, CYCLE, TOO_SMALL
+from torchdelegate.report import LoweringReport, lower_with_report, plan_report, render_text
+
+aten = torch.ops.aten
+REFERENCE = DelegationSpec("reference")
+SECOND = DelegationSpec(TorchExportBackend.backend_id)
+
+
+def test_partitions_carry_their_nodes_ops_boundary_weights_and_flops() -> None:
+    model, x = TwoLinears(), torch.randn(2, 4)
+    edge = td.to_edge(export(model, x))
+    support = {aten.permute.default, aten.addmm.default, aten.relu.default, aten.add.Tensor}
+    lowered, report = lower_with_report(edge, CapabilityPartitioner(support, REFERENCE))
+    method = report.methods["forward"]
+    first, second = method.partitions
+    assert (first.tag, first.nodes, first.ops) == ("reference_0", 3, {"permute": 1, "addmm": 1, "relu": 1})
+    assert first.inputs == ["x"] and first.outputs == ["relu"]
+    assert first.weight_bytes == (4 * 4 + 4) * 4  # l1's weight and bias move into the delegate
+    assert first.flops == 2 * 2 * 4 * 4  # torch's count for a [2, 4] x [4, 4] product
+    assert second.inputs == ["sigmoid", "relu"] and second.outputs == ["add"]
+    assert first.blob_bytes == len(lowered.delegates()["forward"][0].processed_bytes) > 0
+    assert first.kept_apart == {"reference_1": "sigmoid"}
+    assert (method.delegated_nodes, len(method.nodes)) == (6, 7)
+    assert method.delegated_flops == method.total_flops == 2 * 64
+    assert method.not_delegated() == {
+        ("aten.sigmoid.default", "reference: unsupported: aten.sigmoid.default"): ["sigmoid"]
+    }
+
+
+def test_every_reason_reaches_the_report_and_its_text() -> None:
+    class Diamond(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a = (x + 1).cos()
+            return a * torch.sigmoid(a), x.exp()
+
+    edge = td.to_edge(export(Diamond(), torch.randn(3)))
+
+    def first(node: torch.fx.Node) -> bool | str:
+        if node.target is aten.sigmoid.default:
+            return "sigmoid on float32[3] is not fused"
+        return node.target is not aten.exp.default
+
+    second = {aten.exp.default, aten.cos.default}
+    partitioner = CapabilityPartitioner([(first, REFERENCE), (second, SECOND)], min_partition_size=2)
+    report = plan_report(edge, partitioner)
+    rows = {row.name: row for row in report.methods["forward"].nodes}
+    assert rows["sigmoid"].reasons["reference"] == "sigmoid on float32[3] is not fused"
+    assert rows["sigmoid"].reasons[SECOND.backend_id] == "unsupported: aten.sigmoid.default"
+    assert rows["mul"].reasons["reference"].startswith(TOO_SMALL) and CYCLE in rows["mul"].reasons["reference"]
+    assert rows["exp"].reasons["reference"] == "unsupported: aten.exp.default"
+    assert rows["exp"].reasons[SECOND.backend_id].startswith(TOO_SMALL)
+    assert rows["cos"].tag == "reference_0" and rows["cos"].reasons == {SECOND.backend_id: CLAIMED_EARLIER}
+    text = render_text(report)
+    assert "method 'forward': 2 of 5 computations delegated (40.0%)" in text
+    assert "aten.sigmoid.default x1 (sigmoid): reference: sigmoid on float32[3] is not fused" in text
+
+
+def test_the_report_is_saved_with_the_program_and_read_back(tmp_path: pytest.TempPathFactory) -> None:
+    model, x = TwoLinears(), torch.randn(2, 4)
+    edge = td.to_edge(export(model, x))
+    lowered, report = lower_with_report(edge, CapabilityPartitioner(lambda node: True, REFERENCE))
+    path = tmp_path / "model.tdp"  # type: ignore[operator]
+    lowered.save(path, report=report.to_json())
+    with td.load(path) as program:
+        assert program.report is not None
+        assert LoweringReport.from_json(program.report) == report
+        torch.testing.assert_close(program.run("forward", x), model(x))
+    assert report.state_bytes == {"forward": 2 * (16 + 4) * 4} and report.unique_state_bytes == 160
+
+
+def test_two_methods_holding_one_weight_count_it_once() -> None:
+    model = TwoLinears()
+    programs = {"a": export(model, torch.randn(2, 4)), "b": export(model, torch.randn(3, 4))}
+    report = plan_report(td.to_edge(programs), CapabilityPartitioner(lambda node: True, REFERENCE))
+    assert report.state_bytes == {"a": 160, "b": 160} and report.unique_state_bytes == 160
+
+
+@pytest.mark.parametrize("bad", [{}, {"version": 2}, {"version": 1, "backends": [], "methods": [{"method": "f"}]}])
+def test_a_report_that_is_not_one_is_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="report"):
+        LoweringReport.from_json(bad)

@@ -1,0 +1,125 @@
+"""The ``torchdelegate`` command, end to end through a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from models import CumprodBetweenLinears, TwoLinears
+
+pytest.importorskip("onnxruntime")
+
+
+def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "torchdelegate"
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "torchdelegate.cli"]
+    return subprocess.run([*prefix, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    model = CumprodBetweenLinears().eval()
+    x = torch.randn(2, 8)
+    torch.export.save(torch.export.export(model, (x,)), directory / "model.pt2")
+    np.save(directory / "x.npy", x.numpy())
+    torch.save(model.state_dict(), directory / "weights.pt")
+    two = TwoLinears()
+    for name, rows in (("a", 2), ("b", 3)):
+        torch.export.save(torch.export.export(two, (torch.randn(rows, 4),)), directory / f"{name}.pt2")
+    return directory
+
+
+def test_lower_inspect_and_run_a_model_onnx_runtime_takes_part_of(exported: Path) -> None:
+    lowered = _command(
+        "lower",
+        "forward=model.pt2",
+        "--backend",
+        "onnxruntime",
+        "-o",
+        "out/model.tdp",
+        "--html",
+        "report.html",
+        cwd=exported,
+    )
+    assert lowered.returncode == 0, lowered.stderr
+    assert "method 'forward': 5 of 6 computations delegated" in lowered.stdout
+    assert (
+        "aten.cumprod.default x1 (cumprod): onnxruntime: torch.onnx has no translation for aten.cumprod.default"
+        in lowered.stdout
+    )
+    assert "preprocess 2/2: onnxruntime" in lowered.stderr
+    assert (exported / "out/model.tdp").stat().st_size > 0 and "<svg" in (exported / "report.html").read_text()
+
+    inspected = _command("inspect", "out/model.tdp", "--report", cwd=exported)
+    assert inspected.returncode == 0, inspected.stderr
+    assert "format version 1" in inspected.stdout
+    assert "forward(x: float32[2, 8])  delegates: #0 onnxruntime, #1 onnxruntime" in inspected.stdout
+    assert "onnxruntime: 2 blob(s)" in inspected.stdout
+    assert "onnxruntime_0" in inspected.stdout and "cumprod" in inspected.stdout
+
+    ran = _command("run", "out/model.tdp", "--input", "x.npy", "--save", "y.npz", cwd=exported)
+    assert ran.returncode == 0, ran.stderr
+    assert "output_0: float32[2, 4]" in ran.stdout
+    model = CumprodBetweenLinears()
+    model.load_state_dict(torch.load(exported / "weights.pt"))
+    expected = model(torch.from_numpy(np.load(exported / "x.npy"))).detach().numpy()
+    np.testing.assert_allclose(np.load(exported / "y.npz")["output_0"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_two_methods_lowered_together_store_their_shared_weights_once(exported: Path) -> None:
+    lowered = _command("lower", "a=a.pt2", "b=b.pt2", "-b", "reference", "-o", "two.tdp", cwd=exported)
+    assert lowered.returncode == 0, lowered.stderr
+    assert "weights and buffers: 160 B unique; the 2 methods hold 320 B, stored once: 160 B saved" in lowered.stdout
+    ran = _command("run", "two.tdp", "--method", "b", "--input", "x.npy", cwd=exported)
+    assert ran.returncode == 1
+    assert "error:" in ran.stderr and "Traceback" not in ran.stderr  # x is [2, 8]; method b takes [3, 4]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (
+            ("lower", "forward=missing.pt2", "-b", "reference", "-o", "x.tdp"),
+            1,
+            "method 'forward': no file 'missing.pt2'",
+        ),
+        (("lower", "model.pt2", "-b", "reference", "-o", "x.tdp"), 1, "is not METHOD=FILE.pt2"),
+        (("lower", "forward=model.pt2", "-b", "nope", "-o", "x.tdp"), 1, "'nope'"),
+        (("lower", "forward=model.pt2", "-o", "x.tdp"), 2, "the following arguments are required: --backend"),
+        (("inspect", "x.npy"), 1, "x.npy"),
+        (("run", "model.pt2", "--input", "x.npy"), 1, "model.pt2"),
+    ],
+)
+def test_bad_use_is_one_line_on_stderr_with_an_exit_code(
+    exported: Path, args: tuple[str, ...], code: int, message: str
+) -> None:
+    result = _command(*args, cwd=exported)
+    assert result.returncode == code
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_verbose_shows_the_traceback(exported: Path) -> None:
+    result = _command("inspect", "x.npy", "--verbose", cwd=exported)
+    assert result.returncode == 1 and "Traceback" in result.stderr
+
+
+def test_the_demo_generates_what_eager_generates(tmp_path: Path) -> None:
+    result = _command("demo", "--tokens", "6", "--rounds", "1", "--output-dir", "kept", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "tokens identical to eager" in result.stdout
+    assert "method 'decode':" in result.stdout and "onnxruntime_0" in result.stdout
+    assert (tmp_path / "kept/demo.tdp").exists() and (tmp_path / "kept/demo-report.html").exists()
+
+
+def test_help_lists_the_commands(tmp_path: Path) -> None:
+    result = _command("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for command in ("lower", "inspect", "run", "demo"):
+        assert command in result.stdout
