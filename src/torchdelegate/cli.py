@@ -21,6 +21,7 @@ import torch
 
 from torchdelegate.errors import TorchDelegateError
 from torchdelegate.progress import PreprocessProgress
+from torchdelegate.report.terminal import coverage_line, human_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -166,7 +167,7 @@ def _lower(args: argparse.Namespace, out: TextIO) -> int:
     print(render_text(report), file=out)
     print("", file=out)
     size = args.output.stat().st_size
-    print(f"lowered in {seconds:.1f} s; wrote {args.output}: {_bytes(size)}", file=out)
+    print(f"lowered in {seconds:.1f} s; wrote {args.output}: {human_bytes(size)}", file=out)
     print(_sharing_line(report), file=out)
     if args.html:
         args.html.write_text(render_html(report, title=f"torchdelegate: {args.output.name}"), encoding="utf-8")
@@ -176,11 +177,10 @@ def _lower(args: argparse.Namespace, out: TextIO) -> int:
 
 def _sharing_line(report: Any) -> str:
     held, unique = sum(report.state_bytes.values()), report.unique_state_bytes
-    line = f"weights and buffers: {_bytes(unique)} unique"
+    line = f"weights and buffers: {human_bytes(unique)} unique"
     if len(report.state_bytes) > 1:
-        line += (
-            f"; the {len(report.state_bytes)} methods hold {_bytes(held)}, stored once: {_bytes(held - unique)} saved"
-        )
+        saved = human_bytes(held - unique)
+        line += f"; the {len(report.state_bytes)} methods hold {human_bytes(held)}, stored once: {saved} saved"
     return line
 
 
@@ -265,8 +265,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     with load(args.file, external_data_path=args.external_data) as program:
         file = program.file
         producer = file.producer.get("torch", "?")
-        print(f"{args.file}: {_bytes(args.file.stat().st_size)}, format version {FORMAT_VERSION}, ", end="", file=out)
-        print(f"written with torch {producer}", file=out)
+        file_size = human_bytes(args.file.stat().st_size)
+        print(f"{args.file}: {file_size}, format version {FORMAT_VERSION}, written with torch {producer}", file=out)
         print("methods:", file=out)
         for record in file.methods:
             parameters = ", ".join(program.method(record.name).signature())
@@ -278,22 +278,21 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
             size = file.segment_length(delegate.blob, f"delegate {delegate.name}")
             by_backend.setdefault(delegate.backend_id, []).append(size)
         for backend, sizes in by_backend.items():
-            each = f" ({', '.join(_bytes(s) for s in sizes)})" if len(sizes) > 1 else ""
-            print(f"  {backend}: {len(sizes)} blob(s), {_bytes(sum(sizes))}{each}", file=out)
+            each = f" ({', '.join(human_bytes(s) for s in sizes)})" if len(sizes) > 1 else ""
+            print(f"  {backend}: {len(sizes)} blob(s), {human_bytes(sum(sizes))}{each}", file=out)
         digests = {r.data for r in file.named_data}
         unique = sum(file.segment_length(d, "named data") for d in digests)
         referenced = sum(file.segment_length(r.data, "named data") for r in file.named_data)
         print(
-            f"named data: {len(file.named_data)} entries, {_bytes(unique)} unique "
-            f"({_bytes(referenced - unique)} saved by storing equal bytes once)",
+            f"named data: {len(file.named_data)} entries, {human_bytes(unique)} unique "
+            f"({human_bytes(referenced - unique)} saved by storing equal bytes once)",
             file=out,
         )
         stored = [r for r in file.state if r.data is not None]
         state_bytes = sum(file.segment_length(r.data, "state") for r in stored if r.data is not None)
         mutable = sum(r.mutable for r in file.state)
-        print(
-            f"state: {len(file.state)} tensors, {_bytes(state_bytes)} stored ({mutable} updated at run time)", file=out
-        )
+        stored_bytes = human_bytes(state_bytes)
+        print(f"state: {len(file.state)} tensors, {stored_bytes} stored ({mutable} updated at run time)", file=out)
         saved = program.report
     if saved is None:
         print("report: none saved (lower with the torchdelegate command to keep one)", file=out)
@@ -309,8 +308,6 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         print(render_text(report), file=out)
     else:
         for method in report.methods.values():
-            from torchdelegate.report.terminal import coverage_line
-
             print(coverage_line(method), file=out)
     if args.html:
         args.html.write_text(render_html(report, title=f"torchdelegate: {args.file.name}"), encoding="utf-8")
@@ -401,12 +398,6 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
         raise CommandError(f"--rounds must be at least 1, got {args.rounds}")
     result = run_demo(tokens=args.tokens, output_dir=args.output_dir, rounds=args.rounds, out=out)
     return EXIT_OK if result.matches else EXIT_FAILED
-
-
-def _bytes(count: int) -> str:
-    from torchdelegate.report.terminal import human_bytes
-
-    return human_bytes(count)
 
 
 def entry_point() -> None:

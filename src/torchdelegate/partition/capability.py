@@ -94,7 +94,8 @@ def _op_name(node: Node) -> str:
     return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
 
 
-def _is_item(node: Node) -> bool:
+def is_tuple_item(node: Node) -> bool:
+    """A ``getitem`` reading one value of a computation's tuple: it goes wherever that computation goes."""
     return node.target is operator.getitem and isinstance(node.args[0], Node) and node.args[0].op == "call_function"
 
 
@@ -108,7 +109,7 @@ class _Units:
         self.members: dict[int, list[Node]] = {}
         self.taken: set[int] = set()  # units that are groups of an earlier backend
         for index, node in enumerate(self.nodes):
-            head = self.unit[node.args[0]] if _is_item(node) else index  # type: ignore[index]
+            head = self.unit[node.args[0]] if is_tuple_item(node) else index  # type: ignore[index]
             self.unit[node] = head
             self.members.setdefault(head, []).append(node)
 
@@ -213,7 +214,7 @@ class CapabilityPartitioner(Partitioner):
                     continue
                 if unit in units.taken:  # taken by an earlier backend: say so where this one could have
                     for node in members:
-                        if not _is_item(node) and _answer(support, node) is None:
+                        if not is_tuple_item(node) and _answer(support, node) is None:
                             reasons.setdefault(node, {})[backend] = CLAIMED_EARLIER
                     continue
                 why = _answer(support, head)
@@ -222,7 +223,7 @@ class CapabilityPartitioner(Partitioner):
                 else:
                     reasons.setdefault(head, {})[backend] = why
             for group in self._groups(units, claimed, backend):
-                computations = sum(not _is_item(n) for n in group.nodes)
+                computations = sum(not is_tuple_item(n) for n in group.nodes)
                 if computations < self.min_partition_size:
                     small = f"{TOO_SMALL} ({computations} < {self.min_partition_size})"
                     if group.apart:
@@ -275,7 +276,7 @@ class CapabilityPartitioner(Partitioner):
             )
         decisions = []
         for node in units.nodes:
-            if node.op != "call_function" or _is_item(node):
+            if node.op != "call_function" or is_tuple_item(node):
                 continue
             where, label = placed.get(node, (None, None))
             decisions.append(NodeDecision(node.name, _op_name(node), where, label, dict(reasons.get(node, {}))))

@@ -13,7 +13,6 @@ which is how a saved file carries it.
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -25,7 +24,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.utils.flop_counter import flop_registry
 
-from torchdelegate.partition.capability import PartitionPlan
+from torchdelegate.partition.capability import PartitionPlan, is_tuple_item
 
 REPORT_VERSION = 1
 NOT_DELEGATED = "not delegated"
@@ -168,7 +167,7 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
     for planned in plan.partitions:
         members = [graph_nodes[name] for name in planned.nodes]
         inside = set(planned.nodes)
-        computations = [n for n in members if not _is_item(n)]
+        computations = [n for n in members if not is_tuple_item(n)]
         sources = {s.name: None for n in members for s in n.all_input_nodes if s.name not in inside}
         moved = [
             s for s in sources if s in weights and all(tag_of.get(u.name) == planned.tag for u in graph_nodes[s].users)
@@ -191,15 +190,11 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
     return MethodReport(method, rows, partitions, sorted(user_inputs, key=list(graph_nodes).index), outputs)
 
 
-def _is_item(node: Node) -> bool:
-    return node.target is operator.getitem
-
-
 def _sources(node: Node) -> list[Node]:
     """The nodes ``node`` reads, looking through tuple items to the node that made the tuple."""
     found: dict[Node, None] = {}
     for source in node.all_input_nodes:
-        found[source.args[0] if _is_item(source) and isinstance(source.args[0], Node) else source] = None
+        found[source.args[0] if is_tuple_item(source) and isinstance(source.args[0], Node) else source] = None
     return list(found)
 
 
