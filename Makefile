@@ -1,10 +1,14 @@
 # make test: create .venv if missing, install the package with its test extras under the
 # pinned torch, run the tests. make demo: the same set-up, then `torchdelegate demo`: a small
 # language model lowered to ONNX Runtime, saved, loaded and generating tokens checked against eager.
+# make bench: torchdelegate against ExecuTorch on this machine (benchmarks/compare.py); ExecuTorch
+# lives in its own .venv-executorch, never a dependency of the package. About 40 minutes.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+EXECUTORCH_VENV := .venv-executorch
+EXECUTORCH_STAMP := $(EXECUTORCH_VENV)/.installed
 
 .PHONY: test demo lint bench clean
 
@@ -24,10 +28,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/mypy src
 
-bench: $(STAMP)
-	$(PY) benchmarks/lowering.py
-	$(PY) benchmarks/runtime.py
-	$(PY) benchmarks/backends.py
+$(EXECUTORCH_STAMP): benchmarks/executorch-constraints.txt
+	test -x $(EXECUTORCH_VENV)/bin/python || $(PYTHON) -m venv $(EXECUTORCH_VENV)
+	$(EXECUTORCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(EXECUTORCH_VENV)/bin/python -m pip install --quiet -r benchmarks/executorch-constraints.txt
+	touch $(EXECUTORCH_STAMP)
+
+bench: $(STAMP) $(EXECUTORCH_STAMP)
+	$(PY) benchmarks/compare.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(EXECUTORCH_VENV) .pytest_cache

@@ -29,14 +29,14 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import tracemalloc
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from stack import Stack  # benchmarks/ is the script's directory
+from instruments import PeakRss  # benchmarks/ is the script's directory
+from stack import Stack
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -98,35 +98,6 @@ class ReplayPartitioner(Partitioner):
             if node.name in self.tags:
                 node.meta[DELEGATION_TAG] = self.tags[node.name]
         return PartitionResult(exported_program, dict.fromkeys(sorted(set(self.tags.values())), spec))
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRss:
-    """Samples resident memory in a thread; ``growth`` is the peak above the start."""
-
-    def __enter__(self) -> PeakRss:
-        self.start = self.peak = _rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.0005):
-            self.peak = max(self.peak, _rss_bytes())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.start
 
 
 def _storages(tensors: Iterable[object]) -> dict[int, int]:

@@ -1,0 +1,69 @@
+"""What every side of a benchmark measures with: resident memory, its peak, call latency.
+
+Plain Python and torch, so that the ExecuTorch side (in its own virtual environment) and
+ours measure with the same instruments.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Samples resident memory in a thread; ``growth`` is the peak above the start."""
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.0005):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start
+
+
+def call_latency_us(call: Callable[[], Any], calls: int, repeats: int, warm_up: int = 20) -> list[float]:
+    """Microseconds per call, for each of ``repeats`` runs of ``calls`` calls, after ``warm_up`` calls."""
+    for _ in range(warm_up):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return times
+
+
+def warm_up_torch(width: int) -> None:
+    """Pay torch's one-time costs (its thread pool, MKL's GEMM workspace) before a memory baseline.
+
+    Every side does this, eager torch included, so that resident memory growth counts what
+    loading a program costs, not what the first large matrix product in a process costs.
+    """
+    import torch
+
+    a = torch.randn(8, 4 * width)
+    b = torch.randn(4 * width, 4 * width)
+    (a @ b).sum().item()

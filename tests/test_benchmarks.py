@@ -1,0 +1,107 @@
+"""The side-by-side benchmark's own parts that run without ExecuTorch: our side and the page.
+
+A full ``make bench`` takes most of an hour, so its pieces are checked here: the partition
+rule both sides share, our side's lowering measurement, and the results page (tables,
+targets, plots) from a run's data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from results import targets, write_results
+from stack import seeded_stack
+from torchdelegate_side import lower
+from workloads import SUPPORTED, op_name, tag_runs
+
+import torchdelegate as td
+
+
+def test_every_run_of_supported_ops_is_one_convex_partition() -> None:
+    model, x = seeded_stack(2, 64)
+    graph = td.to_edge(torch.export.export(model, (x,))).exported_program().graph
+    tags = tag_runs(graph)
+    tagged = [n for n in graph.nodes if "delegation_tag" in n.meta]
+    assert tags and sorted({n.meta["delegation_tag"] for n in tagged}) == tags
+    assert all(op_name(n.target) in SUPPORTED for n in tagged)
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    for tag in tags:
+        members = [order[n] for n in tagged if n.meta["delegation_tag"] == tag]
+        between = [n for n in graph.nodes if min(members) < order[n] < max(members) and n.op == "call_function"]
+        assert all(n.meta.get("delegation_tag") == tag for n in between)
+
+
+def test_our_lowering_measurement_makes_one_delegate_per_run() -> None:
+    figures = lower(argparse.Namespace(layers=2, width=64))
+    model, x = seeded_stack(2, 64)
+    graph = td.to_edge(torch.export.export(model, (torch.randn(1, 8, 64),))).exported_program().graph
+    assert figures["partitions"] == len(tag_runs(graph)) > 0
+    assert figures["seconds"] > 0 and figures["weights"] == sum(p.numel() * 4 for p in model.state_dict().values())
+
+
+def _run(seconds_ours: list[float], seconds_theirs: list[float], file_ratio: float) -> dict:
+    weights = 1_000_000
+
+    def lowering(nodes: int, seconds: list[float]) -> list[dict]:
+        return [
+            {"nodes": nodes, "partitions": 3, "seconds": s, "rss_growth": 10_000, "weights": weights} for s in seconds
+        ]
+
+    def runtime(latency: float, resident: int) -> list[dict]:
+        return [{"latency_us": [latency, latency + 1], "rss_growth": resident, "max_abs_diff": 0.0}] * 2
+
+    return {
+        "date": "2000-01-01",
+        "command": "compare.py",
+        "machine": dict.fromkeys(
+            ["cpu", "cores", "memory", "os", "python", "torch", "onnxruntime", "executorch", "executorch torch"], "x"
+        ),
+        "weights": weights,
+        "lowering": [
+            {
+                "layers": layers,
+                "sides": {
+                    "torchdelegate": lowering(100 * layers, [s * layers for s in seconds_ours]),
+                    "ExecuTorch": lowering(100 * layers, [s * layers**2 for s in seconds_theirs]),
+                },
+            }
+            for layers in (2, 8, 32)
+        ],
+        "files": {
+            "torchdelegate onnxruntime": {
+                "file_bytes": int(weights * file_ratio),
+                "weights": weights,
+                "delegates": {"prefill": 1, "decode": 1},
+            },
+            "ExecuTorch + XNNPACK": {"file_bytes": weights + 9000, "weights": weights},
+        },
+        "runtime": {
+            "eager torch": runtime(900.0, 2 * weights),
+            "torchdelegate onnxruntime": runtime(80.0, 1_100_000),
+            "ExecuTorch + XNNPACK": runtime(100.0, 2 * weights),
+        },
+    }
+
+
+def test_targets_are_computed_from_the_run() -> None:
+    met = targets(_run([0.01, 0.012], [0.02], file_ratio=1.004))
+    assert [m for _, _, m in met] == [True, True, True, True, True]
+    assert met[0][1] == f"{0.02 * 32**2 / statistics.median([0.01 * 32, 0.012 * 32]):.0f}×"
+    missed = targets(_run([0.01], [0.0001], file_ratio=1.5))
+    assert [m for _, _, m in missed] == [False, True, False, True, True]
+    assert "1.5000 (torchdelegate onnxruntime)" == missed[2][1]
+
+
+def test_the_results_page_has_tables_targets_and_plots(tmp_path: Path) -> None:
+    data = _run([0.01, 0.012], [0.02], file_ratio=1.004)
+    page = write_results(data, tmp_path)
+    text = page.read_text()
+    assert page.name == "2000-01-01.md" and "| lowering ≥ 30× faster than ExecuTorch at L=32 |" in text
+    assert "seconds grow as nodes^1.00" in text and "seconds grow as nodes^2.00" in text
+    for image in ("2000-01-01-lowering.png", "2000-01-01-runtime.png"):
+        assert f"({image})" in text and (tmp_path / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "2000-01-01.json").read_text()) == data
