@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 EXECUTORCH_VENV := .venv-executorch
 EXECUTORCH_STAMP := $(EXECUTORCH_VENV)/.installed
 
-.PHONY: test demo lint bench clean
+.PHONY: test demo lint bench soak fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,20 @@ $(EXECUTORCH_STAMP): benchmarks/executorch-constraints.txt
 
 bench: $(STAMP) $(EXECUTORCH_STAMP)
 	$(PY) benchmarks/compare.py
+
+# make soak: the differential property test over many more random programs (about 0.6 s each).
+SOAK_EXAMPLES ?= 5000
+soak: $(STAMP)
+	TORCHDELEGATE_EXAMPLES=$(SOAK_EXAMPLES) $(PY) -m pytest -q tests/test_differential.py
+
+# make fuzz: atheris over load + run, from real files, for FUZZ_SECONDS; crashes land in fuzz/crashes/
+# (make each one a file under tests/serialize/fuzz_regressions/).
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,fuzz]'
+	$(PY) fuzz/seeds.py fuzz/corpus
+	mkdir -p fuzz/crashes
+	$(PY) fuzz/load_and_run.py fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/crashes/ -rss_limit_mb=4096
 
 clean:
 	rm -rf $(VENV) $(EXECUTORCH_VENV) .pytest_cache

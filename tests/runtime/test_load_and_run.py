@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -168,53 +167,6 @@ def test_bad_inputs_name_the_argument(keyword_program, args, kwargs, message) ->
 def test_unknown_method_lists_the_methods(keyword_program) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(KeyError, match=r"no method 'decode'.*\['forward'\]"):
         keyword_program.run("decode", torch.randn(1))
-
-
-def test_threads_share_one_program(tmp_path: Path) -> None:
-    model = TwoLinears()
-    td.to_edge(export(model, torch.randn(2, 4))).to_backend(ReferencePartitioner()).save(tmp_path / "m.tdp")
-    inputs = [torch.randn(2, 4) for _ in range(8)]
-    with td.load(tmp_path / "m.tdp") as program:
-        expected = [program.run("forward", x) for x in inputs]
-        failures: list[str] = []
-
-        def work(index: int) -> None:
-            for _ in range(50):
-                if not torch.equal(program.run("forward", inputs[index]), expected[index]):
-                    failures.append(f"thread {index}")
-
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    assert not failures
-
-
-def test_close_while_another_thread_runs_waits_for_it_then_refuses(tmp_path: Path) -> None:
-    path = save_decoder(tmp_path / "decoder.tdp", counting_partitioner())
-    CountingReference.inits = CountingReference.destroys = 0
-    program = td.load(path)
-    started = threading.Event()
-    outcome: list[str] = []
-
-    def loop() -> None:
-        try:
-            while True:
-                program.run("decode", torch.tensor([1]), torch.tensor([3]))
-                started.set()
-        except td.ProgramClosedError:
-            outcome.append("closed")
-        except Exception as e:  # pragma: no cover - reported below
-            outcome.append(repr(e))
-
-    thread = threading.Thread(target=loop)
-    thread.start()
-    started.wait(timeout=60)
-    program.close()
-    thread.join(timeout=60)
-    assert outcome == ["closed"]
-    assert CountingReference.destroys == CountingReference.inits > 0
 
 
 def test_loading_does_not_read_weights(tmp_path: Path) -> None:

@@ -1,0 +1,110 @@
+"""Bad files end in a documented refusal: the fuzzer's harness over the regressions it found
+and over systematic damage to real files (truncations, flipped bytes, edited manifests).
+
+The harness is fuzz/load_and_run.py's ``check_one``: a file as given and with its manifest
+checksum recomputed, loaded and each method run; anything but success, FormatError (or an
+unknown backend at load, a backend refusing its delegate at run) propagates and fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "fuzz"))
+from load_and_run import HEADER, check_one, reseal  # noqa: E402
+
+REGRESSIONS = Path(__file__).parent / "fuzz_regressions"
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    directory = tmp_path_factory.mktemp("corpus")
+    subprocess.run([sys.executable, str(ROOT / "fuzz" / "seeds.py"), str(directory)], check=True, capture_output=True)
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def _manifest(data: bytes) -> dict:
+    (length,) = struct.unpack_from("<Q", data, 16)
+    return json.loads(data[HEADER : HEADER + length])
+
+
+def _with_manifest(data: bytes, manifest: dict) -> bytes:
+    """``data`` with another manifest in the header's padding before the data area, resealed."""
+    length, offset = struct.unpack_from("<QQ", data, 16)
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    assert HEADER + len(text) <= offset, "the edit must fit before the data area"
+    header = data[:16] + struct.pack("<QQ", len(text), offset) + data[32:HEADER]
+    resealed = reseal(header + text + bytes(offset - HEADER - len(text)) + data[offset:])
+    assert resealed is not None
+    return resealed
+
+
+@pytest.mark.parametrize("path", sorted(REGRESSIONS.glob("*")), ids=lambda p: p.name)
+def test_inputs_the_fuzzer_found_are_refused_cleanly(path: Path) -> None:
+    check_one(path.read_bytes())
+
+
+def test_every_seed_runs(seeds: dict[str, bytes]) -> None:
+    assert set(seeds) >= {"cond.tdp", "decoder-reference.tdp", "partly.tdp"}
+    for name, data in seeds.items():
+        assert check_one(data)[0] == "ran", name
+
+
+def test_truncated_files_are_format_errors(seeds: dict[str, bytes]) -> None:
+    for data in seeds.values():
+        for cut in sorted({0, 7, 8, 63, 64, 65, len(data) // 3, len(data) // 2, len(data) - 1}):
+            assert check_one(data[:cut])[0] == "refused at load (FormatError)"
+
+
+def test_flipped_bytes_are_refused_or_harmless(seeds: dict[str, bytes]) -> None:
+    data = seeds["partly.tdp"]
+    for index in range(0, len(data), max(1, len(data) // 400)):
+        damaged = bytearray(data)
+        damaged[index] ^= 0x41
+        for outcome in check_one(bytes(damaged)):
+            assert "refused" in outcome or outcome.endswith("ran"), outcome
+
+
+def _edits(manifest: dict) -> dict[str, dict]:
+    """Plausible, wrong manifests: each one field made inconsistent with the rest."""
+    edits = {}
+
+    def edited(name: str, change) -> None:  # type: ignore[no-untyped-def]
+        copy = json.loads(json.dumps(manifest))
+        change(copy)
+        edits[name] = copy
+
+    edited("segment offset past the end", lambda m: m["segments"][0].update(offset=10**9))
+    edited("segment length zero", lambda m: m["segments"][0].update(length=0))
+    edited("alignment not a power of two", lambda m: m["segments"][0].update(alignment=96))
+    edited("data length short", lambda m: m.update(data_length=1))
+    edited("no methods", lambda m: m.update(methods=[]))
+    edited("delegate index out of range", lambda m: m["methods"][0].update(delegates=[99]))
+    edited("method is not an object", lambda m: m["methods"].__setitem__(0, 5))
+    edited("state shape wrong", lambda m: m["state"][0].update(shape=[3, 3]) if m["state"] else None)
+    edited("state dtype unknown", lambda m: m["state"][0].update(dtype="float99") if m["state"] else None)
+    edited("graph missing", lambda m: m["methods"][0].pop("graph"))
+    edited("graph nodes not a list", lambda m: m["methods"][0]["graph"]["graph_module"]["graph"].update(nodes=7))
+    edited("format name", lambda m: m.update(format="torchdelegate.other"))
+    edited(
+        "unknown backend", lambda m: m["delegates"][0].update(backend_id="NoSuchBackend") if m["delegates"] else None
+    )
+    return edits
+
+
+def test_edited_manifests_are_refused_cleanly(seeds: dict[str, bytes]) -> None:
+    for name in ("decoder-reference.tdp", "partly.tdp", "cond.tdp"):
+        data = seeds[name]
+        for edit, manifest in _edits(_manifest(data)).items():
+            outcomes = check_one(_with_manifest(data, manifest))
+            if edit == "no methods":  # a valid, useless file
+                assert outcomes == ["ran"]
+            else:
+                assert outcomes[0].startswith("refused"), (name, edit, outcomes)
