@@ -436,3 +436,39 @@ def test_to_edge_transform_and_lower_gives_every_stage_the_whole_named_data() ->
     keys = {len(d._named_data.get_named_data_store_output()) for ds in lowered.delegates().values() for d in ds}
     assert keys == {len(lowered.named_data)}
     check_runs(lowered, model)
+
+
+class FailsInLargeMethod(BackendDetails):
+    """Compiles the ``small`` method's partitions, then fails on the ``large`` method's."""
+
+    @staticmethod
+    def preprocess(edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        if any(n.meta.get("val") is not None and n.meta["val"].shape[:1] == (8,) for n in edge_program.graph.nodes):
+            raise RuntimeError("cannot compile the large batch")
+        return PreprocessResult(b"ok")
+
+
+def test_a_manager_whose_lowering_fails_halfway_is_unchanged_and_usable() -> None:
+    from backends import NamedWeightsBackend
+
+    model, edge = two_methods()
+    # a manager that already holds delegates and named data from an earlier lowering
+    edge = edge.to_backend(OpSetPartitioner({aten.addmm.default}, NamedWeightsBackend.backend_id))
+    programs = {m: edge.exported_program(m) for m in edge.methods}
+    codes = {m: p.graph_module.code for m, p in programs.items()}
+    tensors = {m: {k: (t, t.clone()) for k, t in p.state_dict.items()} for m, p in programs.items()}
+    named, named_bytes = edge.named_data, [bytes(b) for b in edge.named_data.buffers]
+    delegates = {m: [d.backend_id for d in ds] for m, ds in edge.delegates().items()}
+    assert named and all(delegates.values())
+    failed = r"'FailsInLargeMethod' failed to preprocess partition '\w+' of method 'large'"
+    with pytest.raises(PreprocessError, match=failed):
+        edge.to_backend(OpSetPartitioner({aten.relu.default}, "FailsInLargeMethod"))
+    assert edge.methods == list(programs)
+    for method, program in programs.items():
+        assert edge.exported_program(method) is program and program.graph_module.code == codes[method]
+        for name, (tensor, value) in tensors[method].items():
+            assert program.state_dict[name] is tensor and torch.equal(tensor, value)
+    assert edge.named_data is named and [bytes(b) for b in named.buffers] == named_bytes
+    assert {m: [d.backend_id for d in ds] for m, ds in edge.delegates().items()} == delegates
+    check_runs(edge, model)
+    check_runs(edge.to_backend(OpSetPartitioner({aten.relu.default}, "Recording")), model)

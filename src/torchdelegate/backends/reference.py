@@ -28,6 +28,7 @@ from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, Par
 from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json, program_to_json, serializable_program
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
@@ -55,6 +56,10 @@ class ReferenceBackend(SharedDataBackend):
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         return handle(inputs)
+
+    @classmethod
+    def destroy(cls, handle: Any) -> None:
+        handle.source.forget()
 
 
 def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
@@ -93,10 +98,12 @@ class _ReferenceHandle:
         ):
             raise FormatError("reference blob: a tensor entry's 'mutable' is not a bool")
         state = weights(tensors, named_data, "reference")
-        program = program_from_json(graph, state, "reference blob")
-        for name in program.graph_signature.buffers_to_mutate.values():  # the graph says what it writes
-            state[name] = state[name].clone()  # its own copy: named data is shared and never written
-        self._method = Method("delegate", program, state, {}, {})
+        self.source = GeneratedSource()
+        with self.source.recording():
+            program = program_from_json(graph, state, "reference blob")
+            for name in program.graph_signature.buffers_to_mutate.values():  # the graph says what it writes
+                state[name] = state[name].clone()  # its own copy: named data is shared and never written
+            self._method = Method("delegate", program, state, {}, {})
         has_state = any(s.kind == OutputKind.BUFFER_MUTATION for s in program.graph_signature.output_specs)
         self._lock = threading.Lock() if has_state else None
 

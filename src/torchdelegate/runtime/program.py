@@ -29,6 +29,7 @@ from torchdelegate.data import NamedDataMap
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, FormatError, ProgramClosedError
 from torchdelegate.runtime.method import Method
+from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
@@ -135,9 +136,15 @@ class Program:
         self._methods: dict[str, Method] = {}
         self._bound: dict[str, BoundMethod] = {}
         self._unverified: dict[str, list[tuple[str, str]]] = {}  # method: (name, digest) of its read-only state
-        for record in file.methods:
-            self._methods[record.name] = method = self._method(record.name, record.graph, record.delegates)
-            self._bound[record.name] = BoundMethod(self, method)
+        self._source = GeneratedSource()
+        try:
+            with self._source.recording():
+                for record in file.methods:
+                    self._methods[record.name] = method = self._method(record.name, record.graph, record.delegates)
+                    self._bound[record.name] = BoundMethod(self, method)
+        except BaseException:
+            self._source.forget()
+            raise
 
     @property
     def path(self) -> str:
@@ -184,6 +191,7 @@ class Program:
             return
         for delegate in self._delegates:
             delegate.release()
+        self._source.forget()
         self._file.close()
 
     def __enter__(self) -> Program:
