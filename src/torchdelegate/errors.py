@@ -44,6 +44,11 @@ class DelegateExecutionError(TorchDelegateError, RuntimeError):
     """A backend failed while initialising or executing a delegate."""
 
 
+class MethodExecutionError(TorchDelegateError, RuntimeError):
+    """An op of a method's own graph (outside every delegate) failed while running: an input
+    value out of its domain (an index past a table's end), or a graph altered after saving."""
+
+
 class SerializationError(TorchDelegateError, ValueError):
     """A program cannot be saved: something in it has no representation in the file format."""
 

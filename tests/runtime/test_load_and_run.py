@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from backends import CountingReference, counting_partitioner
-from models import TwoLinears, export
+from models import TinyDecoder, TwoLinears, decoder_methods, export
 from programs import eager_generation, fresh_decoder, program_generation, save_decoder
 
 import torchdelegate as td
@@ -191,3 +191,12 @@ def test_an_input_specialized_at_export_must_be_given_the_same_value(tmp_path: P
         assert program.run("forward", torch.ones(2), 3).tolist() == [3.0, 3.0]
         with pytest.raises(td.ProgramInputError, match="argument 'n' was the constant 3 when exported, got 5"):
             program.run("forward", torch.ones(2), 5)
+
+
+def test_an_op_of_the_method_failing_names_the_method_and_the_cause(tmp_path: Path) -> None:
+    methods = decoder_methods(TinyDecoder(vocab=16, d=8, max_len=8), prompt_length=4)
+    td.to_edge(methods).save(tmp_path / "d.tdp")  # nothing delegated: the embedding runs in the method's graph
+    with td.load(tmp_path / "d.tdp") as program:
+        with pytest.raises(td.MethodExecutionError, match=r"method 'decode': an op of its graph .*IndexError"):
+            program.run("decode", torch.tensor([99]), torch.tensor([4]))  # token 99 of a 16-token vocabulary
+        program.run("decode", torch.tensor([3]), torch.tensor([4]))  # the program is still usable

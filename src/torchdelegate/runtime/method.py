@@ -20,7 +20,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import GraphModule
 
 from torchdelegate.delegate import DelegateInstance
-from torchdelegate.errors import FormatError
+from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegateError
 from torchdelegate.runtime.inputs import MethodInputs, call_signature
 from torchdelegate.serialize.graph import SIZE, TENSOR, allowed_call_target, delegate_call_nodes
 
@@ -174,7 +174,16 @@ class Method:
         grad_was_enabled = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            outputs = self._forward(*arguments)
+            try:
+                outputs = self._forward(*arguments)
+            except TorchDelegateError:
+                raise
+            except Exception as error:
+                raise MethodExecutionError(
+                    f"method {self.name!r}: an op of its graph (outside any delegate) failed: "
+                    f"{type(error).__name__}: {error}; check the inputs' values (indices in range), "
+                    "or re-export and save the program if the file was altered"
+                ) from error
             for position, buffer in self._buffer_updates:
                 buffer.copy_(outputs[position])
             for position, user in self._input_updates:
