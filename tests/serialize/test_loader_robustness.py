@@ -79,7 +79,8 @@ def _edits(manifest: dict) -> dict[str, dict]:
     def edited(name: str, change) -> None:  # type: ignore[no-untyped-def]
         copy = json.loads(json.dumps(manifest))
         change(copy)
-        edits[name] = copy
+        if copy != manifest:  # an edit of a table the file does not have changes nothing
+            edits[name] = copy
 
     edited("segment offset past the end", lambda m: m["segments"][0].update(offset=10**9))
     edited("segment length zero", lambda m: m["segments"][0].update(length=0))
