@@ -12,7 +12,6 @@ Each call does one measurement in this fresh process and prints it as JSON on it
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from instruments import PeakRss, call_latency_us, rss_bytes, warm_up_torch
 from stack import seeded_stack
-from workloads import method_inputs, tag_runs, weight_bytes
+from workloads import method_inputs, run_side, side_parser, tag_runs, weight_bytes
 
 
 class NoopBackend(BackendDetails):
@@ -92,17 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["lower", "save", "run"])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--out")
-    parser.add_argument("--file")
-    parser.add_argument("--expected", help="torch.save'd {method: eager output}")
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
-    print(json.dumps({"lower": lower, "save": save, "run": run}[args.mode](args)))
+    run_side(side_parser(__doc__ or ""), {"lower": lower, "save": save, "run": run})
 
 
 if __name__ == "__main__":

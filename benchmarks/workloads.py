@@ -7,6 +7,9 @@ ExecuTorch's edge dialect names views ``view_copy``/``permute_copy``; both spell
 
 from __future__ import annotations
 
+import argparse
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -62,3 +65,23 @@ def weight_bytes(model: torch.nn.Module) -> int:
     """The bytes of the model's distinct tensors (parameters and buffers)."""
     unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
     return sum(unique.values())
+
+
+def side_parser(description: str) -> argparse.ArgumentParser:
+    """The command line both sides take: a mode, the stack's shape, files and timing."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["lower", "save", "run"])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--out")
+    parser.add_argument("--file")
+    parser.add_argument("--expected", help="torch.save'd {method: eager output}")
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    return parser
+
+
+def run_side(parser: argparse.ArgumentParser, modes: Mapping[str, Callable[[argparse.Namespace], Any]]) -> None:
+    """Do the measurement the command line asks for; print it as JSON on the last line."""
+    args = parser.parse_args()
+    print(json.dumps(modes[args.mode](args)))
