@@ -45,3 +45,26 @@ def program_generation(program) -> list[torch.Tensor]:  # type: ignore[no-untype
     for step, token in enumerate(DECODE_TOKENS):
         outputs.append(program.run("decode", torch.tensor([token]), torch.tensor([len(PROMPT) + step])))
     return outputs
+
+
+def snapshot(program: torch.export.ExportedProgram) -> tuple:
+    """What a lowering must leave as it was: code, signature, tensors (by identity and value), node metadata."""
+    tensors = {**program.state_dict, **program.constants}
+    return (
+        program.graph_module.code,
+        str(program.graph_signature),
+        tensors,
+        {k: v.clone() for k, v in tensors.items()},
+        [dict(n.meta) for n in program.graph.nodes],
+    )
+
+
+def assert_unchanged(program: torch.export.ExportedProgram, before: tuple) -> None:
+    code, signature, tensors, values, metas = before
+    assert program.graph_module.code == code, "lowering changed the input program's code"
+    assert str(program.graph_signature) == signature, "lowering changed the input program's signature"
+    now = {**program.state_dict, **program.constants}
+    assert now.keys() == tensors.keys()
+    for key, tensor in tensors.items():
+        assert now[key] is tensor and torch.equal(tensor, values[key]), f"lowering changed {key}"
+    assert [dict(n.meta) for n in program.graph.nodes] == metas

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from hypothesis import HealthCheck, given, reject, settings
+from programs import assert_unchanged, snapshot
 from random_programs import Recipe, RecipeModule, partitioners, recipes
 from torch.export import ExportedProgram
 
@@ -39,25 +40,6 @@ def summary() -> str:
     """The figures of this run, printed at the end of pytest's report (conftest.py)."""
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(SEEN["outcomes"].items()))
     return f"differential: {SEEN['examples']} examples, {len(SEEN['programs'])} distinct programs; {outcomes}"
-
-
-def _state(program: ExportedProgram) -> dict[str, torch.Tensor]:
-    return {**program.state_dict, **program.constants}  # type: ignore[dict-item]
-
-
-def _snapshot(program: ExportedProgram) -> tuple[str, str, dict[str, tuple[torch.Tensor, int]]]:
-    tensors = {k: (t.detach().clone(), t.data_ptr()) for k, t in _state(program).items()}
-    return program.graph_module.code, str(program.graph_signature), tensors
-
-
-def _assert_unchanged(program: ExportedProgram, before: tuple[str, str, dict[str, tuple[torch.Tensor, int]]]) -> None:
-    code, signature, tensors = before
-    assert program.graph_module.code == code, "lowering changed the input program's code"
-    assert str(program.graph_signature) == signature, "lowering changed the input program's signature"
-    now = _state(program)
-    assert sorted(now) == sorted(tensors)
-    for name, (value, pointer) in tensors.items():
-        assert now[name].data_ptr() == pointer and torch.equal(now[name], value), f"lowering changed {name}"
 
 
 def _two_calls(call: Any, inputs: tuple[torch.Tensor, ...]) -> list[Any]:
@@ -89,15 +71,15 @@ def test_lowered_saved_and_loaded_programs_compute_what_eager_computes(
     SEEN["programs"].add(hashlib.sha256(program.graph_module.code.encode()).hexdigest())
     with torch.no_grad():
         expected = _two_calls(copy.deepcopy(module), inputs)
-    before = _snapshot(program)
+    before = snapshot(program)
     try:
         lowered = _lower(program, partitioner)
     except TorchDelegateError as error:
-        _assert_unchanged(program, before)
+        assert_unchanged(program, before)
         assert kind == "scatter", f"a valid {kind} partition was refused: {error}"
         SEEN["outcomes"][f"{kind}: refused ({type(error).__name__})"] += 1
         return
-    _assert_unchanged(program, before)
+    assert_unchanged(program, before)
     delegates = len(lowered.delegates()["forward"])
     SEEN["outcomes"][f"{kind}: lowered" + (" (no delegate)" if not delegates else "")] += 1
     with torch.no_grad(), tempfile.TemporaryDirectory() as directory:
@@ -109,4 +91,4 @@ def test_lowered_saved_and_loaded_programs_compute_what_eager_computes(
         torch.testing.assert_close(_two_calls(lowered.exported_program().module(), inputs), expected)
         with td.load(first) as loaded:
             torch.testing.assert_close(_two_calls(lambda *x: loaded.run("forward", *x), inputs), expected)
-    _assert_unchanged(program, before)
+    assert_unchanged(program, before)

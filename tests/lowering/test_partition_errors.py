@@ -6,7 +6,7 @@ import pytest
 import torch
 from backends import FunctionPartitioner, OpSetPartitioner
 from models import LINEAR_OPS, KVCache, ReadThenWrite, TwoLinears, aten, export
-from test_partitioner_lowering import assert_unchanged, snapshot
+from programs import assert_unchanged, snapshot
 
 from torchdelegate import (
     DELEGATION_TAG,

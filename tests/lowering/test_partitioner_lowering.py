@@ -7,32 +7,13 @@ import operator
 import torch
 from backends import FunctionPartitioner, OpSetPartitioner, TorchExportBackend
 from models import LINEAR_OPS, SharedConstant, TwoLinears, aten, export
+from programs import assert_unchanged, snapshot
 
 from torchdelegate import LoweredBackendModule, call_delegate, run_original_subprograms, to_backend
 
 
 def delegates(program: torch.export.ExportedProgram) -> list[LoweredBackendModule]:
     return [m for _, m in program.graph_module.named_children() if isinstance(m, LoweredBackendModule)]
-
-
-def snapshot(program: torch.export.ExportedProgram) -> tuple:
-    return (
-        program.graph_module.code,
-        str(program.graph_signature),
-        {k: v for k, v in program.state_dict.items()},
-        {k: v.clone() for k, v in program.state_dict.items()},
-        [dict(n.meta) for n in program.graph.nodes],
-    )
-
-
-def assert_unchanged(program: torch.export.ExportedProgram, before: tuple) -> None:
-    code, signature, tensors, values, metas = before
-    assert program.graph_module.code == code
-    assert str(program.graph_signature) == signature
-    assert program.state_dict.keys() == tensors.keys()
-    for key, tensor in tensors.items():
-        assert program.state_dict[key] is tensor and torch.equal(tensor, values[key])
-    assert [dict(n.meta) for n in program.graph.nodes] == metas
 
 
 def test_two_partitions_split_by_an_unsupported_op() -> None:
