@@ -1,3 +1,4 @@
+import sys
 import textwrap
 from pathlib import Path
 
@@ -78,28 +79,57 @@ def test_the_default_runtime_says_the_backend_has_none() -> None:
         RegistryBackendA.init(memoryview(b""), [], torchdelegate.NamedDataMap())
 
 
-def test_backends_load_through_their_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "ep_backend_pkg.py").write_text(
-        textwrap.dedent(
-            """
-            from torchdelegate import BackendDetails, PreprocessResult
-
-            class EntryPointBackend(BackendDetails):
-                backend_id = "entry-point-backend"
-
-                @staticmethod
-                def preprocess(edge_program, compile_specs):
-                    return PreprocessResult(b"e")
-            """
-        )
-    )
+def _install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, entry_point: str) -> None:
+    """A distribution on sys.path: module ``ep_backend_pkg`` and one entry point in our group."""
+    (tmp_path / "ep_backend_pkg.py").write_text(textwrap.dedent(module))
     dist = tmp_path / "ep_backend_pkg-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-backend-pkg\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[torchdelegate.backends]\nentry-point-backend = ep_backend_pkg:EntryPointBackend\n"
-    )
+    (dist / "entry_points.txt").write_text(f"[torchdelegate.backends]\n{entry_point}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ep_backend_pkg", raising=False)
+
+
+_ENTRY_POINT_MODULE = """
+    from torchdelegate import BackendDetails, PreprocessResult
+
+    class EntryPointBackend(BackendDetails):
+        backend_id = "entry-point-backend"
+
+        @staticmethod
+        def preprocess(edge_program, compile_specs):
+            return PreprocessResult(b"e")
+
+    def not_a_backend():
+        pass
+    """
+
+
+def test_backends_load_through_their_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(tmp_path, monkeypatch, _ENTRY_POINT_MODULE, "entry-point-backend = ep_backend_pkg:EntryPointBackend")
     assert "entry-point-backend" in registered_backend_ids()
     backend = get_backend("entry-point-backend")
     assert backend.__name__ == "EntryPointBackend" and backend.__module__ == "ep_backend_pkg"
+
+
+@pytest.mark.parametrize(
+    ("entry_point", "message"),
+    [
+        (
+            "misnamed-backend = ep_backend_pkg:EntryPointBackend",
+            r"entry point 'misnamed-backend' loads ep_backend_pkg\.EntryPointBackend, whose backend_id is "
+            r"'entry-point-backend'; make the entry point's name equal the backend_id",
+        ),
+        (
+            "function-backend = ep_backend_pkg:not_a_backend",
+            r"entry point 'function-backend' in group 'torchdelegate.backends' points to "
+            r"ep_backend_pkg:not_a_backend, which is not a BackendDetails subclass",
+        ),
+    ],
+)
+def test_an_entry_point_must_load_the_backend_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry_point: str, message: str
+) -> None:
+    _install(tmp_path, monkeypatch, _ENTRY_POINT_MODULE, entry_point)
+    with pytest.raises(BackendNotFoundError, match=message):
+        get_backend(entry_point.split(" ")[0])

@@ -11,6 +11,9 @@ import pytest
 import torch
 from models import CumprodBetweenLinears, TwoLinears
 
+import torchdelegate as td
+from torchdelegate.cli import main
+
 pytest.importorskip("onnxruntime")
 
 
@@ -99,6 +102,7 @@ def test_two_methods_lowered_together_store_their_shared_weights_once(exported: 
 def test_bad_use_is_one_line_on_stderr_with_an_exit_code(
     exported: Path, args: tuple[str, ...], code: int, message: str
 ) -> None:
+    """Through the installed command: a CommandError (or argparse's usage error, code 2) is one line."""
     result = _command(*args, cwd=exported)
     assert result.returncode == code
     assert message in result.stderr and "Traceback" not in result.stderr
@@ -123,3 +127,45 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
     assert result.returncode == 0
     for command in ("lower", "inspect", "run", "demo"):
         assert command in result.stdout
+
+
+@pytest.fixture(scope="module")
+def saved(exported: Path) -> Path:
+    """Files the in-process cases read: one method without a report, and two methods."""
+    two = TwoLinears()
+    td.to_edge(torch.export.export(two, (torch.randn(2, 4),))).save(exported / "plain.tdp")
+    methods = {name: torch.export.export(two, (torch.randn(rows, 4),)) for name, rows in (("a", 2), ("b", 3))}
+    td.to_edge(methods).save(exported / "ab.tdp")
+    return exported
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("lower", "forward=x.npy", "-b", "reference", "-o", "x.tdp"), "method 'forward': 'x.npy' is not a torch"),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "--compile-spec", "reference", "-o", "x.tdp"),
+            "--compile-spec 'reference' is not ID:KEY=VALUE (e.g. onnxruntime:intra_op_threads=2)",
+        ),
+        (("inspect", "plain.tdp", "--report"), "plain.tdp holds no partition report"),
+        (("run", "ab.tdp"), "the file has several methods (a, b); choose one with --method"),
+        (("run", "ab.tdp", "--method", "c"), "no method 'c' in ab.tdp; the methods are a, b"),
+        (("run", "plain.tdp", "--input", "abc"), "input 'abc' is neither a .npy file nor a number"),
+        (("run", "plain.tdp", "--input", "missing.npy"), "no input file 'missing.npy'"),
+        (("demo", "--tokens", "0"), "--tokens must be at least 1, got 0"),
+        (("demo", "--rounds", "0"), "--rounds must be at least 1, got 0"),
+    ],
+)
+def test_a_command_used_wrongly_says_what_to_change(
+    saved: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: tuple[str, ...],
+    message: str,
+) -> None:
+    """In process, faster: each CommandError is one line on stderr, exit code 1, and nothing written."""
+    monkeypatch.chdir(saved)
+    assert main(list(args)) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"torchdelegate: error: {message}") and error.count("\n") == 1, error
+    assert not (saved / "x.tdp").exists()

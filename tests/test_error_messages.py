@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from backends import CompileOnlyBackend, FunctionPartitioner, TorchExportBackend
 from models import TwoLinears, export
 
 import torchdelegate as td
 from torchdelegate import (
     BackendDetails,
     BackendRegistrationError,
+    BackendUnavailableError,
     DelegateExecutionError,
     DelegationSpec,
     FormatError,
     NamedDataStore,
+    PreprocessError,
+    PreprocessResult,
     SerializationError,
 )
 from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
+from torchdelegate.backends.support import backend_support
 
 
 def _saved(tmp_path: Path, backend_id: str) -> Path:
@@ -104,3 +111,165 @@ def test_a_transform_pass_must_return_a_program_or_none() -> None:
     edge = td.to_edge(export(TwoLinears(), torch.randn(2, 4)))
     with pytest.raises(TypeError, match=r"transform: pass <lambda> returned int for method 'forward'"):
         edge.transform([lambda program: 5])
+
+
+class WrongDebugHandles(TorchExportBackend):
+    backend_id = "TestWrongDebugHandles"
+
+    @staticmethod
+    def preprocess(edge_program: Any, compile_specs: Any) -> PreprocessResult:
+        result = TorchExportBackend.preprocess(edge_program, compile_specs)
+        return PreprocessResult(result.processed_bytes, {"node": object()})
+
+
+class OverAligned(TorchExportBackend):
+    backend_id = "TestOverAligned"
+
+    @staticmethod
+    def preprocess(edge_program: Any, compile_specs: Any) -> PreprocessResult:
+        store = NamedDataStore()
+        store.add_named_data("page", b"\0" * 8, alignment=1 << 17)
+        result = TorchExportBackend.preprocess(edge_program, compile_specs)
+        return PreprocessResult(result.processed_bytes, None, store.get_named_data_store_output())
+
+
+def _lowered_on(backend_id: str) -> td.EdgeProgramManager:
+    partitioner = ReferencePartitioner()
+    partitioner.spec = DelegationSpec(backend_id)
+    return td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(partitioner)
+
+
+def test_a_debug_handle_map_must_hold_json_values(tmp_path: Path) -> None:
+    lowered = _lowered_on(WrongDebugHandles.backend_id)
+    with pytest.raises(SerializationError, match=r"on 'TestWrongDebugHandles': debug_handle_map holds <object"):
+        lowered.save(tmp_path / "m.tdp")
+
+
+def test_named_data_alignment_is_bounded_by_the_format(tmp_path: Path) -> None:
+    lowered = _lowered_on(OverAligned.backend_id)
+    with pytest.raises(SerializationError, match=r"named data 'page' asks for alignment 131072; files support at most"):
+        lowered.save(tmp_path / "m.tdp")
+
+
+class ScaledByItsSum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x.sum().item() + 1
+
+
+def _tag(op: Any, backend_id: str) -> FunctionPartitioner:
+    return FunctionPartitioner(lambda node: "t" if node.target == op else None, backend_id)
+
+
+def test_a_delegate_taking_a_float_cannot_be_saved(tmp_path: Path) -> None:
+    program = td.to_edge(export(ScaledByItsSum(), torch.randn(3)))
+    lowered = program.to_backend(_tag(torch.ops.aten.mul.Tensor, CompileOnlyBackend.backend_id))
+    with pytest.raises(
+        SerializationError,
+        match=r"delegate 'forward:t' on 'TestCompileOnly' takes _local_scalar_dense \(SymFloat\); "
+        "a saved delegate can take only tensors and integer sizes",
+    ):
+        lowered.save(tmp_path / "m.tdp")
+
+
+def test_a_delegate_returning_a_float_cannot_be_saved(tmp_path: Path) -> None:
+    program = td.to_edge(export(ScaledByItsSum(), torch.randn(3)))
+    lowered = program.to_backend(_tag(torch.ops.aten._local_scalar_dense.default, CompileOnlyBackend.backend_id))
+    with pytest.raises(SerializationError, match=r"returns a non-tensor value; a saved delegate can return only"):
+        lowered.save(tmp_path / "m.tdp")
+
+
+def test_torch_exports_serializer_failing_names_the_partition() -> None:
+    program = td.to_edge(export(ScaledByItsSum(), torch.randn(3)))
+    with pytest.raises(
+        PreprocessError,
+        match=r"method 'forward', partition 0: torch.export's serializer failed: Failed serializing node "
+        "_local_scalar_dense",
+    ):
+        program.to_backend(_tag(torch.ops.aten.mul.Tensor, ReferenceBackend.backend_id))
+
+
+def test_a_pass_that_breaks_the_program_is_named(tmp_path: Path) -> None:
+    def plus(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b
+
+    def call_plus(program: torch.export.ExportedProgram) -> None:
+        for node in program.graph.nodes:
+            if node.target == torch.ops.aten.add.Tensor:
+                node.target = plus
+
+    class AddOne(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    edge = td.to_edge(export(AddOne(), torch.randn(2)))
+    with pytest.raises(
+        ValueError, match=r"transform: pass call_plus made method 'forward' an invalid program \(SpecViolationError: "
+    ):
+        edge.transform([call_plus])
+    assert "torch.ops.aten.add.Tensor(x, 1)" in edge.exported_program().graph_module.code  # the caller's is unchanged
+
+
+def test_a_dtype_the_format_does_not_store_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.zeros(2, dtype=torch.float8_e8m0fnu))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x + 1, self.scale
+
+    with pytest.raises(
+        SerializationError,
+        match=r"method 'forward', 'scale': a torch.float8_e8m0fnu torch.strided tensor cannot be stored; "
+        "the format stores dense tensors of float64",
+    ):
+        td.to_edge(export(Scaled(), torch.randn(2))).save(tmp_path / "m.tdp")
+
+
+def test_state_a_pass_made_a_python_number_is_refused(tmp_path: Path) -> None:
+    class Offset(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.offset = torch.ones(2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.offset
+
+    def to_number(program: torch.export.ExportedProgram) -> None:
+        program.constants["offset"] = 2.0
+
+    edge = td.to_edge(export(Offset(), torch.randn(2))).transform([to_number])
+    with pytest.raises(SerializationError, match=r"method 'forward': 'offset' is a float, not a tensor"):
+        edge.save(tmp_path / "m.tdp")
+
+
+class KeepsLinearAsAString(ReferencePartitioner):
+    def ops_to_not_decompose(self, exported_program: Any) -> Any:
+        return ["aten.linear.default"], None
+
+
+def test_ops_to_not_decompose_must_be_torch_ops() -> None:
+    with pytest.raises(TypeError, match=r"ops_to_not_decompose returned 'aten.linear.default'; expected torch ops"):
+        td.to_edge_transform_and_lower(export(TwoLinears(), torch.randn(2, 4)), partitioner=[KeepsLinearAsAString()])
+
+
+def test_operator_support_is_known_only_for_shipped_backends() -> None:
+    with pytest.raises(ValueError, match=r"backend 'TestCompileOnly' is registered but is not one of torchdelegate's"):
+        backend_support(CompileOnlyBackend.backend_id)
+
+
+def test_a_backend_whose_runtime_is_missing_says_what_it_needs() -> None:
+    import torch._inductor.config
+
+    with torch._inductor.config.patch({"cpp.cxx": (None, "/nonexistent/c++")}):
+        with pytest.raises(
+            BackendUnavailableError, match=r"backend 'inductor' cannot run here: AOTInductor needs a C\+\+ compiler"
+        ):
+            backend_support("inductor")
+
+
+def test_a_big_endian_machine_is_refused_at_import() -> None:
+    script = "import sys, torch; sys.byteorder = 'big'; import torchdelegate"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "ImportError: torchdelegate files store little-endian data; this machine is big-endian" in result.stderr

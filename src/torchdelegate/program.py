@@ -215,15 +215,13 @@ def _run_passes(method: str, program: ExportedProgram, passes: Sequence[Pass]) -
         if isinstance(transform, PassBase):
             result = transform(current.graph_module)
             graph_module = result.graph_module if isinstance(result, PassResult) else current.graph_module
-            graph_module.recompile()
-            current = rebuilt(current, graph_module)
+            current = _rebuilt_after(name, method, current, graph_module)
             continue
         if not callable(transform):
             raise TypeError(f"transform: {name} is not callable; a pass takes an ExportedProgram")
         returned = cast(Callable[[ExportedProgram], Any], transform)(current)
         if returned is None or returned is current:
-            current.graph_module.recompile()
-            current = rebuilt(current)
+            current = _rebuilt_after(name, method, current, current.graph_module)
         elif isinstance(returned, ExportedProgram):
             current = copy_program(returned) if returned is program else returned
         else:
@@ -232,6 +230,19 @@ def _run_passes(method: str, program: ExportedProgram, passes: Sequence[Pass]) -
                 "return an ExportedProgram, or None after editing the one given"
             )
     return current
+
+
+def _rebuilt_after(name: str, method: str, program: ExportedProgram, graph_module: GraphModule) -> ExportedProgram:
+    """The program a pass edited in place, verified again; a pass that broke it is named."""
+    try:
+        graph_module.recompile()
+        return rebuilt(program, graph_module)
+    except Exception as e:
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ValueError(
+            f"transform: pass {name} made method {method!r} an invalid program ({type(e).__name__}: {first_line}); "
+            "a pass must leave a graph torch.export accepts"
+        ) from e
 
 
 def to_edge_transform_and_lower(

@@ -1,4 +1,4 @@
-"""The AOTInductor backend (compiles take tens of seconds: one test covers it)."""
+"""The AOTInductor backend (compiles take tens of seconds: one test compiles)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from backends import FunctionPartitioner
 from models import TinyDecoder, decoder_methods
 
 import torchdelegate as td
@@ -37,3 +38,41 @@ def test_two_methods_compiled_ahead_of_time_share_their_constants_and_match_eage
         # The same weight, the same memory, for both compiled methods: user-managed constants over the file.
         for name in ("embed.weight", "qkv.weight", "head.weight"):
             assert prefill.constants[name].data_ptr() == decode.constants[name].data_ptr()
+
+
+def _every_op_on_inductor() -> FunctionPartitioner:
+    return FunctionPartitioner(lambda node: "ops" if node.op == "call_function" else None, "inductor")
+
+
+def test_a_partition_owning_a_buffer_it_writes_is_refused_before_compiling() -> None:
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("count", torch.zeros(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.count.add_(x)
+            return self.count * 2
+
+    edge = td.to_edge(torch.export.export(Counter(), (torch.randn(3),)))
+    owns_the_buffer = FunctionPartitioner(
+        lambda node: "ops" if node.op == "call_function" or node.name == "b_count" else None, "inductor"
+    )
+    with pytest.raises(
+        td.PreprocessError, match=r"inductor: method 'forward', partition 0 writes a buffer it owns; leave mutable"
+    ):
+        edge.to_backend(owns_the_buffer)
+
+
+def test_a_broken_toolchain_is_a_preprocess_error_naming_the_partition() -> None:
+    class Sine(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sin(x) + 1
+
+    edge = td.to_edge(torch.export.export(Sine(), (torch.randn(3),)))
+    with torch._inductor.config.patch({"cpp.cxx": (None, "/bin/false")}):
+        with pytest.raises(
+            td.PreprocessError,
+            match=r"inductor: method 'forward', partition 0: AOTInductor failed to compile: InvalidCxxCompiler",
+        ):
+            edge.to_backend(_every_op_on_inductor())

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from backends import FunctionPartitioner
 from models import decoder_methods
 from programs import eager_generation, fresh_decoder, program_generation
 
@@ -154,3 +155,51 @@ def test_a_partition_whose_fusions_fail_is_exported_unfused_with_a_warning(monke
         lowered = td.to_edge(export(model, x)).to_backend(OnnxRuntimePartitioner())
     assert _fusions(lowered) == {}
     torch.testing.assert_close(lowered.exported_program().module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def _every_op_on_onnxruntime() -> FunctionPartitioner:
+    return FunctionPartitioner(lambda node: "ops" if node.op == "call_function" else None, "onnxruntime")
+
+
+def test_an_op_the_onnx_exporter_cannot_translate_is_named_in_one_line() -> None:
+    class Cumprod(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cumprod(x, 0)
+
+    edge = td.to_edge(torch.export.export(Cumprod(), (torch.randn(3),)))
+    with pytest.raises(td.PreprocessError) as info:
+        edge.to_backend(_every_op_on_onnxruntime())
+    message = str(info.value)
+    assert "onnxruntime: method 'forward', partition 0: torch's ONNX exporter failed: DispatchError: " in message
+    assert "No ONNX function found for <OpOverload(op='prims.prod'" in message
+    assert "\x1b" not in message and "\n" not in message  # the exporter's coloured pages of advice stay in the cause
+
+
+def test_a_model_onnx_runtime_refuses_is_a_preprocess_error_with_its_reason() -> None:
+    class Int16MatMul(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x @ y
+
+    ones = torch.ones(2, 2, dtype=torch.int16)
+    edge = td.to_edge(torch.export.export(Int16MatMul(), (ones, ones)))
+    with pytest.raises(
+        td.PreprocessError,
+        match=r"partition 0: ONNX Runtime refused the model \(\[ONNXRuntimeError\] : 10 : INVALID_GRAPH : .*int16",
+    ):
+        edge.to_backend(_every_op_on_onnxruntime())
+
+
+def test_execute_called_directly_checks_the_input_count() -> None:
+    from models import TwoLinears, export
+
+    delegate = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(OnnxRuntimePartitioner()).delegates()
+    module = delegate["forward"][0]
+    handle = OnnxRuntimeBackend.init(
+        memoryview(module.processed_bytes), [], td.NamedDataMap(module.named_data_store_output)
+    )
+    try:
+        with pytest.raises(ValueError, match=r"expected 1 inputs, got 2"):
+            OnnxRuntimeBackend.execute(handle, [torch.randn(2, 4), torch.randn(2, 4)])
+        assert OnnxRuntimeBackend.execute(handle, [torch.randn(2, 4)])[0].shape == (2, 4)
+    finally:
+        OnnxRuntimeBackend.destroy(handle)

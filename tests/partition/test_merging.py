@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from torchdelegate.partition.merging import Refusal, merge_groups
 
 
@@ -31,3 +33,10 @@ def test_every_join_keeps_the_contracted_graph_acyclic() -> None:
     joined, refusals = merge_groups(successors, [["s"], ["t"], ["u"]])
     assert joined == [[0, 1], [2]]
     assert refusals == [Refusal(group=2, other=0, via="x")]
+
+
+def test_groups_that_already_form_a_cycle_are_refused() -> None:
+    # a -> x -> c with a and c in one group: contracted, the group both feeds x and is fed by it
+    successors = {"a": ["x"], "x": ["c"], "c": []}
+    with pytest.raises(ValueError, match=r"merge_groups: the groups do not contract to an acyclic graph"):
+        merge_groups(successors, [["a", "c"]])

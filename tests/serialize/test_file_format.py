@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from programs import PROMPT, eager_generation, fresh_decoder, lowered_decoder, p
 
 import torchdelegate as td
 from torchdelegate.backends.reference import ReferencePartitioner
-from torchdelegate.serialize.container import HEADER
+from torchdelegate.serialize.container import HEADER, SegmentSource, layout_segments
 
 TESTS = Path(__file__).parent.parent
 
@@ -115,6 +116,12 @@ def test_saving_never_overwrites_a_file_that_is_not_a_data_file(tmp_path: Path) 
     with pytest.raises(td.SerializationError, match="not a torchdelegate data file"):
         lowered_decoder().save(tmp_path / "a.tdp", external_data_path=precious)
     assert precious.read_text() == "keep me"
+
+
+def test_a_segment_cannot_ask_for_more_alignment_than_the_format_allows() -> None:
+    data = b"\0" * 8
+    with pytest.raises(ValueError, match=r"alignment 131072 is larger than the format allows \(65536\)"):
+        layout_segments([SegmentSource(data, hashlib.sha256(data).digest(), alignment=1 << 17)])
 
 
 # --- bad files -------------------------------------------------------------------------

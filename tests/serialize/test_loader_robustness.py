@@ -13,8 +13,13 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+
+import torchdelegate as td
+from torchdelegate import FormatError
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "fuzz"))
@@ -110,3 +115,38 @@ def test_edited_manifests_are_refused_cleanly(seeds: dict[str, bytes]) -> None:
             else:
                 error = "BackendNotFoundError" if edit == "unknown backend" else "FormatError"
                 assert outcomes[0].startswith("refused") and f"({error})" in outcomes[0], (name, edit, outcomes)
+
+
+def _drop_calling_convention(manifest: dict) -> None:
+    manifest["methods"][0]["graph"]["graph_module"]["module_call_graph"] = []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda m: m["delegates"][0].update(inputs="TTT"),
+            r"method 'forward': the call of delegate 0 passes 2 tensors and 0 sizes; the delegate table says 'TTT'",
+        ),
+        (
+            lambda m: m["delegates"][0].update(outputs=2),
+            r"method 'forward': the graph expects delegate 0 to return 1 values; its table entry says 2",
+        ),
+        (
+            lambda m: m["methods"][0].update(delegates=[0]),
+            r"method 'forward' calls delegate 1, which the method does not list",
+        ),
+        (_drop_calling_convention, r"method 'forward': the graph has no calling convention"),
+    ],
+    ids=["call arguments", "output count", "unlisted delegate", "calling convention"],
+)
+def test_a_graph_that_disagrees_with_its_tables_is_a_format_error_naming_the_method(
+    seeds: dict[str, bytes], tmp_path: Path, change: Any, message: str
+) -> None:
+    data = seeds["partly.tdp"]
+    manifest = _manifest(data)
+    change(manifest)
+    (tmp_path / "edited.tdp").write_bytes(_with_manifest(data, manifest))
+    with pytest.raises(FormatError, match=message):
+        with td.load(tmp_path / "edited.tdp") as program:
+            program.run("forward", torch.randn(2, 4))

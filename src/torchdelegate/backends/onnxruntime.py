@@ -29,6 +29,7 @@ import contextlib
 import importlib
 import logging
 import operator
+import re
 import threading
 import warnings
 import weakref
@@ -174,7 +175,7 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         with _quiet_exporter():
             onnx_program = torch.onnx.export(program, (), dynamo=True, optimize=True, verbose=False)
     except Exception as e:
-        raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {e}") from e
+        raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_first_cause(e)}") from e
     assert onnx_program is not None
     model = onnx_program.model
     fusions = _fuse(model) if fuse else {}
@@ -204,6 +205,19 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         "fusions": fusions,
     }
     return pack(header, ir.to_proto(model).SerializeToString())
+
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_cause(error: BaseException) -> str:
+    """The root of an exporter error's chain, on one line: the exporter wraps it in pages of advice."""
+    for _ in range(16):
+        if error.__cause__ is None:
+            break
+        error = error.__cause__
+    lines = _ANSI_ESCAPE.sub("", str(error)).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:400]
 
 
 def _fuse(model: Any) -> dict[str, int]:
