@@ -87,7 +87,10 @@ def _install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, entry
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-backend-pkg\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(f"[torchdelegate.backends]\n{entry_point}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "ep_backend_pkg", raising=False)
+    # Whatever the test imports and registers is forgotten after it: each test reaches the entry point.
+    monkeypatch.setitem(sys.modules, "ep_backend_pkg", None)
+    monkeypatch.delitem(sys.modules, "ep_backend_pkg")
+    monkeypatch.setattr(torchdelegate.backend, "_REGISTRY", dict(torchdelegate.backend._REGISTRY))
 
 
 _ENTRY_POINT_MODULE = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from models import CumprodBetweenLinears, TwoLinears
 import torchdelegate as td
 from torchdelegate.cli import main
 
-pytest.importorskip("onnxruntime")
+needs_onnxruntime = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="onnxruntime missing")
 
 
 def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -38,6 +39,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@needs_onnxruntime
 def test_lower_inspect_and_run_a_model_onnx_runtime_takes_part_of(exported: Path) -> None:
     lowered = _command(
         "lower",
@@ -114,6 +116,7 @@ def test_verbose_shows_the_traceback(exported: Path) -> None:
     assert result.returncode == 1 and "Traceback" in result.stderr
 
 
+@needs_onnxruntime
 def test_the_demo_generates_what_eager_generates(tmp_path: Path) -> None:
     result = _command("demo", "--tokens", "6", "--rounds", "1", "--output-dir", "kept", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -145,7 +148,7 @@ def saved(exported: Path) -> Path:
         (("lower", "forward=x.npy", "-b", "reference", "-o", "x.tdp"), "method 'forward': 'x.npy' is not a torch"),
         (
             ("lower", "forward=model.pt2", "-b", "reference", "--compile-spec", "reference", "-o", "x.tdp"),
-            "--compile-spec 'reference' is not ID:KEY=VALUE (e.g. onnxruntime:intra_op_threads=2)",
+            "--compile-spec 'reference' is not ID:KEY=VALUE (e.g. onnxruntime:intra_op_num_threads=2)",
         ),
         (("inspect", "plain.tdp", "--report"), "plain.tdp holds no partition report"),
         (("run", "ab.tdp"), "the file has several methods (a, b); choose one with --method"),

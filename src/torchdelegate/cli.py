@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="ID:KEY=VALUE",
-        help="a compile spec for one backend, e.g. onnxruntime:intra_op_threads=2 (repeat)",
+        help="a compile spec for one backend, e.g. onnxruntime:intra_op_num_threads=2 (repeat)",
     )
     lower.add_argument("--min-partition-size", type=int, default=1, metavar="N", help="smallest partition (default 1)")
     lower.add_argument("--html", type=Path, metavar="FILE.html", help="also write the partition report as HTML")
@@ -217,7 +217,8 @@ def _compile_specs(values: Sequence[str]) -> dict[str, list[Any]]:
         backend, sep, rest = value.partition(":")
         key, eq, setting = rest.partition("=")
         if not (sep and eq and backend and key):
-            raise CommandError(f"--compile-spec {value!r} is not ID:KEY=VALUE (e.g. onnxruntime:intra_op_threads=2)")
+            example = "onnxruntime:intra_op_num_threads=2"
+            raise CommandError(f"--compile-spec {value!r} is not ID:KEY=VALUE (e.g. {example})")
         specs.setdefault(backend, []).append(CompileSpec(key, setting.encode()))
     return specs
 

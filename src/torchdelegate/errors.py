@@ -7,6 +7,10 @@ built-in exception a caller would naturally catch (``ValueError``, ``RuntimeErro
 
 from __future__ import annotations
 
+import re
+
+_TERMINAL_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
 
 class TorchDelegateError(Exception):
     """Base class of every error raised by torchdelegate."""
@@ -67,3 +71,14 @@ class ProgramClosedError(TorchDelegateError, RuntimeError):
 
 class BackendUnavailableError(TorchDelegateError, RuntimeError):
     """A program needs a backend whose ``is_available()`` is False on this machine."""
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """``error``'s first message line, without terminal colours, cut at ``limit`` characters.
+
+    For messages of ours that quote another library's error: that library's full text stays
+    in the chained ``__cause__``.
+    """
+    lines = _TERMINAL_COLOURS.sub("", str(error)).strip().splitlines()
+    line = lines[0] if lines else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -20,7 +20,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
-from torchdelegate.errors import PartitionError
+from torchdelegate.errors import PartitionError, first_line
 from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_program, rebuilt, with_state
 from torchdelegate.lowering.to_backend import PartitionerLike, lower
@@ -238,9 +238,8 @@ def _rebuilt_after(name: str, method: str, program: ExportedProgram, graph_modul
         graph_module.recompile()
         return rebuilt(program, graph_module)
     except Exception as e:
-        first_line = (str(e).strip().splitlines() or [""])[0][:300]
         raise ValueError(
-            f"transform: pass {name} made method {method!r} an invalid program ({type(e).__name__}: {first_line}); "
+            f"transform: pass {name} made method {method!r} an invalid program ({type(e).__name__}: {first_line(e)}); "
             "a pass must leave a graph torch.export accepts"
         ) from e
 

@@ -12,9 +12,10 @@ from models import TinyDecoder, decoder_methods
 import torchdelegate as td
 from torchdelegate.backends.inductor import InductorBackend, InductorPartitioner
 
-pytestmark = pytest.mark.skipif(not InductorBackend.is_available(), reason="no C++ compiler for AOTInductor")
+needs_a_compiler = pytest.mark.skipif(not InductorBackend.is_available(), reason="no C++ compiler for AOTInductor")
 
 
+@needs_a_compiler
 def test_two_methods_compiled_ahead_of_time_share_their_constants_and_match_eager(tmp_path: Path) -> None:
     torch.manual_seed(7)
     model = TinyDecoder(vocab=64, d=32, max_len=16)

@@ -203,3 +203,22 @@ def test_execute_called_directly_checks_the_input_count() -> None:
         assert OnnxRuntimeBackend.execute(handle, [torch.randn(2, 4)])[0].shape == (2, 4)
     finally:
         OnnxRuntimeBackend.destroy(handle)
+
+
+def test_an_initializer_of_a_dtype_onnx_runtime_cannot_take_is_named() -> None:
+    class Float8Table(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.ones(512).to(torch.float8_e4m3fn))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x + 1, torch.cat([self.table, self.table])  # the exporter folds cat into an initializer
+
+    edge = td.to_edge(torch.export.export(Float8Table(), (torch.randn(512),)))
+    with_the_table = FunctionPartitioner(
+        lambda node: "ops" if node.op == "call_function" or node.name == "b_table" else None, "onnxruntime"
+    )
+    with pytest.raises(
+        td.PreprocessError, match=r"partition 0: initializer 'cat' has unsupported dtype float8_e4m3fn"
+    ):
+        edge.to_backend(with_the_table)

@@ -29,7 +29,6 @@ import contextlib
 import importlib
 import logging
 import operator
-import re
 import threading
 import warnings
 import weakref
@@ -47,7 +46,7 @@ from torchdelegate.backend import SharedDataBackend
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, unpack
 from torchdelegate.backends.linear import recompose_linear
 from torchdelegate.data import NamedDataMap, NamedDataStore
-from torchdelegate.errors import FormatError, PreprocessError
+from torchdelegate.errors import FormatError, PreprocessError, first_line
 from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
@@ -161,8 +160,7 @@ def _accepted_blob(
     try:
         _Session(memoryview(blob), compile_specs, NamedDataMap(output))
     except Exception as e:  # any refusal is reported with the partition it concerns
-        message = str(e).strip().splitlines()
-        raise _Refused(f"ONNX Runtime refused the model ({message[0] if message else type(e).__name__})") from e
+        raise _Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
     store.merge(output)
     return blob
 
@@ -175,7 +173,7 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         with _quiet_exporter():
             onnx_program = torch.onnx.export(program, (), dynamo=True, optimize=True, verbose=False)
     except Exception as e:
-        raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_first_cause(e)}") from e
+        raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
     assert onnx_program is not None
     model = onnx_program.model
     fusions = _fuse(model) if fuse else {}
@@ -207,17 +205,14 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     return pack(header, ir.to_proto(model).SerializeToString())
 
 
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _first_cause(error: BaseException) -> str:
+def _root_cause(error: BaseException) -> str:
     """The root of an exporter error's chain, on one line: the exporter wraps it in pages of advice."""
     for _ in range(16):
-        if error.__cause__ is None:
+        cause = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        if cause is None:
             break
-        error = error.__cause__
-    lines = _ANSI_ESCAPE.sub("", str(error)).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:400]
+        error = cause
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 def _fuse(model: Any) -> dict[str, int]:
