@@ -45,7 +45,7 @@ OUTCOMES: Counter[str] = Counter()
 _DTYPES = {
     name: getattr(torch, name) for name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 }
-_TENSOR = re.compile(r"^\w+: (\w+)\[(.*)\]$")
+_TENSOR = re.compile(r"^\w+: (\w+)\[(.*)\](?: on (\w+))?$")
 
 
 def reseal(data: bytes) -> bytes | None:
@@ -60,14 +60,18 @@ def reseal(data: bytes) -> bytes | None:
 
 
 def zero_inputs(signature: list[str]) -> list[Any]:
-    """Inputs for a method from ``BoundMethod.signature()``: zeros of each tensor's dtype and
-    sizes (2 for a symbolic size), 1 for a number; None when the signature is not understood."""
+    """Inputs for a method from ``BoundMethod.signature()``: zeros of each tensor's dtype, sizes
+    (2 for a symbolic size) and device, 1 for a number; None when the signature is not understood
+    or names a device this machine does not have."""
     values: list[Any] = []
     for parameter in signature:
         tensor = _TENSOR.match(parameter)
         if tensor and tensor.group(1) in _DTYPES:
             sizes = [int(s) if s.strip().isdigit() else 2 for s in tensor.group(2).split(",") if s.strip()]
-            values.append(torch.zeros(sizes, dtype=_DTYPES[tensor.group(1)]))
+            try:
+                values.append(torch.zeros(sizes, dtype=_DTYPES[tensor.group(1)], device=tensor.group(3) or "cpu"))
+            except RuntimeError:  # a device torch knows but this machine lacks
+                return None  # type: ignore[return-value]
         elif parameter.endswith((": int", ": float", ": bool")):
             values.append(1)
         elif " = " in parameter:

@@ -200,3 +200,15 @@ def test_an_op_of_the_method_failing_names_the_method_and_the_cause(tmp_path: Pa
         with pytest.raises(td.MethodExecutionError, match=r"method 'decode': an op of its graph .*IndexError"):
             program.run("decode", torch.tensor([99]), torch.tensor([4]))  # token 99 of a 16-token vocabulary
         program.run("decode", torch.tensor([3]), torch.tensor([4]))  # the program is still usable
+
+
+def test_a_method_taking_a_tensor_on_another_device_says_so(tmp_path: Path) -> None:
+    class AddOne(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    td.to_edge(torch.export.export(AddOne(), (torch.randn(2, device="meta"),))).save(tmp_path / "meta.tdp")
+    with td.load(tmp_path / "meta.tdp") as program:
+        assert program.method("forward").signature() == ["x: float32[2] on meta"]
+        with pytest.raises(td.ProgramInputError, match=r"method 'forward': argument 'x' must be on meta, got cpu"):
+            program.run("forward", torch.randn(2))

@@ -119,13 +119,15 @@ class MethodInputs:
         ]
 
     def parameters(self) -> list[str]:
-        """Each user input as ``name: float32[1, 8]`` (``s0`` for a symbolic size), in call order."""
+        """Each user input as ``name: float32[1, 8]`` (``s0`` for a symbolic size), in call order;
+        a tensor that must live elsewhere than the CPU says so: ``name: float32[1, 8] on cuda``."""
         described = []
         for leaf in self.leaves:
             if leaf.kind == "tensor":
                 dtype = str(leaf.dtype).removeprefix("torch.")
                 sizes = ", ".join(str(d.value) if d.value is not None else str(d.symbol) for d in leaf.dims)
-                described.append(f"{leaf.name}: {dtype}[{sizes}]")
+                device = f" on {leaf.device.type}" if leaf.device is not None and leaf.device.type != "cpu" else ""
+                described.append(f"{leaf.name}: {dtype}[{sizes}]{device}")
             elif leaf.kind == "constant":
                 described.append(f"{leaf.name} = {leaf.constant!r}")
             else:
