@@ -116,6 +116,13 @@ class FunctionPartitioner(Partitioner):
         return PartitionResult(exported_program, tags)
 
 
+def every_op(backend_id: str, *placeholders: str) -> FunctionPartitioner:
+    """One partition of every op (and of the placeholders named, e.g. a buffer) for ``backend_id``."""
+    return FunctionPartitioner(
+        lambda node: "ops" if node.op == "call_function" or node.name in placeholders else None, backend_id
+    )
+
+
 class NamedWeightsBackend(BackendDetails):
     """Stores weights once, as named data shared by all partitions; blobs carry zeros instead.
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backends import FunctionPartitioner
+from backends import every_op
 from models import TinyDecoder, decoder_methods
 
 import torchdelegate as td
@@ -41,10 +41,6 @@ def test_two_methods_compiled_ahead_of_time_share_their_constants_and_match_eage
             assert prefill.constants[name].data_ptr() == decode.constants[name].data_ptr()
 
 
-def _every_op_on_inductor() -> FunctionPartitioner:
-    return FunctionPartitioner(lambda node: "ops" if node.op == "call_function" else None, "inductor")
-
-
 def test_a_partition_owning_a_buffer_it_writes_is_refused_before_compiling() -> None:
     class Counter(torch.nn.Module):
         def __init__(self) -> None:
@@ -56,13 +52,10 @@ def test_a_partition_owning_a_buffer_it_writes_is_refused_before_compiling() -> 
             return self.count * 2
 
     edge = td.to_edge(torch.export.export(Counter(), (torch.randn(3),)))
-    owns_the_buffer = FunctionPartitioner(
-        lambda node: "ops" if node.op == "call_function" or node.name == "b_count" else None, "inductor"
-    )
     with pytest.raises(
         td.PreprocessError, match=r"inductor: method 'forward', partition 0 writes a buffer it owns; leave mutable"
     ):
-        edge.to_backend(owns_the_buffer)
+        edge.to_backend(every_op("inductor", "b_count"))
 
 
 def test_a_broken_toolchain_is_a_preprocess_error_naming_the_partition() -> None:
@@ -76,4 +69,4 @@ def test_a_broken_toolchain_is_a_preprocess_error_naming_the_partition() -> None
             td.PreprocessError,
             match=r"inductor: method 'forward', partition 0: AOTInductor failed to compile: InvalidCxxCompiler",
         ):
-            edge.to_backend(_every_op_on_inductor())
+            edge.to_backend(every_op("inductor"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backends import FunctionPartitioner
+from backends import every_op
 from models import decoder_methods
 from programs import eager_generation, fresh_decoder, program_generation
 
@@ -157,10 +157,6 @@ def test_a_partition_whose_fusions_fail_is_exported_unfused_with_a_warning(monke
     torch.testing.assert_close(lowered.exported_program().module()(x), model(x), atol=1e-5, rtol=1e-5)
 
 
-def _every_op_on_onnxruntime() -> FunctionPartitioner:
-    return FunctionPartitioner(lambda node: "ops" if node.op == "call_function" else None, "onnxruntime")
-
-
 def test_an_op_the_onnx_exporter_cannot_translate_is_named_in_one_line() -> None:
     class Cumprod(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +164,7 @@ def test_an_op_the_onnx_exporter_cannot_translate_is_named_in_one_line() -> None
 
     edge = td.to_edge(torch.export.export(Cumprod(), (torch.randn(3),)))
     with pytest.raises(td.PreprocessError) as info:
-        edge.to_backend(_every_op_on_onnxruntime())
+        edge.to_backend(every_op("onnxruntime"))
     message = str(info.value)
     assert "onnxruntime: method 'forward', partition 0: torch's ONNX exporter failed: DispatchError: " in message
     assert "No ONNX function found for <OpOverload(op='prims.prod'" in message
@@ -186,7 +182,7 @@ def test_a_model_onnx_runtime_refuses_is_a_preprocess_error_with_its_reason() ->
         td.PreprocessError,
         match=r"partition 0: ONNX Runtime refused the model \(\[ONNXRuntimeError\] : 10 : INVALID_GRAPH : .*int16",
     ):
-        edge.to_backend(_every_op_on_onnxruntime())
+        edge.to_backend(every_op("onnxruntime"))
 
 
 def test_execute_called_directly_checks_the_input_count() -> None:
@@ -215,10 +211,7 @@ def test_an_initializer_of_a_dtype_onnx_runtime_cannot_take_is_named() -> None:
             return x + 1, torch.cat([self.table, self.table])  # the exporter folds cat into an initializer
 
     edge = td.to_edge(torch.export.export(Float8Table(), (torch.randn(512),)))
-    with_the_table = FunctionPartitioner(
-        lambda node: "ops" if node.op == "call_function" or node.name == "b_table" else None, "onnxruntime"
-    )
     with pytest.raises(
         td.PreprocessError, match=r"partition 0: initializer 'cat' has unsupported dtype float8_e4m3fn"
     ):
-        edge.to_backend(with_the_table)
+        edge.to_backend(every_op("onnxruntime", "b_table"))
