@@ -59,7 +59,7 @@ def reseal(data: bytes) -> bytes | None:
     return data[:32] + digest + data[HEADER:]
 
 
-def zero_inputs(signature: list[str]) -> list[Any]:
+def zero_inputs(signature: list[str]) -> list[Any] | None:
     """Inputs for a method from ``BoundMethod.signature()``: zeros of each tensor's dtype, sizes
     (2 for a symbolic size) and device, 1 for a number; None when the signature is not understood
     or names a device this machine does not have."""
@@ -71,13 +71,13 @@ def zero_inputs(signature: list[str]) -> list[Any]:
             try:
                 values.append(torch.zeros(sizes, dtype=_DTYPES[tensor.group(1)], device=tensor.group(3) or "cpu"))
             except RuntimeError:  # a device torch knows but this machine lacks
-                return None  # type: ignore[return-value]
+                return None
         elif parameter.endswith((": int", ": float", ": bool")):
             values.append(1)
         elif " = " in parameter:
             continue  # a constant the exported call fixed: not passed
         else:
-            return None  # type: ignore[return-value]
+            return None
     return values
 
 

@@ -30,10 +30,14 @@ from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitio
 from torchdelegate.backends.support import backend_support
 
 
-def _saved(tmp_path: Path, backend_id: str) -> Path:
+def _lowered_on(backend_id: str) -> td.EdgeProgramManager:
     partitioner = ReferencePartitioner()
     partitioner.spec = DelegationSpec(backend_id)
-    td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(partitioner).save(tmp_path / "m.tdp")
+    return td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(partitioner)
+
+
+def _saved(tmp_path: Path, backend_id: str) -> Path:
+    _lowered_on(backend_id).save(tmp_path / "m.tdp")
     return tmp_path / "m.tdp"
 
 
@@ -132,12 +136,6 @@ class OverAligned(TorchExportBackend):
         store.add_named_data("page", b"\0" * 8, alignment=1 << 17)
         result = TorchExportBackend.preprocess(edge_program, compile_specs)
         return PreprocessResult(result.processed_bytes, None, store.get_named_data_store_output())
-
-
-def _lowered_on(backend_id: str) -> td.EdgeProgramManager:
-    partitioner = ReferencePartitioner()
-    partitioner.spec = DelegationSpec(backend_id)
-    return td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(partitioner)
 
 
 def test_a_debug_handle_map_must_hold_json_values(tmp_path: Path) -> None:

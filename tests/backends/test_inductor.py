@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from backends import every_op
-from models import TinyDecoder, decoder_methods
+from models import ReadThenWrite, TinyDecoder, decoder_methods
 
 import torchdelegate as td
 from torchdelegate.backends.inductor import InductorBackend, InductorPartitioner
@@ -42,20 +42,11 @@ def test_two_methods_compiled_ahead_of_time_share_their_constants_and_match_eage
 
 
 def test_a_partition_owning_a_buffer_it_writes_is_refused_before_compiling() -> None:
-    class Counter(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("count", torch.zeros(3))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.count.add_(x)
-            return self.count * 2
-
-    edge = td.to_edge(torch.export.export(Counter(), (torch.randn(3),)))
+    edge = td.to_edge(torch.export.export(ReadThenWrite(), (torch.randn(4),)))
     with pytest.raises(
         td.PreprocessError, match=r"inductor: method 'forward', partition 0 writes a buffer it owns; leave mutable"
     ):
-        edge.to_backend(every_op("inductor", "b_count"))
+        edge.to_backend(every_op("inductor", "b_state"))
 
 
 def test_a_broken_toolchain_is_a_preprocess_error_naming_the_partition() -> None:

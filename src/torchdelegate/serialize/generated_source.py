@@ -45,8 +45,8 @@ class GeneratedSource:
 
     def forget(self) -> None:
         cache = getattr(_loader(), "eval_cache", None)
+        caches = [linecache.cache, cache] if isinstance(cache, dict) else [linecache.cache]
         for key in self._keys:
-            if isinstance(cache, dict):
-                cache.pop(key, None)
-            linecache.cache.pop(key, None)
+            for entries in caches:
+                entries.pop(key, None)
         self._keys.clear()
