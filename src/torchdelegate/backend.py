@@ -97,6 +97,15 @@ class BackendDetails(ABC):
         }
 
     @classmethod
+    def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
+        """The named data keys a blob reads at ``init``, or None when the backend cannot tell (the default).
+
+        Saving checks that a program holds every key its delegates' blobs name, so a file
+        never lacks data its delegates need.
+        """
+        return None
+
+    @classmethod
     def is_available(cls) -> bool:
         """Whether this backend's runtime can run here."""
         return True

@@ -21,8 +21,15 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.errors import PartitionError, first_line
-from torchdelegate.lowered_module import LoweredBackendModule
-from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_program, rebuilt, with_state
+from torchdelegate.lowered_module import LoweredBackendModule, delegates_named_data, lowered_modules
+from torchdelegate.lowering.structural_copy import (
+    MutableStateCopies,
+    copy_program,
+    rebuilt,
+    with_identifier_state_names,
+    with_state,
+    with_state_names,
+)
 from torchdelegate.lowering.to_backend import PartitionerLike, lower
 from torchdelegate.partition.partitioner import Partitioner
 from torchdelegate.serialize.writer import save_program
@@ -52,11 +59,18 @@ def _methods(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> dict[
 
 
 def _decompose(program: ExportedProgram, keep: Iterable[OpOverload] = ()) -> ExportedProgram:
-    """Core ATen, functional; the ops in ``keep`` are left whole."""
+    """Core ATen, functional; the ops in ``keep`` are left whole.
+
+    torch decomposes through Python code that reads each parameter and buffer as an attribute,
+    which fails for names that are not identifiers (a parameter registered as ``lambda``), so
+    such state is decomposed under a stand-in name and gets its own name back.
+    """
     table = torch.export.default_decompositions()
     for op in keep:
         table.pop(op, None)
-    return program.run_decompositions(table)
+    program, stand_ins = with_identifier_state_names(program)
+    decomposed = program.run_decompositions(table)
+    return with_state_names(decomposed, {v: k for k, v in stand_ins.items()}) if stand_ins else decomposed
 
 
 def _own_state(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
@@ -105,7 +119,9 @@ class EdgeProgramManager:
         named_data: NamedDataStoreOutput | None = None,
     ) -> None:
         self._programs = _methods(programs)
-        self._named_data = named_data if named_data is not None else NamedDataStoreOutput()
+        # Delegates carry their named data: a manager around lowered programs holds all of it.
+        delegates = (d for p in self._programs.values() for d in lowered_modules(p.graph_module))
+        self._named_data = delegates_named_data(named_data, delegates)
 
     @property
     def methods(self) -> list[str]:
@@ -127,10 +143,7 @@ class EdgeProgramManager:
 
     def delegates(self) -> dict[str, list[LoweredBackendModule]]:
         """Each method's delegates, in topological order (a sub-graph's at its control-flow op)."""
-        return {
-            method: [m for m in program.graph_module.modules() if isinstance(m, LoweredBackendModule)]
-            for method, program in self._programs.items()
-        }
+        return {method: lowered_modules(program.graph_module) for method, program in self._programs.items()}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{m}: {len(d)} delegates" for m, d in self.delegates().items())

@@ -19,7 +19,7 @@ from torch.fx import GraphModule, Node
 
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.partitions import GraphPartitions, Partition
-from torchdelegate.lowering.structural_copy import copy_meta, copy_node, fetch_attr
+from torchdelegate.lowering.structural_copy import copy_meta, copy_node, fetch_attr, graph_like, keep_name
 
 LOWERED_MODULE_PREFIX = "lowered_module_"
 
@@ -46,8 +46,7 @@ def splice(
     ``submodules`` replaces sub-graphs that were lowered themselves. Returns the new graph,
     the attributes it reads, and the renaming of every kept value (old name to new name).
     """
-    graph = torch.fx.Graph()
-    graph._codegen = gm.graph._codegen
+    graph = graph_like(gm)
     env: dict[Node, Node] = {}
     attrs: dict[str, Any] = {}
     index = next_delegate_index(found)
@@ -78,7 +77,8 @@ def _emit_delegate(graph: torch.fx.Graph, name: str, partition: Partition, env: 
     call.meta["val"] = tuple(n.meta.get("val") for n in partition.outputs)
     call.meta["delegate"] = name
     for i, produced in enumerate(partition.outputs):
-        item = graph.create_node("call_function", operator.getitem, (call, i), name=produced.name)
+        item = graph.create_node("call_function", operator.getitem, (call, i))
+        keep_name(graph, item, produced.name)
         copy_meta(produced, item)
         env[produced] = item
 
