@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -40,11 +40,14 @@ def splice(
     found: GraphPartitions,
     delegates: Mapping[Partition, LoweredBackendModule],
     submodules: Mapping[str, GraphModule],
+    reserved: Collection[str] = (),
 ) -> tuple[torch.fx.Graph, dict[str, Any], dict[str, str]]:
     """``gm``'s graph rebuilt with its partitions replaced by delegate calls.
 
-    ``submodules`` replaces sub-graphs that were lowered themselves. Returns the new graph,
-    the attributes it reads, and the renaming of every kept value (old name to new name).
+    ``submodules`` replaces sub-graphs that were lowered themselves. No delegate is attached
+    under a name in ``reserved`` (the roots of the program's state names: unlifting the
+    program puts its parameters and buffers there). Returns the new graph, the attributes it
+    reads, and the renaming of every kept value (old name to new name).
     """
     graph = graph_like(gm)
     env: dict[Node, Node] = {}
@@ -52,6 +55,8 @@ def splice(
     index = next_delegate_index(found)
     for unit in found.order:
         if isinstance(unit, Partition):
+            while f"{LOWERED_MODULE_PREFIX}{index}" in reserved:
+                index += 1
             name = f"{LOWERED_MODULE_PREFIX}{index}"
             index += 1
             attrs[name] = delegates[unit]

@@ -539,7 +539,9 @@ def _make_delegate(job: _Job, named_data: NamedDataStore) -> LoweredBackendModul
     )
 
 
-def _splice_graph(plan: _GraphPlan) -> tuple[torch.fx.Graph, dict[str, Any], dict[str, str]]:
+def _splice_graph(
+    plan: _GraphPlan, reserved: frozenset[str] = frozenset()
+) -> tuple[torch.fx.Graph, dict[str, Any], dict[str, str]]:
     submodules = {}
     for target, child in plan.children.items():
         graph, attrs, _ = _splice_graph(child)
@@ -548,13 +550,14 @@ def _splice_graph(plan: _GraphPlan) -> tuple[torch.fx.Graph, dict[str, Any], dic
     for job in plan.ordered_jobs:  # the sub-graphs' too: splice looks up only its own
         assert job.delegate is not None
         delegates[job.partition] = job.delegate
-    return splice(plan.gm, plan.found, delegates, submodules)
+    return splice(plan.gm, plan.found, delegates, submodules, reserved)
 
 
 def _splice_method(plan: _MethodPlan, state_copies: MutableStateCopies, mutated: frozenset[str]) -> ExportedProgram:
     """The lowered program; buffers any method writes (``mutated``) are passed to ``state_copies``."""
     program = plan.program
-    graph, attrs, renamed = _splice_graph(plan.root)
+    state_roots = frozenset(s.target.split(".")[0] for s in program.graph_signature.input_specs if s.target)
+    graph, attrs, renamed = _splice_graph(plan.root, state_roots)
     found = plan.root.found
     dropped = set(dropped_targets(found))
     signature = rename_signature(program.graph_signature, renamed, {n.name for n in found.dropped}, found.owned_outputs)
