@@ -187,6 +187,7 @@ class CapabilityPartitioner(Partitioner):
         if min_partition_size < 1:
             raise ValueError(f"min_partition_size must be at least 1, got {min_partition_size}")
         self.min_partition_size = min_partition_size
+        super().__init__(self.backends[0][1] if len(self.backends) == 1 else None)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         plan = self.plan(exported_program)
