@@ -31,6 +31,7 @@ from torchdelegate.lowering.to_backend import to_backend
 from torchdelegate.lowering.validation import disable_validation, validation_disabled
 from torchdelegate.partition import (
     DELEGATION_TAG,
+    NO_COPY,
     CapabilityPartitioner,
     Partitioner,
     PartitionPlan,
@@ -46,6 +47,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DELEGATION_TAG",
+    "NO_COPY",
     "CapabilityPartitioner",
     "PartitionPlan",
     "BackendDetails",

@@ -7,11 +7,12 @@ from torchdelegate.partition.capability import (
     PartitionPlan,
     PlannedPartition,
 )
-from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.partitioner import DELEGATION_TAG, NO_COPY, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 
 __all__ = [
     "DELEGATION_TAG",
+    "NO_COPY",
     "CapabilityPartitioner",
     "NodeDecision",
     "OperatorSupport",
