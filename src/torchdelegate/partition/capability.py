@@ -85,11 +85,12 @@ def _answer(support: OperatorSupport, node: Node) -> str | None:
         answer = support(node)
         if answer is True or answer is None:
             return None
-        return answer if isinstance(answer, str) and answer else f"{UNSUPPORTED}: {_op_name(node)}"
-    return None if node.target in support else f"{UNSUPPORTED}: {_op_name(node)}"
+        return answer if isinstance(answer, str) and answer else f"{UNSUPPORTED}: {op_name(node)}"
+    return None if node.target in support else f"{UNSUPPORTED}: {op_name(node)}"
 
 
-def _op_name(node: Node) -> str:
+def op_name(node: Node) -> str:
+    """How reports name a node's operator: ``aten.addmm.default``, ``cond``, ``getitem``."""
     target = node.target
     return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
 
@@ -280,7 +281,7 @@ class CapabilityPartitioner(Partitioner):
             if node.op != "call_function" or is_tuple_item(node):
                 continue
             where, label = placed.get(node, (None, None))
-            decisions.append(NodeDecision(node.name, _op_name(node), where, label, dict(reasons.get(node, {}))))
+            decisions.append(NodeDecision(node.name, op_name(node), where, label, dict(reasons.get(node, {}))))
         return PartitionPlan(decisions, partitions)
 
 
