@@ -8,6 +8,7 @@ from torchdelegate.partition.capability import (
     PlannedPartition,
 )
 from torchdelegate.partition.partitioner import DELEGATION_TAG, NO_COPY, Partitioner, PartitionResult
+from torchdelegate.partition.patterns import Pattern, PatternMatch, PatternPartitioner, find_pattern_matches
 from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 
 __all__ = [
@@ -17,9 +18,13 @@ __all__ = [
     "NodeDecision",
     "OperatorSupport",
     "PartitionPlan",
+    "Pattern",
+    "PatternMatch",
+    "PatternPartitioner",
     "PartitionResult",
     "Partitioner",
     "PlannedPartition",
+    "find_pattern_matches",
     "tag_constant_data",
     "tag_mutated_buffers",
 ]
