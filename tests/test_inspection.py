@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import operator
 
@@ -182,3 +183,14 @@ def test_the_same_lowering_twice_gives_the_same_answers() -> None:
     assert format_delegated_graph(first) == format_delegated_graph(second)
     assert [n.name for n in undelegated_nodes(first)] == [n.name for n in undelegated_nodes(second)]
     assert isinstance(lowered_modules(first)[0], LoweredBackendModule)
+
+
+def test_a_module_called_twice_is_one_module_with_two_calls() -> None:
+    lowered = _two_linears()
+    gm = torch.fx.GraphModule(lowered.graph_module, copy.deepcopy(lowered.graph))  # shares the modules
+    first = next(n for n in gm.graph.nodes if n.target is call_delegate)
+    with gm.graph.inserting_after(first):
+        gm.graph.call_function(call_delegate, first.args)
+    calls = lowered_submodules(gm)
+    assert [s.name for s in calls] == ["lowered_module_0", "lowered_module_0", "lowered_module_1"]
+    assert lowered_modules(gm) == [calls[0].module, calls[2].module]

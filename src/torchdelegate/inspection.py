@@ -14,7 +14,6 @@ that computation goes): the unit the rest of the package counts in.
 
 from __future__ import annotations
 
-import operator
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,19 +90,13 @@ def _sub_graphs(gm: GraphModule, node: Node) -> list[tuple[str, GraphModule]]:
     return list(found.items())
 
 
-def _walk(gm: GraphModule, path: str, sub_graphs: bool) -> Iterator[tuple[str, GraphModule, Node]]:
-    """Every node of ``gm`` in order, each control-flow op followed by its sub-graphs' nodes."""
+def _walk(gm: GraphModule, path: str, sub_graphs: bool) -> Iterator[tuple[str, Node]]:
+    """Every node of ``gm`` with its sub-graph's path, in order, each control-flow op followed by its sub-graphs'."""
     for node in gm.graph.nodes:
-        yield path, gm, node
+        yield path, node
         if sub_graphs:
             for attribute, child in _sub_graphs(gm, node):
                 yield from _walk(child, f"{path}.{attribute}" if path else attribute, sub_graphs)
-
-
-def _is_delegate_item(node: Node) -> bool:
-    """A ``getitem`` reading one output of a delegate call."""
-    source = node.args[0] if node.target is operator.getitem and node.args else None
-    return isinstance(source, Node) and source.target is call_delegate
 
 
 def is_computation(node: Node) -> bool:
@@ -149,7 +142,7 @@ def lowered_submodules(lowered: Lowered, *, sub_graphs: bool = True) -> list[Low
     """
     found = []
     for method, root in _method_graphs(lowered, "lowered_submodules"):
-        for path, _, node in _walk(root, "", sub_graphs):
+        for path, node in _walk(root, "", sub_graphs):
             if node.op == "call_function" and node.target is call_delegate:
                 module = lowered_module_of(node)
                 found.append(LoweredSubmodule(method, path, str(_delegate_attribute(node)), node, module))
@@ -174,17 +167,17 @@ def undelegated_nodes(lowered: Lowered, *, sub_graphs: bool = True) -> list[Node
     return [
         node
         for _, root in _method_graphs(lowered, "undelegated_nodes")
-        for _, _, node in _walk(root, "", sub_graphs)
-        if is_computation(node) and not _is_delegate_item(node)
+        for _, node in _walk(root, "", sub_graphs)
+        if is_computation(node)
     ]
 
 
 def _delegated_computations(module: LoweredBackendModule) -> Iterator[Node]:
     """The computations a delegate took: its sub-program's, nested delegates' included."""
-    for _, _, node in _walk(module.original_module.graph_module, "", True):
+    for _, node in _walk(module.original_module.graph_module, "", True):
         if node.op == "call_function" and node.target is call_delegate:
             yield from _delegated_computations(lowered_module_of(node))
-        elif is_computation(node) and not _is_delegate_item(node):
+        elif is_computation(node):
             yield node
 
 
@@ -234,7 +227,10 @@ class DelegationInfo:
 
 
 def delegation_info(lowered: Lowered) -> DelegationInfo:
-    """Delegates and delegated/undelegated computations of a lowered program, in total and per operator."""
+    """Delegates and delegated/undelegated computations of a lowered program, in total and per operator.
+
+    For a manager, its methods together (call it on ``manager.exported_program(method)`` for one).
+    """
     submodules = lowered_submodules(lowered)
     delegated: dict[str, int] = {}
     for submodule in submodules:
