@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import copy
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
 from models import aten, export
+from random_programs import Recipe, RecipeModule, recipes
 
+import torchdelegate as td
 from torchdelegate import DelegationSpec, to_backend
 from torchdelegate.backends.reference import ReferenceBackend
 from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.partition import Pattern, PatternPartitioner, find_pattern_matches
 
 REFERENCE = DelegationSpec(ReferenceBackend.backend_id)
+EXAMPLES = int(os.environ.get("TORCHDELEGATE_EXAMPLES", "200"))
 ADDMM_RELU = [aten.addmm.default, aten.relu.default]
 
 
@@ -148,6 +156,12 @@ def test_matches_that_would_make_a_cycle_together_keep_the_first() -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_a_pattern_with_an_op_the_graph_lacks_has_no_match() -> None:
+    """torch.fx's matcher skips an output op it finds no candidate for (and then raises a KeyError)."""
+    program = export(Crossed(), torch.randn(3), torch.randn(3))
+    assert find_pattern_matches(program, [_pair(aten.sin.default, aten.sigmoid.default)]) == []
+
+
 def test_the_same_program_gives_the_same_plan() -> None:
     program = export(ThreeLinears(), torch.randn(2, 4))
     partitioner = PatternPartitioner([[aten.relu.default], ADDMM_RELU], REFERENCE)
@@ -176,3 +190,47 @@ def test_patterns_that_cannot_match_are_refused_when_made(make, error, message) 
     with pytest.raises(error) as caught:
         make()
     assert message in str(caught.value)
+
+
+UNARY_OPS = (aten.relu.default, aten.tanh.default, aten.sigmoid.default, aten.neg.default, aten.abs.default)
+BINARY_OPS = (aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.mm.default, aten.maximum.default)
+
+
+def _random_pattern(kind: str, ops: list[int]) -> Pattern:
+    pool = UNARY_OPS + BINARY_OPS
+    chosen = [pool[i % len(pool)] for i in ops]
+    if kind == "sequence":
+        return Pattern.sequence(*chosen)
+    graph = torch.fx.Graph()  # unconnected ops, all returned: matches with several exits
+    outputs = [
+        graph.call_function(op, tuple(graph.placeholder(f"p{i}_{k}") for k in range(1 if op in UNARY_OPS else 2)))
+        for i, op in enumerate(chosen)
+    ]
+    graph.output(tuple(outputs))
+    return Pattern.from_graph(graph)
+
+
+@settings(max_examples=max(5, EXAMPLES // 25), deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    recipe=recipes(max_steps=30),
+    patterns=st.lists(
+        st.tuples(st.sampled_from(["sequence", "unconnected"]), st.lists(st.integers(0, 9), min_size=1, max_size=3)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_random_patterns_on_random_programs_lower_and_compute_what_eager_computes(
+    recipe: Recipe, patterns: list[tuple[str, list[int]]]
+) -> None:
+    """Whatever the patterns and however their matches cross, the partitions are cycle-free and run right."""
+    module = RecipeModule(recipe)
+    inputs = recipe.example_inputs()
+    try:
+        program = torch.export.export(copy.deepcopy(module), inputs)
+    except Exception:  # torch.export's limits are not ours to test
+        reject()
+    partitioner = PatternPartitioner([_random_pattern(kind, ops) for kind, ops in patterns], REFERENCE)
+    lowered = td.to_edge(program).to_backend(partitioner)
+    with torch.no_grad():
+        expected = copy.deepcopy(module)(*inputs)
+        torch.testing.assert_close(lowered.exported_program().module()(*inputs), expected)

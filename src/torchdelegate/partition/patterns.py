@@ -139,7 +139,7 @@ def _step(step: Any, index: int) -> frozenset[OpOverload]:
 def _short(target: Any) -> str:
     """``addmm`` for ``aten.addmm.default``: pattern names read like the ops."""
     if isinstance(target, OpOverload):
-        return target._opname  # type: ignore[no-any-return]
+        return str(target.overloadpacket.__name__)
     return getattr(target, "__name__", str(target))
 
 
@@ -233,6 +233,11 @@ def _chain(steps: tuple[frozenset[OpOverload], ...], node: Node) -> list[Node] |
 def _graph_matches(pattern: Graph, graph: Graph) -> list[list[Node]]:
     from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
+    present = {node.target for node in graph.nodes if node.op == "call_function"}
+    if any(node.target not in present for node in pattern.nodes if node.op == "call_function"):
+        # fx's matcher skips an output op the graph lacks instead of failing, and then finds
+        # "matches" without it (or raises a KeyError): an op the graph lacks means no match.
+        return []
     matcher = SubgraphMatcher(pattern, remove_overlapping_matches=False)
     return [
         [found for mine, found in match.nodes_map.items() if mine.op not in ("placeholder", "output")]
