@@ -163,7 +163,10 @@ def _arguments(value: Any, position: Mapping[Node, int]) -> Any:
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_arguments(v, position) for v in value))
     if isinstance(value, dict):
-        return ("dict", tuple((k, _arguments(v, position)) for k, v in value.items()))
+        return (
+            "dict",
+            tuple((k, _arguments(v, position)) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))),
+        )
     return (type(value).__name__, value)
 
 
