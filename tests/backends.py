@@ -224,3 +224,34 @@ def counting_partitioner() -> ReferencePartitioner:
     partitioner = ReferencePartitioner()
     partitioner.spec = DelegationSpec(CountingReference.backend_id)
     return partitioner
+
+
+class DescribingReference(ReferenceBackend):
+    """The reference backend, returning ``describe(sub-program)`` as each delegate's info."""
+
+    backend_id = "TestDescribing"
+
+    @staticmethod
+    def describe(program: ExportedProgram) -> Any:
+        ops = sorted({str(n.target) for n in program.graph.nodes if n.op == "call_function"})
+        return {"ops": ops, "fused": False, "score": 0.5, "notes": None}
+
+    @classmethod
+    def preprocess(cls, edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        result = super().preprocess(edge_program, compile_specs)
+        result.delegate_info = cls.describe(edge_program)
+        return result
+
+    @classmethod
+    def preprocess_multimethod(cls, edge_programs, compile_specs):  # type: ignore[no-untyped-def]
+        results = super().preprocess_multimethod(edge_programs, compile_specs)
+        for method, programs in edge_programs.items():
+            for program, result in zip(programs, results[method], strict=True):
+                result.delegate_info = cls.describe(program)
+        return results
+
+
+def describing_partitioner() -> ReferencePartitioner:
+    partitioner = ReferencePartitioner()
+    partitioner.spec = DelegationSpec(DescribingReference.backend_id)
+    return partitioner

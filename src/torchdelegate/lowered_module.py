@@ -151,8 +151,11 @@ class LoweredBackendModule(torch.nn.Module):
         return self._original_runner(inputs)
 
 
-def lowered_modules(module: torch.nn.Module) -> list[LoweredBackendModule]:
-    """The delegates a (graph) module holds, its control-flow sub-graphs' included, in module order."""
+def delegates_held_by(module: torch.nn.Module) -> list[LoweredBackendModule]:
+    """The delegates a (graph) module holds as attributes, its sub-graphs' included: what a file must carry.
+
+    :func:`torchdelegate.inspection.lowered_modules` lists the delegates a program calls, in graph order.
+    """
     return [m for m in module.modules() if isinstance(m, LoweredBackendModule)]
 
 

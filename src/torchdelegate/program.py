@@ -21,7 +21,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.errors import PartitionError, first_line
-from torchdelegate.lowered_module import LoweredBackendModule, delegates_named_data, lowered_modules
+from torchdelegate.lowered_module import LoweredBackendModule, delegates_held_by, delegates_named_data
 from torchdelegate.lowering.structural_copy import (
     MutableStateCopies,
     copy_program,
@@ -120,7 +120,7 @@ class EdgeProgramManager:
     ) -> None:
         self._programs = _methods(programs)
         # Delegates carry their named data: a manager around lowered programs holds all of it.
-        delegates = (d for p in self._programs.values() for d in lowered_modules(p.graph_module))
+        delegates = (d for p in self._programs.values() for d in delegates_held_by(p.graph_module))
         self._named_data = delegates_named_data(named_data, delegates)
 
     @property
@@ -143,7 +143,7 @@ class EdgeProgramManager:
 
     def delegates(self) -> dict[str, list[LoweredBackendModule]]:
         """Each method's delegates, in topological order (a sub-graph's at its control-flow op)."""
-        return {method: lowered_modules(program.graph_module) for method, program in self._programs.items()}
+        return {method: delegates_held_by(program.graph_module) for method, program in self._programs.items()}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{m}: {len(d)} delegates" for m, d in self.delegates().items())

@@ -36,7 +36,7 @@ class AwkwardNames(torch.nn.Module):
         self.register_buffer("call_delegate", torch.zeros(16))
         self.register_buffer("poids_é", torch.randn(16))
 
-    def forward(  # noqa: PLR0913
+    def forward(
         self,
         input: torch.Tensor,
         list: torch.Tensor,
@@ -47,7 +47,7 @@ class AwkwardNames(torch.nn.Module):
         é: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         a = torch.relu(input + list) @ getattr(self.lowered_module_0, "lambda")
-        b = torch.sigmoid(type * id) + self.lowered_module_0.input + getattr(self, "poids_é")
+        b = torch.sigmoid(type * id) + self.lowered_module_0.input + self.poids_é
         self.call_delegate.add_(1.0)
         c = output * self.getitem - lowered_module_0 * é + self.call_delegate
         return a, b, c

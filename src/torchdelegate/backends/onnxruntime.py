@@ -361,7 +361,7 @@ class OnnxRuntimePartitioner(Partitioner):
     def __init__(self, min_partition_size: int = 1, compile_specs: list[CompileSpec] | None = None) -> None:
         _require("onnxruntime")
         self.min_partition_size = min_partition_size
-        self.spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
+        super().__init__(DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or [])))
 
     def supports(self, node: Node) -> bool:
         return self.operator_support(node) is True

@@ -170,7 +170,7 @@ class ReferencePartitioner(Partitioner):
     """
 
     def __init__(self, compile_specs: list[CompileSpec] | None = None) -> None:
-        self.spec = DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or []))
+        super().__init__(DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or [])))
 
     def operator_support(self, node: Node) -> bool | str:
         """What this partitioner claims, as a :class:`~torchdelegate.CapabilityPartitioner` support."""

@@ -20,7 +20,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
-from torchdelegate.backend import BackendDetails, PreprocessResult, get_backend
+from torchdelegate.backend import BackendDetails, PreprocessResult, checked_delegate_info, get_backend
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
 from torchdelegate.errors import (
     BackendNotFoundError,
@@ -115,7 +115,7 @@ def _(backend_id: str, edge_program: ExportedProgram, compile_specs: Any = ()) -
         specs,
         program,
         result.data_store_output,
-        meta=_delegate_meta(result, "forward", WHOLE_PROGRAM_TAG),
+        meta=_delegate_meta(result, "forward", WHOLE_PROGRAM_TAG, backend_id),
         name=f"forward:{WHOLE_PROGRAM_TAG}",
     )
 
@@ -520,8 +520,10 @@ def _delegate_name(job: _Job) -> str:
     return f"{job.method}:{job.partition.tag}"
 
 
-def _delegate_meta(result: PreprocessResult, method: str, tag: str) -> dict[str, Any]:
-    return {"method": method, "tag": tag, "debug_handle_map": result.debug_handle_map}
+def _delegate_meta(result: PreprocessResult, method: str, tag: str, backend_id: str) -> dict[str, Any]:
+    meta = {"method": method, "tag": tag, "debug_handle_map": result.debug_handle_map}
+    info = checked_delegate_info(result, backend_id, f"partition {tag!r} of method {method!r}")
+    return meta if info is None else {**meta, "delegate_info": info}
 
 
 def _make_delegate(job: _Job, named_data: NamedDataStore) -> LoweredBackendModule:
@@ -534,7 +536,7 @@ def _make_delegate(job: _Job, named_data: NamedDataStore) -> LoweredBackendModul
         job.subprogram,
         job.result.data_store_output,
         named_data=named_data,
-        meta=_delegate_meta(job.result, job.method, job.partition.tag),
+        meta=_delegate_meta(job.result, job.method, job.partition.tag, spec.backend_id),
         name=_delegate_name(job),
     )
 

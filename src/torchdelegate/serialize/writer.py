@@ -20,7 +20,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from torchdelegate.backend import get_backend
+from torchdelegate.backend import get_backend, json_data_problem
 from torchdelegate.data import NamedDataStoreOutput, tensor_bytes
 from torchdelegate.errors import SerializationError, first_line
 from torchdelegate.lowered_module import LoweredBackendModule, delegates_named_data
@@ -154,7 +154,7 @@ def _write(path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segmen
 
 def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> dict[str, Any]:
     module = call.module
-    return {
+    entry = {
         "name": module.name,
         "method": method,
         "backend_id": module.backend_id,
@@ -166,6 +166,25 @@ def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> dic
         "outputs": call.output_count,
         "debug_handle_map": _debug_handle_map(module),
     }
+    info = _delegate_info(module)
+    return entry if info is None else {**entry, "delegate_info": info}
+
+
+def _delegate_info(module: LoweredBackendModule) -> dict[str, Any] | None:
+    """The backend's description of the delegate (``meta["delegate_info"]``), checked to be JSON data.
+
+    Left out of the entry when there is none, so files of backends without it are as before.
+    """
+    info = module.meta.get("delegate_info")
+    if info is None:
+        return None
+    problem = json_data_problem(info) if isinstance(info, dict) else f"it is a {type(info).__name__}, not a dict"
+    if problem:
+        raise SerializationError(
+            f"delegate {module.name!r} on {module.backend_id!r}: meta['delegate_info'] is not JSON data: {problem}; "
+            "keep a dict with str keys whose values are str, int, float, bool, None, lists or such dicts"
+        )
+    return info
 
 
 def _debug_handle_map(module: LoweredBackendModule) -> list[list[Any]] | None:
