@@ -102,14 +102,26 @@ def seeded(build: Callable[[], Case]) -> Callable[[], Case]:
 
 # ---------------------------------------------------------------- transformers text encoders
 
+
+def from_config(model_class: str, config_class: str, **config: Any) -> nn.Module:
+    """A transformers model with random weights from a config: nothing is downloaded."""
+    import transformers
+
+    return getattr(transformers, model_class)(getattr(transformers, config_class)(**config)).eval()
+
+
 ENCODER = dict(
-    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    vocab_size=VOCAB,
     max_position_embeddings=64,
-)  # fmt: skip
+)
 
 
 def bert() -> Case:
-    """BERT with an attention mask, its BaseModelOutputWithPooling returned as it is."""
+    """BERT with an attention mask, its ModelOutput returned as it is."""
     import transformers
 
     model = transformers.BertModel(transformers.BertConfig(**ENCODER))
@@ -119,16 +131,14 @@ def bert() -> Case:
     return forward(model, ids, attention_mask=mask)
 
 
-def text_encoder(config_class: str, model_class: str, **config: Any) -> Callable[[], Case]:
-    """A transformers encoder's ``last_hidden_state`` for random token ids."""
+def text_encoder(prefix: str, **config: Any) -> Callable[[], Case]:
+    """transformers' ``{prefix}Model`` from ``{prefix}Config``: its ``last_hidden_state`` for random token ids."""
 
     def build() -> Case:
-        import transformers
-
-        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+        model = from_config(f"{prefix}Model", f"{prefix}Config", **ENCODER, **config)
         return forward(Field(model, "last_hidden_state"), tokens())
 
-    build.__name__ = model_class
+    build.__name__ = prefix.lower()
     return build
 
 
@@ -142,15 +152,14 @@ def distilbert() -> Case:
 # ---------------------------------------------------------------- decoder-only language models
 
 DECODER_CONFIG = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    vocab_size=VOCAB, max_position_embeddings=64,
-)  # fmt: skip
-
-
-def causal_lm(model_class: str, config_class: str, **config: Any) -> nn.Module:
-    import transformers
-
-    return getattr(transformers, model_class)(getattr(transformers, config_class)(**config)).eval()
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+)
 
 
 def logits(model: nn.Module) -> Case:
@@ -185,17 +194,17 @@ def llama() -> Case:
 
 
 def qwen2() -> Case:
-    model = causal_lm("Qwen2ForCausalLM", "Qwen2Config", **DECODER_CONFIG, use_sliding_window=False)
+    model = from_config("Qwen2ForCausalLM", "Qwen2Config", **DECODER_CONFIG, use_sliding_window=False)
     return static_cache(model)
 
 
 def gemma() -> Case:
-    model = causal_lm("GemmaForCausalLM", "GemmaConfig", **DECODER_CONFIG, head_dim=16)
+    model = from_config("GemmaForCausalLM", "GemmaConfig", **DECODER_CONFIG, head_dim=16)
     return static_cache(model)
 
 
 def phi3() -> Case:
-    return static_cache(causal_lm("Phi3ForCausalLM", "Phi3Config", **DECODER_CONFIG, pad_token_id=0))
+    return static_cache(from_config("Phi3ForCausalLM", "Phi3Config", **DECODER_CONFIG, pad_token_id=0))
 
 
 def gpt2() -> Case:
@@ -206,33 +215,47 @@ def gpt2() -> Case:
 
 
 def mistral() -> Case:
-    return logits(causal_lm("MistralForCausalLM", "MistralConfig", **DECODER_CONFIG, sliding_window=None))
+    return logits(from_config("MistralForCausalLM", "MistralConfig", **DECODER_CONFIG, sliding_window=None))
 
 
 def phi() -> Case:
     config = {k: v for k, v in DECODER_CONFIG.items() if k != "num_key_value_heads"}
-    return logits(causal_lm("PhiForCausalLM", "PhiConfig", **config))
+    return logits(from_config("PhiForCausalLM", "PhiConfig", **config))
 
 
 def opt() -> Case:
-    config = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=2, vocab_size=VOCAB,
-                  max_position_embeddings=64, word_embed_proj_dim=32)  # fmt: skip
-    return logits(causal_lm("OPTForCausalLM", "OPTConfig", **config))
+    config = dict(
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        word_embed_proj_dim=32,
+    )
+    return logits(from_config("OPTForCausalLM", "OPTConfig", **config))
 
 
 def gpt_neox() -> Case:
     config = {k: v for k, v in DECODER_CONFIG.items() if k != "num_key_value_heads"}
-    return logits(causal_lm("GPTNeoXForCausalLM", "GPTNeoXConfig", **config))
+    return logits(from_config("GPTNeoXForCausalLM", "GPTNeoXConfig", **config))
 
 
 def falcon() -> Case:
-    config = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=VOCAB,
-                  new_decoder_architecture=False, multi_query=True, alibi=False)  # fmt: skip
-    return logits(causal_lm("FalconForCausalLM", "FalconConfig", **config))
+    config = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        vocab_size=VOCAB,
+        new_decoder_architecture=False,
+        multi_query=True,
+        alibi=False,
+    )
+    return logits(from_config("FalconForCausalLM", "FalconConfig", **config))
 
 
 def qwen3() -> Case:
-    return logits(causal_lm("Qwen3ForCausalLM", "Qwen3Config", **DECODER_CONFIG, head_dim=16))
+    return logits(from_config("Qwen3ForCausalLM", "Qwen3Config", **DECODER_CONFIG, head_dim=16))
 
 
 # ---------------------------------------------------------------- encoder-decoders
@@ -244,24 +267,39 @@ def seq2seq(model: nn.Module) -> Case:
 
 
 def t5() -> Case:
-    config = dict(d_model=32, d_ff=64, d_kv=16, num_layers=1, num_decoder_layers=1, num_heads=2, vocab_size=VOCAB,
-                  decoder_start_token_id=0)  # fmt: skip
-    return seq2seq(causal_lm("T5ForConditionalGeneration", "T5Config", **config))
+    config = dict(
+        d_model=32,
+        d_ff=64,
+        d_kv=16,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        vocab_size=VOCAB,
+        decoder_start_token_id=0,
+    )
+    return seq2seq(from_config("T5ForConditionalGeneration", "T5Config", **config))
 
 
 BART = dict(
-    d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-    encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, max_position_embeddings=64,
-)  # fmt: skip
+    d_model=32,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+)
 
 
 def bart() -> Case:
-    return seq2seq(causal_lm("BartForConditionalGeneration", "BartConfig", **BART))
+    return seq2seq(from_config("BartForConditionalGeneration", "BartConfig", **BART))
 
 
 def marian() -> Case:
     special = dict(pad_token_id=1, eos_token_id=2, decoder_start_token_id=1)
-    return seq2seq(causal_lm("MarianMTModel", "MarianConfig", **BART, **special))
+    return seq2seq(from_config("MarianMTModel", "MarianConfig", **BART, **special))
 
 
 # ---------------------------------------------------------------- vision
@@ -272,11 +310,12 @@ def image(size: int = 32, batch: int = 1) -> torch.Tensor:
 
 
 def vision(model_class: str, config_class: str, name: str = "last_hidden_state", **config: Any) -> Case:
-    return forward(Field(causal_lm(model_class, config_class, **config), name), image(config.get("image_size", 32)))
+    return forward(Field(from_config(model_class, config_class, **config), name), image(config.get("image_size", 32)))
 
 
-VIT = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-           intermediate_size=64)  # fmt: skip
+VIT = dict(
+    image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+)
 
 
 def vit() -> Case:
@@ -327,9 +366,16 @@ def regnet() -> Case:
 # ---------------------------------------------------------------- audio
 
 WAV2VEC2 = dict(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16),
-    conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
-)  # fmt: skip
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=64,
+    conv_dim=(16, 16),
+    conv_stride=(5, 2),
+    conv_kernel=(10, 3),
+    num_conv_pos_embeddings=16,
+    num_conv_pos_embedding_groups=2,
+)
 
 
 def wav2vec2() -> Case:
@@ -341,17 +387,30 @@ def wav2vec2() -> Case:
 
 
 def hubert() -> Case:
-    model = causal_lm("HubertModel", "HubertConfig", **WAV2VEC2)
+    model = from_config("HubertModel", "HubertConfig", **WAV2VEC2)
     return forward(Field(model, "last_hidden_state"), torch.randn(1, 800))
 
 
 def whisper_encoder() -> Case:
     """Whisper's encoder over log-mel features (2 x max_source_positions frames)."""
-    config = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                  decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
-                  max_source_positions=16, max_target_positions=16, vocab_size=VOCAB, pad_token_id=1,
-                  bos_token_id=0, eos_token_id=2, decoder_start_token_id=0)  # fmt: skip
-    encoder = causal_lm("WhisperModel", "WhisperConfig", **config).get_encoder()
+    config = dict(
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_mel_bins=16,
+        max_source_positions=16,
+        max_target_positions=16,
+        vocab_size=VOCAB,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=0,
+    )
+    encoder = from_config("WhisperModel", "WhisperConfig", **config).get_encoder()
     return forward(Field(encoder, "last_hidden_state"), torch.randn(1, 16, 32))
 
 
@@ -360,8 +419,9 @@ def whisper_encoder() -> Case:
 
 def mlp() -> Case:
     """``nn.Sequential``: its forward's input is named ``input``."""
-    return forward(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)),
-                   torch.randn(4, 16))  # fmt: skip
+    return forward(
+        nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)), torch.randn(4, 16)
+    )
 
 
 class Recurrent(nn.Module):
@@ -393,8 +453,15 @@ class CausalTransformer(nn.Module):
 
     def __init__(self, target_length: int = 5) -> None:
         super().__init__()
-        self.transformer = nn.Transformer(d_model=32, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                                          dim_feedforward=64, dropout=0.0, batch_first=True)  # fmt: skip
+        self.transformer = nn.Transformer(
+            d_model=32,
+            nhead=2,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            dim_feedforward=64,
+            dropout=0.0,
+            batch_first=True,
+        )
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(target_length))
 
     def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -419,8 +486,14 @@ class Conv1dNet(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.features = nn.Sequential(nn.Conv1d(4, 16, 5, padding=2), nn.BatchNorm1d(16), nn.ReLU(), nn.MaxPool1d(2),
-                                      nn.Conv1d(16, 16, 3), nn.AdaptiveAvgPool1d(1))  # fmt: skip
+        self.features = nn.Sequential(
+            nn.Conv1d(4, 16, 5, padding=2),
+            nn.BatchNorm1d(16),
+            nn.ReLU(),
+            nn.MaxPool1d(2),
+            nn.Conv1d(16, 16, 3),
+            nn.AdaptiveAvgPool1d(1),
+        )
         self.head = nn.Linear(16, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -550,18 +623,20 @@ def interpolate() -> Case:
 
 
 def _zoo() -> list[ZooModel]:
-    encoder = ENCODER
     models = [
         ZooModel("bert", TEXT, "BERT", bert, "attention mask; ModelOutput kept"),
-        ZooModel("roberta", TEXT, "RoBERTa", text_encoder("RobertaConfig", "RobertaModel", **encoder, pad_token_id=1)),
+        ZooModel("roberta", TEXT, "RoBERTa", text_encoder("Roberta", pad_token_id=1)),
         ZooModel("distilbert", TEXT, "DistilBERT", distilbert),
-        ZooModel("albert", TEXT, "ALBERT", text_encoder("AlbertConfig", "AlbertModel", **encoder, embedding_size=16)),
-        ZooModel("electra", TEXT, "ELECTRA",
-                 text_encoder("ElectraConfig", "ElectraModel", **encoder, embedding_size=16)),  # fmt: skip
-        ZooModel("deberta-v2", TEXT, "DeBERTa-v2", text_encoder("DebertaV2Config", "DebertaV2Model", **encoder)),
-        ZooModel("mpnet", TEXT, "MPNet", text_encoder("MPNetConfig", "MPNetModel", **encoder)),
-        ZooModel("xlm-roberta", TEXT, "XLM-RoBERTa",
-                 text_encoder("XLMRobertaConfig", "XLMRobertaModel", **encoder, pad_token_id=1)),  # fmt: skip
+        ZooModel("albert", TEXT, "ALBERT", text_encoder("Albert", embedding_size=16)),
+        ZooModel("electra", TEXT, "ELECTRA", text_encoder("Electra", embedding_size=16)),
+        ZooModel("deberta-v2", TEXT, "DeBERTa-v2", text_encoder("DebertaV2")),
+        ZooModel("mpnet", TEXT, "MPNet", text_encoder("MPNet")),
+        ZooModel(
+            "xlm-roberta",
+            TEXT,
+            "XLM-RoBERTa",
+            text_encoder("XLMRoberta", pad_token_id=1),
+        ),
         ZooModel("llama", DECODER, "Llama", llama, "static cache", PREFILL_DECODE),
         ZooModel("qwen2", DECODER, "Qwen2", qwen2, "static cache", PREFILL_DECODE),
         ZooModel("gemma", DECODER, "Gemma", gemma, "static cache", PREFILL_DECODE),

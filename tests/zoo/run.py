@@ -79,6 +79,8 @@ class Result:
     lowering_seconds: float = 0.0
     max_abs_error: float | None = None
     output_structure: str = ""
+    imports: list[str] = field(default_factory=list)  # modules defining the output types, imported to run
+    bare_load_error: str = ""  # loading with only torch and torchdelegate imported, when ``imports``
 
     @property
     def file_over_weights(self) -> float | None:
@@ -111,6 +113,7 @@ class Prepared:
     model: ZooModel
     expected: list[list[torch.Tensor]]  # each call's flattened eager outputs
     structures: list[str]  # each call's eager output structure
+    imports: list[str]  # the modules that define the output types (pytree nodes beyond Python's and torch's)
     calls_path: Path
     results: list[Result]
     programs: dict[int, Path]  # index in results -> saved file, for those that got that far
@@ -123,17 +126,29 @@ def describe(error: BaseException) -> str:
 # ---------------------------------------------------------------- ahead of time
 
 
-def eager_outputs(case: Case) -> tuple[list[list[torch.Tensor]], list[str]]:
-    """Each call's outputs in eager, flattened, and their structures, on a copy of the modules
-    (so that a cache the calls fill is not the one the programs are exported from)."""
+def eager_outputs(case: Case) -> tuple[list[list[torch.Tensor]], list[str], list[str]]:
+    """Each call's outputs in eager, flattened, their structures, and the modules that define
+    the structures' types; on a copy of the modules (so that a cache the calls fill is not the
+    one the programs are exported from)."""
     modules = copy.deepcopy(case.modules)  # one copy: methods sharing a module still share it
-    outputs, structures = [], []
+    outputs, structures, imports = [], [], []
     with torch.no_grad():
         for call in case.calls:
             leaves, spec = pytree.tree_flatten(modules[call.method](*call.args, **call.kwargs))
             outputs.append(leaves)
             structures.append(str(spec))
-    return outputs, structures
+            imports.extend(type_modules(spec))
+    return outputs, structures, sorted(set(imports))
+
+
+def type_modules(spec: pytree.TreeSpec) -> list[str]:
+    """Modules defining the container types of ``spec`` that are neither Python's nor torch's."""
+    found = (
+        []
+        if spec.type is None or spec.type.__module__.split(".")[0] in {"builtins", "collections", "torch"}
+        else [spec.type.__module__]
+    )
+    return found + [module for child in spec.children() for module in type_modules(child)]
 
 
 def export(case: Case) -> dict[str, torch.export.ExportedProgram]:
@@ -159,9 +174,7 @@ def weight_bytes(manager: torchdelegate.EdgeProgramManager) -> int:
     return sum(seen.values())
 
 
-def method_results(
-    lowered: torchdelegate.EdgeProgramManager, report: Any, first: str
-) -> dict[str, MethodResult]:
+def method_results(lowered: torchdelegate.EdgeProgramManager, report: Any, first: str) -> dict[str, MethodResult]:
     """Delegates per method from the lowered program; nodes and FLOPs per backend from the report;
     the ops of computations that ``first`` (the first backend) did not take, by where they went."""
     found = {}
@@ -213,7 +226,7 @@ def lower_and_save(
 def prepare(model: ZooModel, workdir: Path, backend_lists: Iterable[Sequence[str]] = BACKEND_LISTS) -> Prepared:
     """Build ``model``, run it in eager, export it once, and lower and save it with each backend list."""
     results = [Result(model.name, model.kind, model.family, list(b)) for b in backend_lists]
-    prepared = Prepared(model, [], [], workdir / f"{model.name}.calls.pt", results, {})
+    prepared = Prepared(model, [], [], [], workdir / f"{model.name}.calls.pt", results, {})
 
     def failed(step: str, error: BaseException) -> Prepared:
         for result in results:
@@ -222,7 +235,7 @@ def prepare(model: ZooModel, workdir: Path, backend_lists: Iterable[Sequence[str
 
     try:
         case = model.build()
-        prepared.expected, prepared.structures = eager_outputs(case)
+        prepared.expected, prepared.structures, prepared.imports = eager_outputs(case)
     except Exception as error:  # noqa: BLE001
         return failed("build", error)
     try:
@@ -254,7 +267,7 @@ def outputs_path(program: Path) -> Path:
 def run_fresh(prepared: Sequence[Prepared], workdir: Path) -> None:
     """Load and run every saved program of ``prepared`` in one new Python process."""
     jobs = [
-        {"program": str(path), "calls": str(p.calls_path), "outputs": str(outputs_path(path))}
+        {"program": str(path), "calls": str(p.calls_path), "outputs": str(outputs_path(path)), "imports": p.imports}
         for p in prepared
         for path in p.programs.values()
     ]
@@ -309,6 +322,7 @@ def finish(prepared: Prepared, workdir: Path) -> list[Result]:
             result.fail("load and run", f"fresh process died: {why}")
             continue
         answer = torch.load(answer_path, weights_only=True)
+        result.imports, result.bare_load_error = prepared.imports, answer.get("bare_load", "")
         if "error" in answer:
             result.fail("load and run", answer["error"])
             continue
@@ -329,7 +343,11 @@ def run_models(models: Sequence[ZooModel], workdir: Path) -> list[Result]:
     """``models`` prepared one after another, then run in one fresh process and compared."""
     prepared = [prepare(model, workdir) for model in models]
     run_fresh(prepared, workdir)
-    return [result for p in prepared for result in finish(p, workdir)]
+    results = [result for p in prepared for result in finish(p, workdir)]
+    for result in results:  # errors name files by their name only: the page does not change with the directory
+        result.error = result.error.replace(f"{workdir}{os.sep}", "")
+        result.bare_load_error = result.bare_load_error.replace(f"{workdir}{os.sep}", "")
+    return results
 
 
 def run_model(name: str) -> list[dict[str, Any]]:
@@ -379,10 +397,13 @@ def machine() -> dict[str, str]:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     processor = platform.processor() or platform.machine()
     cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")),
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
         processor,
-    )  # fmt: skip
+    )
     return {
         "cpu": f"{cpu}, {os.cpu_count()} cores",
         "memory": f"{memory:.0f} GiB",
@@ -418,8 +439,8 @@ def render(results: Sequence[Result], about: dict[str, Any]) -> str:
         "with `torch.export` (non-strict; static-cache LMs strict, as transformers' exporter does), lowered",
         "with a `CapabilityPartitioner` over each backend list",
         "(priority order), saved, loaded and run **in a fresh process** (which imports torch and",
-        "torchdelegate, not the model's library), and compared with eager "
-        f"(`assert_close`, atol = rtol = {ATOL:g}).",
+        "torchdelegate, and the modules defining the output types of models that return them: see",
+        f"below), and compared with eager (`assert_close`, atol = rtol = {ATOL:g}).",
         "",
         f"Run of {about['date']} in {about['seconds']:.0f} s on {about['workers']} worker(s): "
         + ", ".join(f"{k} {v}" for k, v in about["machine"].items())
@@ -463,6 +484,7 @@ def render(results: Sequence[Result], about: dict[str, Any]) -> str:
                 f"| {ratio} | {seconds} |"
             )
     lines += failures_section(results)
+    lines += output_types_section(results)
     lines += elsewhere_section(results)
     return "\n".join(lines) + "\n"
 
@@ -478,6 +500,28 @@ def failures_section(results: Sequence[Result]) -> list[str]:
     lines = ["", "## Failures, by error", ""]
     for (step, error), where in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
         lines.append(f"- at {step}: `{error}` — {len(where)}: {', '.join(where)}")
+    return lines
+
+
+def output_types_section(results: Sequence[Result]) -> list[str]:
+    """Models returning library types (a ``ModelOutput``): loading before and after importing their module."""
+    typed = [r for r in results if r.imports]
+    if not typed:
+        return []
+    lines = [
+        "",
+        "## Outputs of library types",
+        "",
+        "These models return their library's output type as it is. The fresh process first loads each",
+        "file with only torch and torchdelegate imported (the result is below), then imports the modules",
+        "that define the types, as a caller using them has them, and runs the calls (the table above).",
+        "",
+        "| model | backends | imports | loading without them |",
+        "|---|---|---|---|",
+    ]
+    for r in typed:
+        bare = f"`{r.bare_load_error.replace('|', '/')}`" if r.bare_load_error else "loads"
+        lines.append(f"| {r.model} | {' then '.join(r.backends)} | {', '.join(r.imports)} | {bare} |")
     return lines
 
 
