@@ -16,7 +16,7 @@ from zoo.run import BACKEND_LISTS, MethodResult, Result, render, run_models  # n
 
 # One per kind at least: a text encoder, a prefill + decode LM, an encoder-decoder, a vision
 # transformer and a conv net, an audio encoder, and torch.nn programs (nn.Sequential among them).
-SUBSET = ["distilbert", "llama", "bart", "vit", "resnet", "whisper-encoder", "sequential-mlp", "lstm"]
+SUBSET = ["distilbert", "llama", "bart", "vit", "resnet", "whisper-encoder", "sequential-mlp", "interpolate"]
 # Issue 17, part 1, being fixed in the core: a program whose input is named `input` (every
 # nn.Sequential) fails to lower. Only that error is expected; any other failure fails the test.
 INPUT_NAMED_INPUT = "Input spec name input does not match node name input_1"
