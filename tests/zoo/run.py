@@ -444,6 +444,7 @@ def render(results: Sequence[Result], about: dict[str, Any]) -> str:
         "",
         f"Run of {about['date']} in {about['seconds']:.0f} s on {about['workers']} worker(s): "
         + ", ".join(f"{k} {v}" for k, v in about["machine"].items())
+        + (f"; load average {about['load average']}" if "load average" in about else "")
         + ".",
         "",
         "## Summary",
@@ -572,13 +573,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown models: {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
     names = args.models or [model.name for model in ZOO]
-    start = time.perf_counter()
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
     results = run_zoo(names, max(1, min(args.workers, 2)))
     about = {
         "date": datetime.date.today().isoformat(),
         "seconds": time.perf_counter() - start,
         "workers": max(1, min(args.workers, 2)),
         "machine": machine(),
+        "load average": f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after",  # other work on the machine
     }
     write(results, about, args.json, args.markdown)
     passed = sum(r.passed for r in results)
