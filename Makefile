@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 EXECUTORCH_VENV := .venv-executorch
 EXECUTORCH_STAMP := $(EXECUTORCH_VENV)/.installed
 
-.PHONY: test demo lint bench soak fuzz clean
+.PHONY: test demo lint bench soak fuzz zoo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,14 @@ fuzz: $(STAMP)
 	$(PY) fuzz/seeds.py fuzz/corpus
 	mkdir -p fuzz/crashes
 	$(PY) fuzz/load_and_run.py fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/crashes/ -rss_limit_mb=4096
+
+# make zoo: every model of tests/zoo/models.py exported, lowered with reference and with onnxruntime then
+# reference, saved, loaded and run in a fresh process, compared with eager; writes docs/zoo.json and docs/ZOO.md.
+# ZOO_MODELS picks some (names from the catalogue); ZOO_WORKERS runs models in parallel (at most 2).
+ZOO_MODELS ?=
+ZOO_WORKERS ?= 2
+zoo: $(STAMP)
+	$(PY) tests/zoo/run.py --workers $(ZOO_WORKERS) --json docs/zoo.json --markdown docs/ZOO.md $(ZOO_MODELS)
 
 clean:
 	rm -rf $(VENV) $(EXECUTORCH_VENV) .pytest_cache

@@ -27,7 +27,22 @@ def tiny_llama(hidden_size: int = 64, vocab_size: int = 512) -> torch.nn.Module:
     return model
 
 
-def tiny_gpt2() -> torch.nn.Module:
+def tiny_gpt2(vocab_size: int = 512) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=64)
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=vocab_size, n_positions=64)
     return transformers.GPT2LMHeadModel(config).eval()
+
+
+def static_cache_module(model: torch.nn.Module, max_cache_len: int, batch_size: int = 1) -> torch.nn.Module:
+    """The module transformers' ``TorchExportableModuleForDecoderOnlyLM`` exports: ``model`` over a
+    static KV cache held as buffers, called as ``(input_ids=..., cache_position=...)``.
+
+    Exporting it twice (a prompt, then one token) gives ``prefill`` and ``decode`` that share
+    the weights and the cache; ``TorchExportableModuleForDecoderOnlyLM.export`` does the same
+    with strict export.
+    """
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    model.generation_config.use_cache = True
+    model.generation_config.cache_implementation = "static"
+    return TorchExportableModuleForDecoderOnlyLM(model, batch_size=batch_size, max_cache_len=max_cache_len).model
