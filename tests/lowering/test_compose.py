@@ -96,6 +96,16 @@ def test_saving_a_delegate_whose_named_data_nobody_holds_fails_naming_the_delega
     assert not (tmp_path / "orphan.tdp").exists()
 
 
+def test_saving_a_delegate_whose_blob_its_backend_cannot_read_fails_naming_the_delegate(tmp_path: Path) -> None:
+    lowered = _lowered_encoder("onnxruntime")
+    damaged = LoweredBackendModule(
+        "onnxruntime", b"\xff" * 32, [], lowered.original_module, lowered.named_data_store_output, name="damaged"
+    )
+    program = torch.export.export(CallsADelegate(damaged), (torch.randn(2, 64),))
+    with pytest.raises(SerializationError, match=r"delegate 'damaged' on 'onnxruntime': its blob cannot be read"):
+        td.to_edge(program).save(tmp_path / "damaged.tdp")
+
+
 class Structured(torch.nn.Module):
     def forward(self, pair: tuple[torch.Tensor, torch.Tensor], extra: dict[str, torch.Tensor]) -> dict[str, object]:
         a, b = pair
