@@ -28,7 +28,7 @@ from torchdelegate import (
 )
 from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
 from torchdelegate.data import tensor_bytes
-from torchdelegate.lowering.structural_copy import with_state
+from torchdelegate.lowering.structural_copy import with_identifier_state_names, with_state
 
 
 class TorchExportBackend(BackendDetails):
@@ -40,18 +40,22 @@ class TorchExportBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         buffer = io.BytesIO()
-        torch.export.save(edge_program, buffer)
+        # init runs module(), which reads state as attributes: names such as `lambda` go by a stand-in
+        torch.export.save(with_identifier_state_names(edge_program)[0], buffer)
         return PreprocessResult(processed_bytes=buffer.getvalue())
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
         cls.calls.append("init")
-        return torch.export.load(io.BytesIO(bytes(processed))).module()
+        program = torch.export.load(io.BytesIO(bytes(processed)))
+        return program.module(), program.call_spec.in_spec
 
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         cls.calls.append("execute")
-        return pytree.tree_leaves(handle(*inputs))
+        module, in_spec = handle
+        args, kwargs = pytree.tree_unflatten(inputs, in_spec)  # execute gets flat inputs
+        return pytree.tree_leaves(module(*args, **kwargs))
 
     @classmethod
     def destroy(cls, handle: Any) -> None:
@@ -219,4 +223,35 @@ class CountingReference(ReferenceBackend):
 def counting_partitioner() -> ReferencePartitioner:
     partitioner = ReferencePartitioner()
     partitioner.spec = DelegationSpec(CountingReference.backend_id)
+    return partitioner
+
+
+class DescribingReference(ReferenceBackend):
+    """The reference backend, returning ``describe(sub-program)`` as each delegate's info."""
+
+    backend_id = "TestDescribing"
+
+    @staticmethod
+    def describe(program: ExportedProgram) -> Any:
+        ops = sorted({str(n.target) for n in program.graph.nodes if n.op == "call_function"})
+        return {"ops": ops, "fused": False, "score": 0.5, "notes": None}
+
+    @classmethod
+    def preprocess(cls, edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        result = super().preprocess(edge_program, compile_specs)
+        result.delegate_info = cls.describe(edge_program)
+        return result
+
+    @classmethod
+    def preprocess_multimethod(cls, edge_programs, compile_specs):  # type: ignore[no-untyped-def]
+        results = super().preprocess_multimethod(edge_programs, compile_specs)
+        for method, programs in edge_programs.items():
+            for program, result in zip(programs, results[method], strict=True):
+                result.delegate_info = cls.describe(program)
+        return results
+
+
+def describing_partitioner() -> ReferencePartitioner:
+    partitioner = ReferencePartitioner()
+    partitioner.spec = DelegationSpec(DescribingReference.backend_id)
     return partitioner

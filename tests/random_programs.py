@@ -4,7 +4,8 @@ A program is a recipe: inputs, parameters and buffers, then 5–60 steps, each a
 earlier values (pointers are taken modulo the values so far, so any integers make a valid
 recipe). Every value is a float32 [4, 8] tensor, so every op composes with every other.
 ``RecipeModule`` interprets a recipe in ``forward``; torch.export traces it into a plain
-core-ATen graph.
+core-ATen graph. Inputs (keyword arguments) and state are named from pools of awkward names:
+Python builtins and keywords, the names lowering generates, dotted paths, digits and unicode.
 
 Partitioners draw their choices up front (lists of integers), so that one partitioner
 tags the same graph the same way every time: a lowering can be repeated byte for byte.
@@ -66,6 +67,23 @@ BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 OTHER = ("matmul_weight", "update_buffer", "cond")
 OPS = (*UNARY, *BINARY, *OTHER)
 
+# The first of each pool is plain, so that hypothesis shrinks toward it.
+INPUT_NAMES = ("x", "input", "list", "type", "id", "output", "getitem", "call_delegate", "lowered_module_0", "é")
+STATE_NAMES = (
+    "w",
+    "input",
+    "lambda",
+    "id",
+    "output",
+    "getitem",
+    "call_delegate",
+    "lowered_module_0",
+    "block.input",
+    "block.lambda",
+    "layers.0",
+    "poids_é",
+)
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -75,10 +93,47 @@ class Recipe:
     steps: tuple[tuple[str, int, int], ...]  # (op, pointer, pointer)
     outputs: tuple[int, ...]  # extra pointers returned beside the last value
     seed: int
+    names: tuple[str, ...] = ()  # the inputs' names, then the weights', then the buffers'
 
-    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+    def input_names(self) -> tuple[str, ...]:
+        return self._names(INPUT_NAMES, 0, self.inputs)
+
+    def weight_names(self) -> tuple[str, ...]:
+        return self._names(STATE_NAMES, self.inputs, self.weights)
+
+    def buffer_names(self) -> tuple[str, ...]:
+        return self._names(STATE_NAMES, self.inputs + self.weights, self.buffers)
+
+    def _names(self, pool: tuple[str, ...], start: int, count: int) -> tuple[str, ...]:
+        drawn = self.names[start : start + count]
+        return drawn if len(drawn) == count else tuple(f"{pool[0]}{i}" for i in range(count))
+
+    def example_inputs(self) -> dict[str, torch.Tensor]:
+        """The inputs, as keyword arguments in order."""
         generator = torch.Generator().manual_seed(self.seed)
-        return tuple(torch.randn(ROWS, COLUMNS, generator=generator) for _ in range(self.inputs))
+        return {name: torch.randn(ROWS, COLUMNS, generator=generator) for name in self.input_names()}
+
+
+def _register(root: torch.nn.Module, path: str, value: torch.Tensor, parameter: bool) -> None:
+    """Register ``value`` under a dotted ``path``, making the modules on the way."""
+    *parents, leaf = path.split(".")
+    module = root
+    for atom in parents:
+        if atom not in module._modules:
+            module.add_module(atom, torch.nn.Module())
+        module = module._modules[atom]  # type: ignore[assignment]
+    if parameter:
+        module.register_parameter(leaf, torch.nn.Parameter(value))
+    else:
+        module.register_buffer(leaf, value)
+
+
+def _state(root: torch.nn.Module, path: str) -> torch.Tensor:
+    value: object = root
+    for atom in path.split("."):
+        value = getattr(value, atom)
+    assert isinstance(value, torch.Tensor)
+    return value
 
 
 class RecipeModule(torch.nn.Module):
@@ -88,20 +143,20 @@ class RecipeModule(torch.nn.Module):
         super().__init__()
         self.recipe = recipe
         generator = torch.Generator().manual_seed(recipe.seed + 1)
-        self.weights = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.randn(COLUMNS, COLUMNS, generator=generator) * 0.3) for _ in range(recipe.weights)
-        )
-        for index in range(recipe.buffers):
-            self.register_buffer(f"buffer{index}", torch.randn(COLUMNS, generator=generator))
+        self.weight_names, self.buffer_names = recipe.weight_names(), recipe.buffer_names()
+        for name in self.weight_names:
+            _register(self, name, torch.randn(COLUMNS, COLUMNS, generator=generator) * 0.3, parameter=True)
+        for name in self.buffer_names:
+            _register(self, name, torch.randn(COLUMNS, generator=generator), parameter=False)
 
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        values = list(inputs)
+    def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        values = list(inputs.values())
         updated: list[int] = []
         for op, first, second in self.recipe.steps:
             a, b = values[first % len(values)], values[second % len(values)]
             values.append(self._step(op, a, b, second, updated))
         chosen = dict.fromkeys([len(values) - 1, *(p % len(values) for p in self.recipe.outputs)])
-        reads = [getattr(self, f"buffer{i}") * 1.0 for i in sorted(set(updated))]
+        reads = [_state(self, self.buffer_names[i]) * 1.0 for i in sorted(set(updated))]
         return (*(values[i] for i in chosen), *reads)
 
     def _step(self, op: str, a: torch.Tensor, b: torch.Tensor, choice: int, updated: list[int]) -> torch.Tensor:
@@ -110,10 +165,10 @@ class RecipeModule(torch.nn.Module):
         if op in BINARY:
             return BINARY[op](a, b)
         if op == "matmul_weight" and self.recipe.weights:
-            return a @ self.weights[choice % self.recipe.weights]
+            return a @ _state(self, self.weight_names[choice % self.recipe.weights])
         if op == "update_buffer" and self.recipe.buffers:
             index = choice % self.recipe.buffers
-            buffer = getattr(self, f"buffer{index}")
+            buffer = _state(self, self.buffer_names[index])
             buffer.add_(a.mean(0) * 0.1)
             updated.append(index)
             return a + buffer
@@ -127,13 +182,18 @@ def recipes(draw: st.DrawFn, max_steps: int = 60, with_cond: bool = True) -> Rec
     ops = OPS if with_cond else tuple(op for op in OPS if op != "cond")
     pointer = st.integers(0, 1000)
     steps = draw(st.lists(st.tuples(st.sampled_from(ops), pointer, pointer), min_size=5, max_size=max_steps))
+    inputs, weights, buffers = draw(st.integers(1, 3)), draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    input_names = draw(st.lists(st.sampled_from(INPUT_NAMES), min_size=inputs, max_size=inputs, unique=True))
+    state = weights + buffers
+    state_names = draw(st.lists(st.sampled_from(STATE_NAMES), min_size=state, max_size=state, unique=True))
     return Recipe(
-        inputs=draw(st.integers(1, 3)),
-        weights=draw(st.integers(0, 2)),
-        buffers=draw(st.integers(0, 2)),
+        inputs=inputs,
+        weights=weights,
+        buffers=buffers,
         steps=tuple(steps),
         outputs=tuple(draw(st.lists(pointer, max_size=2))),
         seed=draw(st.integers(0, 2**16)),
+        names=(*input_names, *state_names),
     )
 
 

@@ -42,8 +42,16 @@ def summary() -> str:
     return f"differential: {SEEN['examples']} examples, {len(SEEN['programs'])} distinct programs; {outcomes}"
 
 
-def _two_calls(call: Any, inputs: tuple[torch.Tensor, ...]) -> list[Any]:
-    return [call(*inputs), call(*inputs)]
+def _two_calls(call: Any, inputs: dict[str, torch.Tensor]) -> list[Any]:
+    return [call(**inputs), call(**inputs)]
+
+
+def _unliftable(program: ExportedProgram) -> bool:
+    try:
+        program.module()
+    except SyntaxError:
+        return False
+    return True
 
 
 def _lower(program: ExportedProgram, partitioner: Partitioner) -> td.EdgeProgramManager:
@@ -63,7 +71,7 @@ def test_lowered_saved_and_loaded_programs_compute_what_eager_computes(
     module = RecipeModule(recipe)
     inputs = recipe.example_inputs()
     try:
-        program = torch.export.export(copy.deepcopy(module), inputs)
+        program = torch.export.export(copy.deepcopy(module), (), inputs)
     except Exception:  # torch.export's limits are not ours to test
         SEEN["outcomes"]["not exportable"] += 1
         reject()
@@ -88,7 +96,8 @@ def test_lowered_saved_and_loaded_programs_compute_what_eager_computes(
         if all(d.backend_id in DETERMINISTIC for d in lowered.delegates()["forward"]):
             _lower(program, partitioner).save(second)
             assert first.read_bytes() == second.read_bytes(), "the same input gave two different files"
-        torch.testing.assert_close(_two_calls(lowered.exported_program().module(), inputs), expected)
+        if _unliftable(program):  # torch's module() cannot unlift state named like `lambda`
+            torch.testing.assert_close(_two_calls(lowered.exported_program().module(), inputs), expected)
         with td.load(first) as loaded:
-            torch.testing.assert_close(_two_calls(lambda *x: loaded.run("forward", *x), inputs), expected)
+            torch.testing.assert_close(_two_calls(lambda **x: loaded.run("forward", **x), inputs), expected)
     assert_unchanged(program, before)

@@ -472,3 +472,37 @@ def test_a_manager_whose_lowering_fails_halfway_is_unchanged_and_usable() -> Non
     assert {m: [d.backend_id for d in ds] for m, ds in edge.delegates().items()} == delegates
     check_runs(edge, model)
     check_runs(edge.to_backend(OpSetPartitioner({aten.relu.default}, "Recording")), model)
+
+
+class BiasAndNoBias(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.with_bias = torch.nn.Linear(4, 4)
+        self.without_bias = torch.nn.Linear(4, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.without_bias(self.with_bias(x).relu())
+
+
+def test_ops_to_not_decompose_keeps_an_op_whole_only_on_the_nodes_its_filter_accepts() -> None:
+    class BiasedLinearsOnly(LinearKeeper):
+        def ops_to_not_decompose(self, exported_program):  # type: ignore[no-untyped-def]
+            return [aten.linear.default], lambda node: len(node.args) > 2 and node.args[2] is not None
+
+    model = BiasAndNoBias()
+    program = torch.export.export(model, (torch.randn(2, 4),))
+    before = program.graph_module.code
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lowered = to_edge_transform_and_lower(program, partitioner=[BiasedLinearsOnly(claim=True)])
+    assert not [w for w in caught if "kept whole" in str(w.message)]  # the refused linear was never kept
+    (delegate,) = lowered.delegates()["forward"]
+    claimed = [n for n in delegate.original_module.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in claimed] == [aten.linear.default] and len(claimed[0].args) == 3
+    residual = {n.target for n in lowered.exported_program().graph.nodes if n.op == "call_function"}
+    assert aten.linear.default not in residual and aten.mm.default in residual
+    assert program.graph_module.code == before and not any(
+        "torchdelegate_keep_whole" in n.meta for n in program.graph.nodes
+    )
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(lowered.exported_program().module()(x), model(x))

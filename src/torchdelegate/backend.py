@@ -11,6 +11,8 @@ backends by hand.
 from __future__ import annotations
 
 import inspect
+import json
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from importlib import metadata
@@ -24,6 +26,7 @@ from torchdelegate.errors import (
     BackendNotFoundError,
     BackendRegistrationError,
     DelegateExecutionError,
+    PreprocessError,
 )
 from torchdelegate.progress import partition_compiled
 from torchdelegate.specs import CompileSpec
@@ -37,12 +40,61 @@ class PreprocessResult:
 
     ``processed_bytes`` is the blob the runtime hands back to ``init``;
     ``debug_handle_map`` maps backend-side handles to graph node names, for reports;
-    ``data_store_output`` carries named data (typically weights) stored beside the blob.
+    ``data_store_output`` carries named data (typically weights) stored beside the blob;
+    ``delegate_info`` is the backend's own description of this delegate (what it fused, which
+    kernels it chose...) as JSON data: a dict with str keys, whose values are str, int, float
+    (finite), bool, None, lists and such dicts. Lowering checks it, keeps it in the
+    delegate's ``meta["delegate_info"]`` and saves it in the file, where a loaded program's
+    ``delegates`` and ``torchdelegate inspect`` show it.
     """
 
     processed_bytes: bytes = b""
     debug_handle_map: dict[Any, Any] | None = None
     data_store_output: NamedDataStoreOutput | None = None
+    delegate_info: dict[str, Any] | None = None
+
+
+def json_data_problem(value: Any, path: str = "") -> str | None:
+    """Why ``value`` is not JSON data (dicts with str keys, lists, str, finite numbers, bool, None), or None.
+
+    ``path`` names where ``value`` sits (``['kernels'][0]``) in the answer.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path or 'the value'} is {value}, which JSON cannot hold"
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            problem = json_data_problem(item, f"{path}[{index}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path or 'the dict'} has the key {key!r}, which is not a str"
+            problem = json_data_problem(item, f"{path}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    return f"{path or 'the value'} is a {type(value).__name__}"
+
+
+def checked_delegate_info(result: PreprocessResult, backend_id: str, where: str) -> dict[str, Any] | None:
+    """``result.delegate_info`` checked to be JSON data, as a copy the backend can no longer change.
+
+    ``where`` names the partition (``partition 'tag' of method 'forward'``) in the error.
+    """
+    info = result.delegate_info
+    if info is None:
+        return None
+    problem = json_data_problem(info) if isinstance(info, dict) else f"it is a {type(info).__name__}, not a dict"
+    if problem:
+        raise PreprocessError(
+            f"backend {backend_id!r} returned a delegate_info for {where} that is not JSON data: {problem}; "
+            "return a dict with str keys whose values are str, int, float, bool, None, lists or such dicts"
+        )
+    return json.loads(json.dumps(info, allow_nan=False))
 
 
 _REGISTRY: dict[str, type[BackendDetails]] = {}
@@ -95,6 +147,15 @@ class BackendDetails(ABC):
             ]
             for method, programs in edge_programs.items()
         }
+
+    @classmethod
+    def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
+        """The named data keys a blob reads at ``init``, or None when the backend cannot tell (the default).
+
+        Saving checks that a program holds every key its delegates' blobs name, so a file
+        never lacks data its delegates need.
+        """
+        return None
 
     @classmethod
     def is_available(cls) -> bool:

@@ -8,6 +8,7 @@ from eager in the demo); 2 the command line was wrong. Errors go to stderr as on
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
@@ -281,6 +282,12 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         for backend, sizes in by_backend.items():
             each = f" ({', '.join(human_bytes(s) for s in sizes)})" if len(sizes) > 1 else ""
             print(f"  {backend}: {len(sizes)} blob(s), {human_bytes(sum(sizes))}{each}", file=out)
+        described = [(i, d) for i, d in enumerate(file.delegates) if d.delegate_info is not None]
+        if described:
+            print("delegate info (from each backend's preprocess):", file=out)
+        for index, delegate in described:
+            info = json.dumps(delegate.delegate_info, sort_keys=True, ensure_ascii=False)
+            print(f"  #{index} {delegate.name} ({delegate.backend_id}): {info}", file=out)
         digests = {r.data for r in file.named_data}
         unique = sum(file.segment_length(d, "named data") for d in digests)
         referenced = sum(file.segment_length(r.data, "named data") for r in file.named_data)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -80,6 +81,9 @@ class LoweredBackendModule(torch.nn.Module):
         self._lock = threading.Lock()
         self._instance = self._new_instance()
         self._original_runner: _OriginalRunner | None = None
+        call_spec = original_module.call_spec
+        self._in_spec, self._out_spec = call_spec.in_spec, call_spec.out_spec
+        self._call = _graph_call(self)
 
     def _new_instance(self) -> DelegateInstance:
         return DelegateInstance(
@@ -91,11 +95,16 @@ class LoweredBackendModule(torch.nn.Module):
             output_count=_user_output_count(self.original_module),
         )
 
-    def _named_data_map(self) -> NamedDataMap:
+    @property
+    def named_data(self) -> NamedDataStoreOutput:
+        """The named data this delegate reads at run time: its own, and its lowering's."""
         named = self._named_data
         if isinstance(named, NamedDataStore):
-            named = named.get_named_data_store_output()
-        return NamedDataMap(named)
+            return named.get_named_data_store_output()
+        return named if named is not None else NamedDataStoreOutput()
+
+    def _named_data_map(self) -> NamedDataMap:
+        return NamedDataMap(self.named_data)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LoweredBackendModule:
         # The blob and sub-program are immutable: share them; the copy inits its own handle.
@@ -117,9 +126,22 @@ class LoweredBackendModule(torch.nn.Module):
         """Destroy the backend handle now (it is re-created on the next call)."""
         self._instance.release()
 
-    def forward(self, *inputs: Any) -> tuple[Any, ...]:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the delegate with the sub-program's calling convention: its arguments, its outputs' structure.
+
+        The call goes through the ``call_delegate`` operator, so a module that calls a lowered
+        module exports (strict or not) as a delegate call, not as the backend's Python code.
+        """
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if self._in_spec is not None and spec != self._in_spec:
+            flat = _reordered(flat, spec, self._in_spec, self.name)
+        outputs = self._call(*flat)
+        return outputs if self._out_spec is None else pytree.tree_unflatten(list(outputs), self._out_spec)
+
+    def run_flat(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """Run the blob (or, in :func:`run_original_subprograms`, the sub-program) on flat inputs."""
         if getattr(_mode, "original", False):
-            return self._run_original(inputs)
+            return self._run_original(tuple(inputs))
         return tuple(self._instance.execute(list(inputs)))
 
     def _run_original(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -127,6 +149,36 @@ class LoweredBackendModule(torch.nn.Module):
             if self._original_runner is None:
                 self._original_runner = _OriginalRunner(self.original_module)
         return self._original_runner(inputs)
+
+
+def delegates_held_by(module: torch.nn.Module) -> list[LoweredBackendModule]:
+    """The delegates a (graph) module holds as attributes, its sub-graphs' included: what a file must carry.
+
+    :func:`torchdelegate.inspection.lowered_modules` lists the delegates a program calls, in graph order.
+    """
+    return [m for m in module.modules() if isinstance(m, LoweredBackendModule)]
+
+
+def delegates_named_data(
+    named_data: NamedDataStoreOutput | None, delegates: Iterable[LoweredBackendModule]
+) -> NamedDataStoreOutput:
+    """``named_data`` with the named data of every delegate merged in, each distinct content once.
+
+    A delegate carries its named data wherever it goes, so a program assembled from lowered
+    modules (wrapped in a manager, exported inside another module) holds all that its
+    delegates read. A key stored with two contents is a ``NamedDataConflictError`` naming both.
+    """
+    store = NamedDataStore()
+    if named_data is not None:
+        store.merge(named_data)
+    merged: set[int] = set()
+    for delegate in delegates:
+        for output in (delegate.named_data_store_output, delegate.named_data):
+            if output is None or id(output) in merged or not len(output):
+                continue
+            merged.add(id(output))
+            store.merge(output, owner=None if output.owners else f"delegate {delegate.name!r}")
+    return store.get_named_data_store_output()
 
 
 def state_value(program: ExportedProgram, fqn: str) -> Any:
@@ -212,9 +264,39 @@ for _key in (
     call_delegate.fallthrough(_key)
 
 
+def _graph_call(lowered_module: LoweredBackendModule) -> Callable[..., tuple[Any, ...]]:
+    """``call_delegate`` bound to ``lowered_module``, which dynamo writes into a graph as one call.
+
+    Strict export then traces it without dynamo, so the graph gets a delegate call node rather
+    than the backend's Python code. The module is held weakly: no reference cycle.
+    """
+    module = weakref.ref(lowered_module)
+
+    def call(*flat: Any) -> tuple[Any, ...]:
+        lowered = module()
+        assert lowered is not None, "a delegate's call outlived its module"
+        return call_delegate(lowered, *flat)
+
+    return torch._dynamo.allow_in_graph(call)
+
+
+def _reordered(flat: list[Any], spec: pytree.TreeSpec, expected: pytree.TreeSpec, name: str) -> list[Any]:
+    """Flat inputs in the order of the sub-program's signature: keyword arguments given in another order."""
+    args, kwargs = pytree.tree_unflatten(flat, spec)
+    expected_args, expected_kwargs = pytree.tree_unflatten([None] * expected.num_leaves, expected)
+    if len(args) == len(expected_args) and set(kwargs) == set(expected_kwargs):
+        reordered, again = pytree.tree_flatten((args, {k: kwargs[k] for k in expected_kwargs}))
+        if again == expected:
+            return reordered
+    raise TypeError(
+        f"delegate {name!r} takes inputs structured as {expected}; got {spec}. Call it as its "
+        "sub-program is called (the same positional and keyword arguments, lists, tuples and dicts)"
+    )
+
+
 @call_delegate.py_impl(torch._C.DispatchKey.CompositeExplicitAutograd)
 def _call_delegate_dense(lowered_module: LoweredBackendModule, *args: Any) -> tuple[Any, ...]:
-    return lowered_module(*args)
+    return lowered_module.run_flat(args)
 
 
 @call_delegate.py_autograd_impl

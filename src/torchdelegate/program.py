@@ -17,12 +17,20 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
+from torch.fx import traceback as fx_traceback
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.errors import PartitionError, first_line
-from torchdelegate.lowered_module import LoweredBackendModule
-from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_program, rebuilt, with_state
+from torchdelegate.lowered_module import LoweredBackendModule, delegates_held_by, delegates_named_data
+from torchdelegate.lowering.structural_copy import (
+    MutableStateCopies,
+    copy_program,
+    rebuilt,
+    with_identifier_state_names,
+    with_state,
+    with_state_names,
+)
 from torchdelegate.lowering.to_backend import PartitionerLike, lower
 from torchdelegate.partition.partitioner import Partitioner
 from torchdelegate.serialize.writer import save_program
@@ -51,12 +59,53 @@ def _methods(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> dict[
     return dict(programs)
 
 
-def _decompose(program: ExportedProgram, keep: Iterable[OpOverload] = ()) -> ExportedProgram:
-    """Core ATen, functional; the ops in ``keep`` are left whole."""
+NodeFilter = Callable[[Node], bool]
+KEEP_WHOLE = "torchdelegate_keep_whole"
+"""Set in the meta of a node (of a private copy) that decomposition must leave whole."""
+
+
+def _decompose(
+    program: ExportedProgram, keep: Iterable[OpOverload] = (), node_filter: NodeFilter | None = None
+) -> ExportedProgram:
+    """Core ATen, functional; the ops in ``keep`` are left whole, on the nodes ``node_filter`` accepts (all if None).
+
+    torch decomposes through Python code that reads each parameter and buffer as an attribute,
+    which fails for names that are not identifiers (a parameter registered as ``lambda``), so
+    such state is decomposed under a stand-in name and gets its own name back.
+    """
     table = torch.export.default_decompositions()
-    for op in keep:
-        table.pop(op, None)
-    return program.run_decompositions(table)
+    keep = [op for op in keep if op in table]
+    if node_filter is None:
+        for op in keep:
+            table.pop(op, None)
+    elif keep:
+        program = _marked_to_keep(program, set(keep), node_filter)
+        for op in keep:
+            table[op] = _unless_kept(table[op])
+    program, stand_ins = with_identifier_state_names(program)
+    decomposed = program.run_decompositions(table)
+    return with_state_names(decomposed, {v: k for k, v in stand_ins.items()}) if stand_ins else decomposed
+
+
+def _marked_to_keep(program: ExportedProgram, ops: set[OpOverload], node_filter: NodeFilter) -> ExportedProgram:
+    """A structural copy whose nodes of ``ops`` that ``node_filter`` accepts (on the caller's nodes) are marked."""
+    accepted = {n.name for n in program.graph.nodes if n.op == "call_function" and n.target in ops and node_filter(n)}
+    copied = copy_program(program)
+    for node in copied.graph.nodes:
+        if node.name in accepted:
+            node.meta[KEEP_WHOLE] = True  # the copy's meta is its own dict
+    return copied
+
+
+def _unless_kept(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """``decomposition``, except on a node marked to keep: there it answers NotImplemented, which keeps the op."""
+
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        if fx_traceback.get_current_meta().get(KEEP_WHOLE):
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+
+    return decompose
 
 
 def _own_state(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
@@ -105,7 +154,9 @@ class EdgeProgramManager:
         named_data: NamedDataStoreOutput | None = None,
     ) -> None:
         self._programs = _methods(programs)
-        self._named_data = named_data if named_data is not None else NamedDataStoreOutput()
+        # Delegates carry their named data: a manager around lowered programs holds all of it.
+        delegates = (d for p in self._programs.values() for d in delegates_held_by(p.graph_module))
+        self._named_data = delegates_named_data(named_data, delegates)
 
     @property
     def methods(self) -> list[str]:
@@ -127,10 +178,7 @@ class EdgeProgramManager:
 
     def delegates(self) -> dict[str, list[LoweredBackendModule]]:
         """Each method's delegates, in topological order (a sub-graph's at its control-flow op)."""
-        return {
-            method: [m for m in program.graph_module.modules() if isinstance(m, LoweredBackendModule)]
-            for method, program in self._programs.items()
-        }
+        return {method: delegates_held_by(program.graph_module) for method, program in self._programs.items()}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{m}: {len(d)} delegates" for m, d in self.delegates().items())
@@ -257,7 +305,7 @@ def to_edge_transform_and_lower(
     manager = EdgeProgramManager(methods)
     stages = manager._stages(partitioner) if partitioner is not None else []
     keep: dict[str, set[OpOverload]] = {m: set() for m in methods}
-    filters: dict[str, list[tuple[set[OpOverload], Callable[[Node], bool] | None]]] = {m: [] for m in methods}
+    filters: dict[str, list[tuple[set[OpOverload], NodeFilter | None]]] = {m: [] for m in methods}
     default_table = torch.export.default_decompositions()
     for stage in stages:
         for method, choice in stage.items():
@@ -266,13 +314,24 @@ def to_edge_transform_and_lower(
                 ops = {op for op in _overloads(asked) if op in default_table}
                 keep[method] |= ops
                 filters[method].append((ops, node_filter))
-    edge = _own_state({m: _decompose(p, keep[m]) for m, p in methods.items()})
+    edge = _own_state({m: _decompose(p, keep[m], _any_accepts(filters[m])) for m, p in methods.items()})
     manager = EdgeProgramManager(edge)
     if transform_passes is not None:
         manager = manager.transform(transform_passes)
     if partitioner is not None:
         manager = manager.to_backend(partitioner)  # one call: every stage's delegates share its named data
     return _decompose_unclaimed(manager, keep, filters)
+
+
+def _any_accepts(filters: list[tuple[set[OpOverload], NodeFilter | None]]) -> NodeFilter | None:
+    """Keep a node whole when a partitioner that asked for its op accepts it; None when every asker takes all."""
+    if all(f is None for _, f in filters):
+        return None
+
+    def accepts(node: Node) -> bool:
+        return any(node.target in ops and (f is None or f(node)) for ops, f in filters)
+
+    return accepts
 
 
 def _overloads(ops: Iterable[Any]) -> list[OpOverload]:
@@ -291,7 +350,7 @@ def _overloads(ops: Iterable[Any]) -> list[OpOverload]:
 def _decompose_unclaimed(
     manager: EdgeProgramManager,
     keep: Mapping[str, set[OpOverload]],
-    filters: Mapping[str, list[tuple[set[OpOverload], Callable[[Node], bool] | None]]],
+    filters: Mapping[str, list[tuple[set[OpOverload], NodeFilter | None]]],
 ) -> EdgeProgramManager:
     """Decompose the kept ops no backend claimed; warn about those a partitioner wanted."""
     programs = dict(manager._programs)

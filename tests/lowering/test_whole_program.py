@@ -45,7 +45,7 @@ def test_whole_program_lowering_runs_the_program_on_the_backend() -> None:
     assert isinstance(lowered, LoweredBackendModule)
     assert lowered.backend_id == "TestTorchExport" and lowered.compile_specs == [CompileSpec("opt", b"1")]
     x = torch.randn(2, 4)
-    (out,) = lowered(x)
+    out = lowered(x)
     torch.testing.assert_close(out, model(x))
 
 
@@ -172,6 +172,6 @@ def test_original_subprograms_apply_user_input_mutations_like_eager() -> None:
     lowered = to_backend("TestTorchExport", program, [])
     x = torch.ones(3)
     with run_original_subprograms():
-        (out,) = lowered(x)
+        out = lowered(x)
     torch.testing.assert_close(x, torch.full((3,), 2.0))
     torch.testing.assert_close(out, torch.full((3,), 4.0))

@@ -64,6 +64,12 @@ def weight_table(program: ExportedProgram, store: NamedDataStore, where: str) ->
     return table
 
 
+def table_keys(table: Any) -> list[str]:
+    """The named data keys a weight table names (malformed entries are left to :func:`weights`)."""
+    entries = table if isinstance(table, list) else []
+    return [e["key"] for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)]
+
+
 def weights(table: Any, named_data: NamedDataMap, backend: str) -> dict[str, torch.Tensor]:
     """The tensors a weight table names, as views of the named data; a ``FormatError`` if malformed."""
     tensors: dict[str, torch.Tensor] = {}

@@ -25,11 +25,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from torchdelegate.backend import SharedDataBackend
-from torchdelegate.backends.blob import pack, unpack, weight_table, weights
+from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
 from torchdelegate.backends.reference import ReferencePartitioner
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import PreprocessError
-from torchdelegate.lowering.structural_copy import copy_program
+from torchdelegate.lowering.structural_copy import copy_program, with_identifier_state_names
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
@@ -61,11 +61,12 @@ class InductorBackend(SharedDataBackend):
                 f"inductor: {where} writes a buffer it owns; leave mutable buffers with the program "
                 "(do not tag them) so that the runtime keeps them"
             )
-        tensors = weight_table(program, store, where)
+        # A copy (the sub-program stays as it was given), its state named as AOTInductor can read it.
+        compilable, _ = with_identifier_state_names(copy_program(program))
+        tensors = weight_table(compilable, store, where)
         with tempfile.TemporaryDirectory() as directory:
             package = Path(directory) / "partition.pt2"
             try:
-                compilable = copy_program(program)  # the sub-program stays as it was given
                 compilable.example_inputs = (_example_inputs(program), {})
                 torch._inductor.aoti_compile_and_package(
                     compilable, package_path=str(package), inductor_configs=_CONFIG
@@ -74,6 +75,10 @@ class InductorBackend(SharedDataBackend):
                 raise PreprocessError(f"inductor: {where}: AOTInductor failed to compile: {e}") from e
             compiled = package.read_bytes()
         return pack({"version": BLOB_VERSION, "tensors": tensors}, compiled)
+
+    @classmethod
+    def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
+        return table_keys(unpack(processed, BLOB_VERSION, "inductor")[0].get("tensors"))
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:

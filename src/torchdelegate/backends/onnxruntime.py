@@ -47,6 +47,7 @@ from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, unpack
 from torchdelegate.backends.linear import recompose_linear
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError, first_line
+from torchdelegate.lowering.structural_copy import with_identifier_state_names
 from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
@@ -91,6 +92,12 @@ class OnnxRuntimeBackend(SharedDataBackend):
         cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
     ) -> bytes:
         return _export(program, compile_specs, store, where)
+
+    @classmethod
+    def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
+        initializers = unpack(processed, BLOB_VERSION, "onnxruntime")[0].get("initializers")
+        entries = initializers.values() if isinstance(initializers, dict) else []
+        return [e["key"] for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)]
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
@@ -171,7 +178,8 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     _require("onnxscript")
     try:
         with _quiet_exporter():
-            onnx_program = torch.onnx.export(program, (), dynamo=True, optimize=True, verbose=False)
+            exportable, _ = with_identifier_state_names(program)  # initializers are keyed by content, not name
+            onnx_program = torch.onnx.export(exportable, (), dynamo=True, optimize=True, verbose=False)
     except Exception as e:
         raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
     assert onnx_program is not None
@@ -353,7 +361,7 @@ class OnnxRuntimePartitioner(Partitioner):
     def __init__(self, min_partition_size: int = 1, compile_specs: list[CompileSpec] | None = None) -> None:
         _require("onnxruntime")
         self.min_partition_size = min_partition_size
-        self.spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
+        super().__init__(DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or [])))
 
     def supports(self, node: Node) -> bool:
         return self.operator_support(node) is True

@@ -9,6 +9,8 @@ program's numerics after saving and loading.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import threading
 import zlib
@@ -19,17 +21,19 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 from torch.fx import Node
 
-from torchdelegate.backend import SharedDataBackend
-from torchdelegate.backends.blob import weight_table, weights
+from torchdelegate.backend import SharedDataBackend, get_backend
+from torchdelegate.backends.blob import table_keys, weight_table, weights
 from torchdelegate.data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError
+from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.generated_source import GeneratedSource
-from torchdelegate.serialize.graph import program_from_json, program_to_json, serializable_program
+from torchdelegate.serialize.graph import DelegateCall, program_from_json, program_to_json, serializable_program
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
@@ -50,6 +54,13 @@ class ReferenceBackend(SharedDataBackend):
         return _blob(program, store, where)
 
     @classmethod
+    def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
+        try:
+            return table_keys(_blob_json(processed).get("tensors"))
+        except (ValueError, AttributeError, RecursionError, zlib.error):
+            return None  # init reports a damaged blob
+
+    @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
         return _ReferenceHandle(processed, named_data)
 
@@ -68,10 +79,47 @@ def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
     tensors = weight_table(program, store, where)
     for entry in tensors:
         entry["mutable"] = entry["name"] in mutated
-    serializable, _ = serializable_program(program, lambda module: 0)
+    inner: dict[LoweredBackendModule, int] = {}
+    serializable, calls = serializable_program(program, lambda module: inner.setdefault(module, len(inner)))
     graph = program_to_json(serializable, where)
+    delegates = {inner[c.module]: _inner_delegate(c, store) for c in calls}
+    blob = {"version": BLOB_VERSION, "graph": graph, "tensors": tensors}
+    if delegates:
+        blob["delegates"] = [delegates[i] for i in range(len(delegates))]
     # Graph JSON is repetitive: compressed, it is about a tenth of its size.
-    return zlib.compress(canonical_json({"version": BLOB_VERSION, "graph": graph, "tensors": tensors}), 9)
+    return zlib.compress(canonical_json(blob), 9)
+
+
+def _inner_delegate(call: DelegateCall, store: NamedDataStore) -> dict[str, Any]:
+    """A delegate inside the sub-program (nested delegation): its blob, specs and calling form; its data joins ours."""
+    module = call.module
+    store.merge(module.named_data)
+    return {
+        "name": module.name,
+        "backend_id": module.backend_id,
+        "blob": base64.b64encode(module.processed_bytes).decode("ascii"),
+        "compile_specs": [[spec.key, base64.b64encode(spec.value).decode("ascii")] for spec in module.compile_specs],
+        "inputs": call.input_kinds,
+        "outputs": call.output_count,
+    }
+
+
+def _inner_delegates(entries: Any, named_data: NamedDataMap) -> tuple[dict[int, DelegateInstance], dict[int, str]]:
+    """The nested delegates a blob lists, bound to their backends, and the kinds of their inputs."""
+    instances: dict[int, DelegateInstance] = {}
+    kinds: dict[int, str] = {}
+    for index, entry in enumerate(entries if isinstance(entries, list) else [None]):
+        try:
+            blob = base64.b64decode(entry["blob"], validate=True)
+            specs = [CompileSpec(key, base64.b64decode(value, validate=True)) for key, value in entry["compile_specs"]]
+            backend = get_backend(entry["backend_id"])
+            kinds[index], outputs, name = entry["inputs"], int(entry["outputs"]), str(entry["name"])
+        except (KeyError, TypeError, ValueError, binascii.Error) as e:
+            raise FormatError(f"reference blob: nested delegate {index} is malformed ({e})") from None
+        instances[index] = DelegateInstance(
+            backend, blob, specs, lambda: named_data, name=f"{name} (nested)", output_count=outputs
+        )
+    return instances, kinds
 
 
 def _blob_json(processed: memoryview) -> Any:
@@ -103,7 +151,8 @@ class _ReferenceHandle:
             program = program_from_json(graph, state, "reference blob")
             for name in program.graph_signature.buffers_to_mutate.values():  # the graph says what it writes
                 state[name] = state[name].clone()  # its own copy: named data is shared and never written
-            self._method = Method("delegate", program, state, {}, {})
+            delegates, kinds = _inner_delegates(blob.get("delegates", []), named_data)
+            self._method = Method("delegate", program, state, delegates, kinds)
         has_state = any(s.kind == OutputKind.BUFFER_MUTATION for s in program.graph_signature.output_specs)
         self._lock = threading.Lock() if has_state else None
 
@@ -121,7 +170,7 @@ class ReferencePartitioner(Partitioner):
     """
 
     def __init__(self, compile_specs: list[CompileSpec] | None = None) -> None:
-        self.spec = DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or []))
+        super().__init__(DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or [])))
 
     def operator_support(self, node: Node) -> bool | str:
         """What this partitioner claims, as a :class:`~torchdelegate.CapabilityPartitioner` support."""

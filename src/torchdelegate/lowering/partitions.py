@@ -22,7 +22,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx import GraphModule, Node
 
 from torchdelegate.errors import PartitionError
-from torchdelegate.partition.partitioner import DELEGATION_TAG
+from torchdelegate.partition.partitioner import DELEGATION_TAG, NO_COPY
 from torchdelegate.specs import DelegationSpec
 
 STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
@@ -127,6 +127,7 @@ def find_partitions(
         group.nodes.append(node)
         group_of[node] = group
 
+    _check_no_copy(nodes, specs, tagged_state, group_of, where)
     outputs = output_values(nodes[-1])
     owned_uses = _assign_owned_mutations(signature, specs, outputs, tagged_state, group_of, where)
     for group in groups.values():
@@ -137,6 +138,40 @@ def find_partitions(
     owned_outputs = {i for p in partitions for i in p.mutations}
     dropped = _dropped(nodes, partitions, group_of, tagged_state, specs, signature, owned_outputs)
     return GraphPartitions(partitions, order, dropped, owned_outputs, specs)
+
+
+def _check_no_copy(
+    nodes: list[Node],
+    specs: Mapping[str, InputSpec],
+    tagged_state: set[Node],
+    group_of: Mapping[Node, Partition],
+    where: str,
+) -> None:
+    """A tagged constant marked ``no_copy`` lives only in its tag's delegate: no other node may read it."""
+    for node in nodes:
+        if node.op != "placeholder" or not node.meta.get(NO_COPY) or DELEGATION_TAG not in node.meta:
+            continue
+        tag, spec = node.meta[DELEGATION_TAG], specs[node.name]
+        what = f"{spec.kind.name.lower().replace('_', ' ')} {spec.target!r}"
+        if node not in tagged_state:
+            raise PartitionError(
+                f"{where}: {what} is marked no_copy and tagged {tag!r}, but another method writes it, so it is "
+                "passed to the delegate as an input and cannot live only in it; remove node.meta['no_copy']"
+            )
+        for user in node.users:
+            partition = group_of.get(user)
+            if partition is not None and partition.tag == tag:
+                continue
+            if user.op == "output":
+                reader, advice = "the program's output", ""
+            else:
+                place = f"in partition {partition.tag!r}" if partition else "outside every partition"
+                reader, advice = f"node {user.name!r} {place}", f"tag {user.name!r} with {tag!r}, or "
+            raise PartitionError(
+                f"{where}: {what} is marked no_copy, so it must live only in the delegate of its tag {tag!r}, but "
+                f"{reader} reads it too; {advice}remove node.meta['no_copy'] so that the program and the "
+                "partitions that read it share it"
+            )
 
 
 def _mutated_targets(signature: ExportGraphSignature | None) -> set[str]:

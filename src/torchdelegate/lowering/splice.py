@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from torch.fx import GraphModule, Node
 
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.partitions import GraphPartitions, Partition
-from torchdelegate.lowering.structural_copy import copy_meta, copy_node, fetch_attr
+from torchdelegate.lowering.structural_copy import copy_meta, copy_node, fetch_attr, graph_like, keep_name
 
 LOWERED_MODULE_PREFIX = "lowered_module_"
 
@@ -40,19 +40,23 @@ def splice(
     found: GraphPartitions,
     delegates: Mapping[Partition, LoweredBackendModule],
     submodules: Mapping[str, GraphModule],
+    reserved: Collection[str] = (),
 ) -> tuple[torch.fx.Graph, dict[str, Any], dict[str, str]]:
     """``gm``'s graph rebuilt with its partitions replaced by delegate calls.
 
-    ``submodules`` replaces sub-graphs that were lowered themselves. Returns the new graph,
-    the attributes it reads, and the renaming of every kept value (old name to new name).
+    ``submodules`` replaces sub-graphs that were lowered themselves. No delegate is attached
+    under a name in ``reserved`` (the roots of the program's state names: unlifting the
+    program puts its parameters and buffers there). Returns the new graph, the attributes it
+    reads, and the renaming of every kept value (old name to new name).
     """
-    graph = torch.fx.Graph()
-    graph._codegen = gm.graph._codegen
+    graph = graph_like(gm)
     env: dict[Node, Node] = {}
     attrs: dict[str, Any] = {}
     index = next_delegate_index(found)
     for unit in found.order:
         if isinstance(unit, Partition):
+            while f"{LOWERED_MODULE_PREFIX}{index}" in reserved:
+                index += 1
             name = f"{LOWERED_MODULE_PREFIX}{index}"
             index += 1
             attrs[name] = delegates[unit]
@@ -78,7 +82,8 @@ def _emit_delegate(graph: torch.fx.Graph, name: str, partition: Partition, env: 
     call.meta["val"] = tuple(n.meta.get("val") for n in partition.outputs)
     call.meta["delegate"] = name
     for i, produced in enumerate(partition.outputs):
-        item = graph.create_node("call_function", operator.getitem, (call, i), name=produced.name)
+        item = graph.create_node("call_function", operator.getitem, (call, i))
+        keep_name(graph, item, produced.name)
         copy_meta(produced, item)
         env[produced] = item
 

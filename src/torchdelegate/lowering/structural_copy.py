@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import keyword
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,10 +36,36 @@ def copy_meta(source: torch.fx.Node, target: torch.fx.Node) -> None:
     target.meta = meta
 
 
-def copy_node(graph: torch.fx.Graph, node: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
-    """Copy ``node`` into ``graph`` (arguments mapped through ``env``), without its delegation tag."""
+def keep_name(graph: torch.fx.Graph, node: torch.fx.Node, name: str) -> None:
+    """Give ``node`` exactly ``name``, and keep ``graph`` from giving that name to a new node.
+
+    torch.fx renames a node whose name shadows a builtin or keyword (``input`` becomes
+    ``input_1``), but signatures, tags and files refer to nodes by the names export gave them.
+    Python code generated from the graph uses names of its own, so any name is safe to keep.
+    """
+    node.name = name
+    graph._graph_namespace._used_names.add(name)
+
+
+def graph_like(gm: GraphModule) -> torch.fx.Graph:
+    """An empty graph with ``gm``'s code generator, in which no new node takes a name of ``gm``'s."""
+    graph = torch.fx.Graph()
+    graph._codegen = gm.graph._codegen
+    graph._graph_namespace._used_names.update(node.name for node in gm.graph.nodes)
+    return graph
+
+
+def copy_node(
+    graph: torch.fx.Graph, node: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node], *, keep_tag: bool = False
+) -> torch.fx.Node:
+    """Copy ``node`` into ``graph`` under its own name (arguments mapped through ``env``).
+
+    The copy's meta is a shallow copy of ``node``'s, without the delegation tag unless ``keep_tag``.
+    """
     env[node] = new = graph.node_copy(node, env.__getitem__)
-    new.meta.pop(DELEGATION_TAG, None)
+    keep_name(graph, new, node.name)
+    if not keep_tag:
+        new.meta.pop(DELEGATION_TAG, None)
     return new
 
 
@@ -48,12 +75,11 @@ def copy_graph(gm: GraphModule) -> tuple[torch.fx.Graph, dict[str, Any]]:
     Sub-GraphModules reached by ``get_attr`` (control-flow branches and bodies) are copied
     the same way, recursively; tensors and other attributes are shared.
     """
-    graph = torch.fx.Graph()
-    graph._codegen = gm.graph._codegen
+    graph = graph_like(gm)
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     attrs: dict[str, Any] = {}
     for node in gm.graph.nodes:
-        env[node] = graph.node_copy(node, env.__getitem__)
+        copy_node(graph, node, env, keep_tag=True)
         if node.op == "get_attr" and node.target not in attrs:
             value = fetch_attr(gm, node.target)
             attrs[node.target] = copy_graph_module(value) if isinstance(value, GraphModule) else value
@@ -191,3 +217,50 @@ def rebuilt(
         constants=constants if constants is not None else program.constants,
         verifiers=list(program.verifiers),
     )
+
+
+def with_state_names(program: ExportedProgram, renamed: Mapping[str, str]) -> ExportedProgram:
+    """``program`` around the same graph and tensors, its state names (FQNs) renamed by ``renamed``."""
+
+    def spec(value: Any) -> Any:
+        target = getattr(value, "target", None)
+        if isinstance(target, str) and target in renamed:
+            return dataclasses.replace(value, target=renamed[target])
+        return copy.copy(value)
+
+    signature = ExportGraphSignature(
+        input_specs=[spec(s) for s in program.graph_signature.input_specs],
+        output_specs=[spec(s) for s in program.graph_signature.output_specs],
+    )
+    return ExportedProgram(
+        root=program.graph_module,
+        graph=program.graph_module.graph,
+        graph_signature=signature,
+        state_dict={renamed.get(k, k): v for k, v in program.state_dict.items()},
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph,
+        example_inputs=program.example_inputs,
+        constants={renamed.get(k, k): v for k, v in program.constants.items()},
+        verifiers=list(program.verifiers),
+    )
+
+
+def with_identifier_state_names(program: ExportedProgram) -> tuple[ExportedProgram, dict[str, str]]:
+    """``program`` with a stand-in for each state name torch cannot read as an attribute path, and the renaming.
+
+    torch decomposes and exports through Python code that reads each parameter and buffer as
+    an attribute, which fails for a name such as ``block.lambda``; such state goes by a
+    stand-in name there and gets its own name back after (:func:`with_state_names`).
+    """
+    names = [s.target for s in program.graph_signature.input_specs if s.target is not None]
+    taken = set(names)
+    stand_ins: dict[str, str] = {}
+    for name in names:
+        if all(atom.isidentifier() and not keyword.iskeyword(atom) for atom in name.split(".")):
+            continue
+        index = len(stand_ins)
+        while f"_torchdelegate_state_{index}" in taken:
+            index += 1
+        stand_ins[name] = f"_torchdelegate_state_{index}"
+        taken.add(stand_ins[name])
+    return (with_state_names(program, stand_ins) if stand_ins else program), stand_ins

@@ -22,7 +22,7 @@ from torch.export.graph_signature import (
 from torch.fx import GraphModule, Node
 
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, output_values
-from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_meta, copy_node, fetch_attr
+from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_meta, copy_node, fetch_attr, keep_name
 from torchdelegate.partition.partitioner import DELEGATION_TAG
 
 
@@ -67,6 +67,7 @@ def build_subprogram(
     for node in partition.state:
         spec = found.input_specs[node.name]
         env[node] = placeholder = graph.placeholder(node.name)
+        keep_name(graph, placeholder, node.name)
         copy_meta(node, placeholder)
         input_specs.append(spec)  # same placeholder name: the owner's names are unique
         assert spec.target is not None
@@ -77,6 +78,7 @@ def build_subprogram(
         (state_dict if persistent else constants)[spec.target] = value
     for node in partition.inputs:
         env[node] = placeholder = graph.placeholder(node.name)
+        keep_name(graph, placeholder, node.name)
         copy_meta(node, placeholder)
         value = node.meta.get("val")
         input_specs.append(InputSpec(InputKind.USER_INPUT, graph_argument(placeholder.name, value), None))

@@ -20,7 +20,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
-from torchdelegate.backend import BackendDetails, PreprocessResult, get_backend
+from torchdelegate.backend import BackendDetails, PreprocessResult, checked_delegate_info, get_backend
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
 from torchdelegate.errors import (
     BackendNotFoundError,
@@ -115,7 +115,7 @@ def _(backend_id: str, edge_program: ExportedProgram, compile_specs: Any = ()) -
         specs,
         program,
         result.data_store_output,
-        meta=_delegate_meta(result, "forward", WHOLE_PROGRAM_TAG),
+        meta=_delegate_meta(result, "forward", WHOLE_PROGRAM_TAG, backend_id),
         name=f"forward:{WHOLE_PROGRAM_TAG}",
     )
 
@@ -520,8 +520,10 @@ def _delegate_name(job: _Job) -> str:
     return f"{job.method}:{job.partition.tag}"
 
 
-def _delegate_meta(result: PreprocessResult, method: str, tag: str) -> dict[str, Any]:
-    return {"method": method, "tag": tag, "debug_handle_map": result.debug_handle_map}
+def _delegate_meta(result: PreprocessResult, method: str, tag: str, backend_id: str) -> dict[str, Any]:
+    meta = {"method": method, "tag": tag, "debug_handle_map": result.debug_handle_map}
+    info = checked_delegate_info(result, backend_id, f"partition {tag!r} of method {method!r}")
+    return meta if info is None else {**meta, "delegate_info": info}
 
 
 def _make_delegate(job: _Job, named_data: NamedDataStore) -> LoweredBackendModule:
@@ -534,12 +536,14 @@ def _make_delegate(job: _Job, named_data: NamedDataStore) -> LoweredBackendModul
         job.subprogram,
         job.result.data_store_output,
         named_data=named_data,
-        meta=_delegate_meta(job.result, job.method, job.partition.tag),
+        meta=_delegate_meta(job.result, job.method, job.partition.tag, spec.backend_id),
         name=_delegate_name(job),
     )
 
 
-def _splice_graph(plan: _GraphPlan) -> tuple[torch.fx.Graph, dict[str, Any], dict[str, str]]:
+def _splice_graph(
+    plan: _GraphPlan, reserved: frozenset[str] = frozenset()
+) -> tuple[torch.fx.Graph, dict[str, Any], dict[str, str]]:
     submodules = {}
     for target, child in plan.children.items():
         graph, attrs, _ = _splice_graph(child)
@@ -548,13 +552,14 @@ def _splice_graph(plan: _GraphPlan) -> tuple[torch.fx.Graph, dict[str, Any], dic
     for job in plan.ordered_jobs:  # the sub-graphs' too: splice looks up only its own
         assert job.delegate is not None
         delegates[job.partition] = job.delegate
-    return splice(plan.gm, plan.found, delegates, submodules)
+    return splice(plan.gm, plan.found, delegates, submodules, reserved)
 
 
 def _splice_method(plan: _MethodPlan, state_copies: MutableStateCopies, mutated: frozenset[str]) -> ExportedProgram:
     """The lowered program; buffers any method writes (``mutated``) are passed to ``state_copies``."""
     program = plan.program
-    graph, attrs, renamed = _splice_graph(plan.root)
+    state_roots = frozenset(s.target.split(".")[0] for s in program.graph_signature.input_specs if s.target)
+    graph, attrs, renamed = _splice_graph(plan.root, state_roots)
     found = plan.root.found
     dropped = set(dropped_targets(found))
     signature = rename_signature(program.graph_signature, renamed, {n.name for n in found.dropped}, found.owned_outputs)

@@ -7,18 +7,24 @@ from torchdelegate.partition.capability import (
     PartitionPlan,
     PlannedPartition,
 )
-from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.partitioner import DELEGATION_TAG, NO_COPY, Partitioner, PartitionResult
+from torchdelegate.partition.patterns import Pattern, PatternMatch, PatternPartitioner, find_pattern_matches
 from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 
 __all__ = [
     "DELEGATION_TAG",
+    "NO_COPY",
     "CapabilityPartitioner",
     "NodeDecision",
     "OperatorSupport",
     "PartitionPlan",
+    "Pattern",
+    "PatternMatch",
+    "PatternPartitioner",
     "PartitionResult",
     "Partitioner",
     "PlannedPartition",
+    "find_pattern_matches",
     "tag_constant_data",
     "tag_mutated_buffers",
 ]

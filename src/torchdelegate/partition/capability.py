@@ -79,17 +79,18 @@ class PartitionPlan:
         return {d.node: d for d in self.decisions}
 
 
-def _answer(support: OperatorSupport, node: Node) -> str | None:
-    """None if ``support`` takes ``node``, else why not."""
+def why_unsupported(support: OperatorSupport, node: Node) -> str | None:
+    """None if ``support`` takes ``node``, else why not (in the support's words, or "unsupported: <op>")."""
     if callable(support):
         answer = support(node)
         if answer is True or answer is None:
             return None
-        return answer if isinstance(answer, str) and answer else f"{UNSUPPORTED}: {_op_name(node)}"
-    return None if node.target in support else f"{UNSUPPORTED}: {_op_name(node)}"
+        return answer if isinstance(answer, str) and answer else f"{UNSUPPORTED}: {op_name(node)}"
+    return None if node.target in support else f"{UNSUPPORTED}: {op_name(node)}"
 
 
-def _op_name(node: Node) -> str:
+def op_name(node: Node) -> str:
+    """How reports name a node's operator: ``aten.addmm.default``, ``cond``, ``getitem``."""
     target = node.target
     return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
 
@@ -99,10 +100,12 @@ def is_tuple_item(node: Node) -> bool:
     return node.target is operator.getitem and isinstance(node.args[0], Node) and node.args[0].op == "call_function"
 
 
-class _Units:
-    """The graph's computations as units: a node with its tuple items, or a group of an earlier backend."""
+class UnitGraph:
+    """The graph's computations as units: a node with its tuple items, a group of an earlier backend,
+    or an *atom* (nodes that must stay together, such as a pattern's match). A unit is named by the
+    graph position of its first node."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, atoms: Sequence[Sequence[Node]] = ()) -> None:
         self.nodes = list(graph.nodes)
         self.index = {node: i for i, node in enumerate(self.nodes)}
         self.unit: dict[Node, int] = {}
@@ -112,6 +115,8 @@ class _Units:
             head = self.unit[node.args[0]] if is_tuple_item(node) else index  # type: ignore[index]
             self.unit[node] = head
             self.members.setdefault(head, []).append(node)
+        for atom in atoms:
+            self.join(sorted({self.unit[node] for node in atom}))
 
     def order(self) -> tuple[list[int], dict[int, list[int]]]:
         """The units in a topological order (Kahn, ties in graph order), and each unit's successors."""
@@ -135,8 +140,8 @@ class _Units:
                     ready.append(successor)
         return order, {u: list(s) for u, s in successors.items()}
 
-    def merge(self, units: list[int]) -> None:
-        """Make ``units`` one unit: a backend's group, which will be one delegate call."""
+    def join(self, units: list[int]) -> int:
+        """Make ``units`` one unit (named by the first); returns it."""
         head = min(units)
         for unit in units:
             if unit == head:
@@ -145,7 +150,11 @@ class _Units:
                 self.unit[node] = head
                 self.members[head].append(node)
         self.members[head].sort(key=self.index.__getitem__)
-        self.taken.add(head)
+        return head
+
+    def merge(self, units: list[int]) -> None:
+        """Make ``units`` one unit: a backend's group, which will be one delegate call."""
+        self.taken.add(self.join(units))
 
 
 class CapabilityPartitioner(Partitioner):
@@ -187,6 +196,7 @@ class CapabilityPartitioner(Partitioner):
         if min_partition_size < 1:
             raise ValueError(f"min_partition_size must be at least 1, got {min_partition_size}")
         self.min_partition_size = min_partition_size
+        super().__init__(self.backends[0][1] if len(self.backends) == 1 else None)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         plan = self.plan(exported_program)
@@ -202,10 +212,15 @@ class CapabilityPartitioner(Partitioner):
 
     def plan(self, exported_program: ExportedProgram) -> PartitionPlan:
         """Where each computation of ``exported_program`` goes, and why; the program is not changed."""
-        units = _Units(exported_program.graph)
+        return self._plan_units(UnitGraph(exported_program.graph), self.backends)
+
+    def _plan_units(
+        self, units: UnitGraph, backends: Sequence[tuple[OperatorSupport, DelegationSpec]]
+    ) -> PartitionPlan:
+        """The plan over ``units`` (whose atoms must contract to an acyclic graph), backends in priority order."""
         reasons: dict[Node, dict[str, str]] = {}
         groups: list[_Group] = []
-        for support, spec in self.backends:
+        for support, spec in backends:
             backend = spec.backend_id
             claimed: dict[int, None] = {}
             for unit, members in units.members.items():
@@ -214,10 +229,10 @@ class CapabilityPartitioner(Partitioner):
                     continue
                 if unit in units.taken:  # taken by an earlier backend: say so where this one could have
                     for node in members:
-                        if not is_tuple_item(node) and _answer(support, node) is None:
+                        if not is_tuple_item(node) and why_unsupported(support, node) is None:
                             reasons.setdefault(node, {})[backend] = CLAIMED_EARLIER
                     continue
-                why = _answer(support, head)
+                why = why_unsupported(support, head)
                 if why is None:
                     claimed[unit] = None
                 else:
@@ -234,9 +249,9 @@ class CapabilityPartitioner(Partitioner):
                     continue
                 groups.append(group)
                 units.merge(sorted({units.unit[n] for n in group.nodes}))
-        return self._plan(units, groups, reasons)
+        return self._decisions(units, groups, reasons)
 
-    def _groups(self, units: _Units, claimed: dict[int, None], backend: str) -> list[_Group]:
+    def _groups(self, units: UnitGraph, claimed: dict[int, None], backend: str) -> list[_Group]:
         """The claimed units in cycle-free groups, as few as levels and joins find, in order of their first node."""
         order, successors = units.order()
         seeds = [sorted(seed, key=lambda members: members[0]) for seed in _levels(units, claimed, order, successors)]
@@ -259,7 +274,7 @@ class CapabilityPartitioner(Partitioner):
             theirs.apart.append((mine.nodes[0], via))
         return sorted(found, key=lambda group: index[group.nodes[0]])
 
-    def _plan(self, units: _Units, groups: list[_Group], reasons: dict[Node, dict[str, str]]) -> PartitionPlan:
+    def _decisions(self, units: UnitGraph, groups: list[_Group], reasons: dict[Node, dict[str, str]]) -> PartitionPlan:
         ordered = sorted(groups, key=lambda group: units.index[group.nodes[0]])
         counters: dict[str, int] = {}
         placed: dict[Node, tuple[str, str]] = {}  # node -> (backend id, tag)
@@ -279,7 +294,7 @@ class CapabilityPartitioner(Partitioner):
             if node.op != "call_function" or is_tuple_item(node):
                 continue
             where, label = placed.get(node, (None, None))
-            decisions.append(NodeDecision(node.name, _op_name(node), where, label, dict(reasons.get(node, {}))))
+            decisions.append(NodeDecision(node.name, op_name(node), where, label, dict(reasons.get(node, {}))))
         return PartitionPlan(decisions, partitions)
 
 
@@ -293,7 +308,7 @@ class _Group:
 
 
 def _levels(
-    units: _Units, claimed: dict[int, None], order: list[int], successors: dict[int, list[int]]
+    units: UnitGraph, claimed: dict[int, None], order: list[int], successors: dict[int, list[int]]
 ) -> tuple[list[list[int]], list[list[int]]]:
     """The claimed units grouped by level, and the same cut where no edge joins them: both cycle-free."""
     level: dict[int, int] = {}

@@ -15,6 +15,10 @@ from torchdelegate.specs import DelegationSpec
 DELEGATION_TAG = "delegation_tag"
 """The ``node.meta`` key a partitioner sets to put a node in a partition."""
 
+NO_COPY = "no_copy"
+"""The ``node.meta`` key a partitioner sets (to True) on a tagged parameter, buffer or constant
+that must live only in the delegate of its tag: lowering refuses any other user of it."""
+
 
 @dataclass
 class PartitionResult:
@@ -31,7 +35,36 @@ class Partitioner(ABC):
     handed a structural copy of the caller's program, so tagging never touches the caller's
     graph) and returns the tags with their :class:`DelegationSpec`. It must not otherwise
     change the graph: lowering checks that, unless validation is disabled.
+
+    ``Partitioner(spec)`` keeps a default :class:`DelegationSpec` as :attr:`spec`: the one a
+    partitioner for a single backend gives its tags. Subclasses that set ``self.spec``
+    themselves, or define no ``__init__`` at all, keep working; reading ``spec`` when none was
+    given is an ``AttributeError`` (so ``hasattr(partitioner, "spec")`` says whether it has one).
     """
+
+    def __init__(self, spec: DelegationSpec | None = None) -> None:
+        if spec is not None:
+            self.spec = spec
+
+    @property
+    def spec(self) -> DelegationSpec:
+        """The default :class:`DelegationSpec` of this partitioner's tags."""
+        spec = self.__dict__.get("_spec")
+        if spec is None:
+            raise AttributeError(
+                f"{type(self).__name__} has no default DelegationSpec: pass one to Partitioner.__init__ "
+                "(super().__init__(DelegationSpec(backend_id))) or set self.spec"
+            )
+        return spec
+
+    @spec.setter
+    def spec(self, value: DelegationSpec) -> None:
+        if not isinstance(value, DelegationSpec):
+            raise TypeError(
+                f"{type(self).__name__}.spec must be a DelegationSpec, got {type(value).__name__}; "
+                "backend options go in DelegationSpec(backend_id, [CompileSpec(key, value), ...])"
+            )
+        self.__dict__["_spec"] = value
 
     @abstractmethod
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:

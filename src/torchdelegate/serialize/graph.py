@@ -35,7 +35,7 @@ from torch.fx import GraphModule, Node
 
 from torchdelegate.errors import FormatError, SerializationError
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
-from torchdelegate.lowering.structural_copy import fetch_attr, program_around
+from torchdelegate.lowering.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
 
 _library = torch.library.Library("torchdelegate", "DEF")
 _library.define("delegate_call(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]")
@@ -81,8 +81,7 @@ def serializable_program(
 def _rewrite_graph(
     gm: GraphModule, delegate_index: Callable[[LoweredBackendModule], int], calls: list[DelegateCall]
 ) -> tuple[torch.fx.Graph, dict[str, Any]]:
-    graph = torch.fx.Graph()
-    graph._codegen = gm.graph._codegen
+    graph = graph_like(gm)
     env: dict[Node, Node] = {}
     attrs: dict[str, Any] = {}
     for node in gm.graph.nodes:
@@ -99,7 +98,7 @@ def _rewrite_graph(
                 graph, node, fetch_attr(gm, node.args[0].target), env, delegate_index, calls
             )
             continue
-        env[node] = graph.node_copy(node, env.__getitem__)
+        copy_node(graph, node, env, keep_tag=True)
     return graph, attrs
 
 
@@ -134,7 +133,7 @@ def _delegate_call_node(
             "a saved delegate can return only tensors"
         )
     call = graph.call_function(delegate_call, (delegate_index(module), tensors, sizes))
-    call.name = node.name
+    keep_name(graph, call, node.name)
     call.meta = {k: v for k, v in node.meta.items() if k != "delegate"}
     call.meta["val"] = list(outputs)
     calls.append(DelegateCall(module, "".join(kinds), len(outputs)))

@@ -41,6 +41,8 @@ class DelegateRecord:
     input_kinds: str
     output_count: int
     debug_handle_map: list[Any] | None
+    delegate_info: dict[str, Any] | None = None
+    """What the backend's ``preprocess`` said about this delegate (JSON data); None if nothing."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,9 @@ class ProgramFile:
         handles = value.get("debug_handle_map")
         if handles is not None and not isinstance(handles, list):
             raise FormatError(f"{self.path}: delegates[{index}].debug_handle_map must be a list or null")
+        info = value.get("delegate_info")  # optional: files of backends that return none lack it
+        if info is not None and not isinstance(info, dict):
+            raise FormatError(f"{self.path}: delegates[{index}].delegate_info must be an object or absent")
         return DelegateRecord(
             name=fields.get("name", str),
             method=fields.get("method", str),
@@ -173,6 +178,7 @@ class ProgramFile:
             input_kinds=fields.get("inputs", str, lambda v: set(v) <= {"T", "S"}),
             output_count=fields.get("outputs", int, lambda v: 0 <= v <= 1 << 20),
             debug_handle_map=handles,
+            delegate_info=info,
         )
 
     def _state(self, value: Any, index: int) -> StateRecord:

@@ -20,9 +20,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from torchdelegate.backend import get_backend, json_data_problem
 from torchdelegate.data import NamedDataStoreOutput, tensor_bytes
-from torchdelegate.errors import SerializationError
-from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.errors import SerializationError, first_line
+from torchdelegate.lowered_module import LoweredBackendModule, delegates_named_data
 from torchdelegate.serialize.container import (
     MAX_ALIGNMENT,
     SEGMENT_ALIGNMENT,
@@ -95,6 +96,8 @@ def save_program(
                 "delegates": sorted({delegates[c.module] for c in calls}),
             }
         )
+    named_data = delegates_named_data(named_data, delegates)
+    _check_named_data(delegates, named_data)
     manifest: dict[str, Any] = {
         "format": PROGRAM_FORMAT,
         "producer": {"torch": torch.__version__},
@@ -115,6 +118,26 @@ def save_program(
     _write(path, PROGRAM_MAGIC, manifest, local)
 
 
+def _check_named_data(delegates: Mapping[LoweredBackendModule, int], named_data: NamedDataStoreOutput) -> None:
+    """Every key a delegate's blob names is in the file: saving never drops data silently."""
+    for delegate in delegates:
+        backend = get_backend(delegate.backend_id)
+        try:
+            needed = backend.named_data_keys(memoryview(delegate.processed_bytes), list(delegate.compile_specs))
+        except Exception as e:
+            raise SerializationError(
+                f"delegate {delegate.name!r} on {delegate.backend_id!r}: its blob cannot be read ({first_line(e)})"
+            ) from e
+        missing = [key for key in needed or () if key not in named_data.entries]
+        if missing:
+            raise SerializationError(
+                f"delegate {delegate.name!r} on {delegate.backend_id!r} needs named data {missing[0]!r}"
+                f"{f' (and {len(missing) - 1} more keys)' if len(missing) > 1 else ''}, which neither the program "
+                "nor any delegate holds; lower through EdgeProgramManager.to_backend, or give the "
+                "LoweredBackendModule the NamedDataStoreOutput its backend produced"
+            )
+
+
 def _write(path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segments) -> None:
     sources = list(segments.sources.values())
     table, data_length, largest = layout_segments(sources)
@@ -131,7 +154,7 @@ def _write(path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segmen
 
 def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> dict[str, Any]:
     module = call.module
-    return {
+    entry = {
         "name": module.name,
         "method": method,
         "backend_id": module.backend_id,
@@ -143,6 +166,25 @@ def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> dic
         "outputs": call.output_count,
         "debug_handle_map": _debug_handle_map(module),
     }
+    info = _delegate_info(module)
+    return entry if info is None else {**entry, "delegate_info": info}
+
+
+def _delegate_info(module: LoweredBackendModule) -> dict[str, Any] | None:
+    """The backend's description of the delegate (``meta["delegate_info"]``), checked to be JSON data.
+
+    Left out of the entry when there is none, so files of backends without it are as before.
+    """
+    info = module.meta.get("delegate_info")
+    if info is None:
+        return None
+    problem = json_data_problem(info) if isinstance(info, dict) else f"it is a {type(info).__name__}, not a dict"
+    if problem:
+        raise SerializationError(
+            f"delegate {module.name!r} on {module.backend_id!r}: meta['delegate_info'] is not JSON data: {problem}; "
+            "keep a dict with str keys whose values are str, int, float, bool, None, lists or such dicts"
+        )
+    return info
 
 
 def _debug_handle_map(module: LoweredBackendModule) -> list[list[Any]] | None:

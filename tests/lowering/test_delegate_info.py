@@ -1,0 +1,111 @@
+"""PreprocessResult.delegate_info: what a backend says about each delegate, kept in its meta and in the file."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from backends import DescribingReference, describing_partitioner
+from models import TwoLinears, export
+
+import torchdelegate as td
+from torchdelegate import LoweredBackendModule, PreprocessError, PreprocessResult, SerializationError
+from torchdelegate.cli import main
+
+
+def _lowered() -> td.EdgeProgramManager:
+    return td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(describing_partitioner())
+
+
+def test_the_info_preprocess_returns_is_in_the_delegates_meta() -> None:
+    (delegate,) = _lowered().delegates()["forward"]
+    info = delegate.meta["delegate_info"]
+    assert info["fused"] is False and info["score"] == 0.5 and info["notes"] is None
+    assert "aten.addmm.default" in info["ops"]
+
+
+def test_a_positional_preprocess_result_keeps_its_three_fields_first() -> None:
+    result = PreprocessResult(b"blob", {"h": 1}, None)
+    assert (result.processed_bytes, result.debug_handle_map, result.delegate_info) == (b"blob", {"h": 1}, None)
+
+
+def test_the_whole_program_form_keeps_the_info_too() -> None:
+    program = export(TwoLinears(), torch.randn(2, 4))
+    lowered = td.to_backend(DescribingReference.backend_id, program, [])
+    assert isinstance(lowered, LoweredBackendModule)
+    assert "aten.addmm.default" in lowered.meta["delegate_info"]["ops"]
+
+
+def test_the_info_is_saved_read_back_by_the_runtime_and_shown_by_inspect(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lowered = _lowered()
+    expected = lowered.delegates()["forward"][0].meta["delegate_info"]
+    lowered.save(tmp_path / "m.tdp")
+    with td.load(tmp_path / "m.tdp") as program:
+        (record,) = program.delegates
+        assert record.delegate_info == expected
+    assert main(["inspect", str(tmp_path / "m.tdp")]) == 0
+    out = capsys.readouterr().out
+    assert "delegate info (from each backend's preprocess):" in out
+    assert '#0 forward:reference_0 (TestDescribing): {"fused": false, "notes": null, "ops": ["aten.add' in out
+
+
+def test_a_delegate_without_info_saves_no_field_and_loads_as_none(tmp_path: Path) -> None:
+    """Files of backends that return no info are as before this field existed, and load the same."""
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(ReferencePartitioner())
+    assert "delegate_info" not in lowered.delegates()["forward"][0].meta
+    lowered.save(tmp_path / "m.tdp")
+    assert b"delegate_info" not in (tmp_path / "m.tdp").read_bytes()
+    with td.load(tmp_path / "m.tdp") as program:
+        assert program.delegates[0].delegate_info is None
+
+
+@pytest.mark.parametrize(
+    ("info", "problem"),
+    [
+        (["not", "a", "dict"], "it is a list, not a dict"),
+        ({"weights": torch.zeros(2)}, "['weights'] is a Tensor"),
+        ({"kernels": [{"tile": {8, 16}}]}, "['kernels'][0]['tile'] is a set"),
+        ({"error": math.nan}, "['error'] is nan, which JSON cannot hold"),
+        ({1: "one"}, "the dict has the key 1, which is not a str"),
+    ],
+    ids=["list", "tensor", "set", "nan", "int key"],
+)
+def test_info_that_is_not_json_data_is_refused_naming_backend_partition_and_method(
+    monkeypatch: pytest.MonkeyPatch, info: Any, problem: str
+) -> None:
+    monkeypatch.setattr(DescribingReference, "describe", staticmethod(lambda program: info))
+    program = export(TwoLinears(), torch.randn(2, 4))
+    with pytest.raises(PreprocessError) as caught:
+        td.to_backend(program, describing_partitioner())
+    assert str(caught.value) == (
+        "backend 'TestDescribing' returned a delegate_info for partition 'reference_0' of method 'forward' that is "
+        f"not JSON data: {problem}; return a dict with str keys whose values are str, int, float, bool, None, lists "
+        "or such dicts"
+    )
+
+
+def test_info_the_backend_changes_after_preprocess_is_kept_as_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    shared: dict[str, Any] = {"passes": ["fuse"]}
+    monkeypatch.setattr(DescribingReference, "describe", staticmethod(lambda program: shared))
+    lowered = td.to_backend(export(TwoLinears(), torch.randn(2, 4)), describing_partitioner())
+    shared["passes"].append("later")
+    (delegate,) = [m for m in lowered.graph_module.children() if isinstance(m, LoweredBackendModule)]
+    assert delegate.meta["delegate_info"] == {"passes": ["fuse"]}
+
+
+def test_saving_refuses_info_put_in_a_delegates_meta_by_hand_that_is_not_json(tmp_path: Path) -> None:
+    lowered = _lowered()
+    lowered.delegates()["forward"][0].meta["delegate_info"] = {"dtype": torch.float32}
+    message = (
+        r"delegate 'forward:reference_0' on 'TestDescribing': meta\['delegate_info'\] is not JSON data: \['dtype'\]"
+    )
+    with pytest.raises(SerializationError, match=message):
+        lowered.save(tmp_path / "m.tdp")
+    assert not (tmp_path / "m.tdp").exists()
