@@ -17,9 +17,6 @@ from zoo.run import BACKEND_LISTS, MethodResult, Result, render, run_models  # n
 # One per kind at least: a text encoder, a prefill + decode LM, an encoder-decoder, a vision
 # transformer and a conv net, an audio encoder, and torch.nn programs (nn.Sequential among them).
 SUBSET = ["distilbert", "llama", "bart", "vit", "resnet", "whisper-encoder", "sequential-mlp", "interpolate"]
-# Issue 17, part 1, being fixed in the core: a program whose input is named `input` (every
-# nn.Sequential) fails to lower. Only that error is expected; any other failure fails the test.
-INPUT_NAMED_INPUT = "Input spec name input does not match node name input_1"
 
 
 def test_catalogue_has_35_architectures_covering_every_kind() -> None:
@@ -55,8 +52,6 @@ def test_loaded_in_a_fresh_process_matches_eager(
     results: dict[tuple[str, tuple[str, ...]], Result], name: str, backends: tuple[str, ...]
 ) -> None:
     result = results[(name, backends)]
-    if INPUT_NAMED_INPUT in result.error:
-        pytest.xfail(f"core bug being fixed on main (issue 17, part 1): {result.error}")
     assert result.passed, f"{name} with {' then '.join(backends)} failed at {result.step}: {result.error}"
     assert set(result.methods) == set(BY_NAME[name].methods)
     for method in result.methods.values():
