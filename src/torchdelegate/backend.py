@@ -80,6 +80,11 @@ def json_data_problem(value: Any, path: str = "") -> str | None:
     return f"{path or 'the value'} is a {type(value).__name__}"
 
 
+def delegate_info_problem(info: Any) -> str | None:
+    """Why ``info`` cannot be a delegate's info (a dict of JSON data), or None."""
+    return json_data_problem(info) if isinstance(info, dict) else f"it is a {type(info).__name__}, not a dict"
+
+
 def checked_delegate_info(result: PreprocessResult, backend_id: str, where: str) -> dict[str, Any] | None:
     """``result.delegate_info`` checked to be JSON data, as a copy the backend can no longer change.
 
@@ -88,7 +93,7 @@ def checked_delegate_info(result: PreprocessResult, backend_id: str, where: str)
     info = result.delegate_info
     if info is None:
         return None
-    problem = json_data_problem(info) if isinstance(info, dict) else f"it is a {type(info).__name__}, not a dict"
+    problem = delegate_info_problem(info)
     if problem:
         raise PreprocessError(
             f"backend {backend_id!r} returned a delegate_info for {where} that is not JSON data: {problem}; "

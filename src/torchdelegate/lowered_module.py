@@ -168,16 +168,20 @@ def delegates_named_data(
     modules (wrapped in a manager, exported inside another module) holds all that its
     delegates read. A key stored with two contents is a ``NamedDataConflictError`` naming both.
     """
+    # Delegates of one lowering share its store: each source is merged once.
+    sources: dict[int, tuple[LoweredBackendModule, NamedDataStoreOutput | NamedDataStore]] = {}
+    for delegate in delegates:
+        for source in (delegate.named_data_store_output, delegate._named_data):
+            if source is not None and len(source) and source is not named_data:
+                sources.setdefault(id(source), (delegate, source))
+    if not sources:
+        return named_data if named_data is not None else NamedDataStoreOutput()
     store = NamedDataStore()
     if named_data is not None:
         store.merge(named_data)
-    merged: set[int] = set()
-    for delegate in delegates:
-        for output in (delegate.named_data_store_output, delegate.named_data):
-            if output is None or id(output) in merged or not len(output):
-                continue
-            merged.add(id(output))
-            store.merge(output, owner=None if output.owners else f"delegate {delegate.name!r}")
+    for delegate, source in sources.values():
+        output = source.get_named_data_store_output() if isinstance(source, NamedDataStore) else source
+        store.merge(output, owner=None if output.owners else f"delegate {delegate.name!r}")
     return store.get_named_data_store_output()
 
 

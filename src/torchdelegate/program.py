@@ -8,13 +8,14 @@ immutable: every step returns a new manager and leaves the old one as it was.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
+from torch._ops import OpOverload
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 from torch.fx import traceback as fx_traceback
@@ -32,7 +33,7 @@ from torchdelegate.lowering.structural_copy import (
     with_state_names,
 )
 from torchdelegate.lowering.to_backend import PartitionerLike, lower
-from torchdelegate.partition.partitioner import Partitioner
+from torchdelegate.partition.partitioner import Partitioner, overloads_of
 from torchdelegate.serialize.writer import save_program
 from torchdelegate.specs import DelegationSpec
 
@@ -65,7 +66,7 @@ KEEP_WHOLE = "torchdelegate_keep_whole"
 
 
 def _decompose(
-    program: ExportedProgram, keep: Iterable[OpOverload] = (), node_filter: NodeFilter | None = None
+    program: ExportedProgram, keep: Collection[OpOverload] = (), node_filter: NodeFilter | None = None
 ) -> ExportedProgram:
     """Core ATen, functional; the ops in ``keep`` are left whole, on the nodes ``node_filter`` accepts (all if None).
 
@@ -74,7 +75,6 @@ def _decompose(
     such state is decomposed under a stand-in name and gets its own name back.
     """
     table = torch.export.default_decompositions()
-    keep = [op for op in keep if op in table]
     if node_filter is None:
         for op in keep:
             table.pop(op, None)
@@ -305,7 +305,7 @@ def to_edge_transform_and_lower(
     manager = EdgeProgramManager(methods)
     stages = manager._stages(partitioner) if partitioner is not None else []
     keep: dict[str, set[OpOverload]] = {m: set() for m in methods}
-    filters: dict[str, list[tuple[set[OpOverload], NodeFilter | None]]] = {m: [] for m in methods}
+    filters: dict[str, KeepFilters] = {m: [] for m in methods}
     default_table = torch.export.default_decompositions()
     for stage in stages:
         for method, choice in stage.items():
@@ -323,34 +323,37 @@ def to_edge_transform_and_lower(
     return _decompose_unclaimed(manager, keep, filters)
 
 
-def _any_accepts(filters: list[tuple[set[OpOverload], NodeFilter | None]]) -> NodeFilter | None:
-    """Keep a node whole when a partitioner that asked for its op accepts it; None when every asker takes all."""
+KeepFilters = list[tuple[set[OpOverload], NodeFilter | None]]
+"""Each partitioner's ``ops_to_not_decompose``: the ops it asked to keep, and its node filter."""
+
+
+def _wanted_whole(node: Node, filters: KeepFilters) -> bool:
+    """Whether a partitioner that asked to keep ``node``'s op whole accepts this node."""
+    return any(node.target in ops and (f is None or f(node)) for ops, f in filters)
+
+
+def _any_accepts(filters: KeepFilters) -> NodeFilter | None:
+    """:func:`_wanted_whole` as a node filter; None when every partitioner keeps all nodes of its ops."""
     if all(f is None for _, f in filters):
         return None
-
-    def accepts(node: Node) -> bool:
-        return any(node.target in ops and (f is None or f(node)) for ops, f in filters)
-
-    return accepts
+    return functools.partial(_wanted_whole, filters=filters)
 
 
 def _overloads(ops: Iterable[Any]) -> list[OpOverload]:
-    """Ops as overloads: a packet (``aten.linear``) stands for all of its overloads."""
+    """The overloads ``ops_to_not_decompose`` named."""
     found: list[OpOverload] = []
     for op in ops:
-        if isinstance(op, OpOverloadPacket):
-            found.extend(getattr(op, name) for name in op.overloads())
-        elif isinstance(op, OpOverload):
-            found.append(op)
-        else:
+        overloads = overloads_of(op)
+        if overloads is None:
             raise TypeError(f"ops_to_not_decompose returned {op!r}; expected torch ops (e.g. aten.linear.default)")
+        found.extend(overloads)
     return found
 
 
 def _decompose_unclaimed(
     manager: EdgeProgramManager,
     keep: Mapping[str, set[OpOverload]],
-    filters: Mapping[str, list[tuple[set[OpOverload], NodeFilter | None]]],
+    filters: Mapping[str, KeepFilters],
 ) -> EdgeProgramManager:
     """Decompose the kept ops no backend claimed; warn about those a partitioner wanted."""
     programs = dict(manager._programs)
@@ -364,13 +367,7 @@ def _decompose_unclaimed(
         ]
         if not left:
             continue
-        wanted = sorted(
-            {
-                str(node.target)
-                for node in left
-                if any(node.target in ops and (f is None or f(node)) for ops, f in filters[method])
-            }
-        )
+        wanted = sorted({str(node.target) for node in left if _wanted_whole(node, filters[method])})
         if wanted:
             warnings.warn(
                 f"method {method!r}: {', '.join(wanted)} kept whole for a backend that did not claim "

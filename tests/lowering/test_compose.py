@@ -10,7 +10,7 @@ import torch
 from backends import TorchExportBackend
 
 import torchdelegate as td
-from torchdelegate import DelegationSpec, LoweredBackendModule, SerializationError, call_delegate
+from torchdelegate import DelegationSpec, LoweredBackendModule, SerializationError
 from torchdelegate.backends.reference import ReferencePartitioner
 
 
@@ -40,10 +40,6 @@ class CallsADelegate(torch.nn.Module):
         return self.head(self.encoder(x) * 2)
 
 
-def _delegate_calls(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
-    return [n for n in program.graph.nodes if n.target is call_delegate]
-
-
 def _save_and_run(manager: td.EdgeProgramManager, path: Path, *inputs: torch.Tensor) -> object:
     manager.save(path)
     with td.load(path) as loaded:
@@ -59,7 +55,7 @@ def test_a_module_calling_a_lowered_module_exports_as_a_delegate_call_and_runs_a
     x = torch.randn(2, 64)
     expected = model(x)
     program = torch.export.export(model, (x,), strict=strict)
-    (call,) = _delegate_calls(program)
+    (call,) = td.delegate_calls(program)
     assert getattr(program.graph_module, call.args[0].target) is model.encoder
     assert not any("onnxruntime" in str(n.target) for n in program.graph.nodes)
     edge = td.to_edge(program)
@@ -135,7 +131,7 @@ def test_a_delegate_with_structured_inputs_and_outputs_gives_flat_tensors_to_exe
     caller = Caller()
     flat = (*inputs[0], inputs[1]["bias"])
     exported = torch.export.export(caller, flat)
-    (call,) = _delegate_calls(exported)
+    (call,) = td.delegate_calls(exported)
     assert len(call.args) == 1 + 3  # the module, then three flat tensors
     torch.testing.assert_close(_save_and_run(td.to_edge(exported), tmp_path / "s.tdp", *flat), caller(*flat))
 
@@ -153,5 +149,5 @@ def test_nested_delegation_saves_and_runs(tmp_path: Path) -> None:
     edge = td.to_edge(torch.export.export(model, (x,)))
     nested = edge.to_backend(DelegationSpec("reference"))  # the whole graph, delegate call included
     (outer,) = nested.delegates()["forward"]
-    assert _delegate_calls(outer.original_module), "the inner delegate call is inside the outer delegate"
+    assert td.delegate_calls(outer.original_module), "the inner delegate call is inside the outer delegate"
     torch.testing.assert_close(_save_and_run(nested, tmp_path / "nested.tdp", x), model(x))

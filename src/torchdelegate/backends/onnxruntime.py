@@ -43,7 +43,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from torchdelegate.backend import SharedDataBackend
-from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, unpack
+from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, table_keys, unpack
 from torchdelegate.backends.linear import recompose_linear
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError, first_line
@@ -96,8 +96,7 @@ class OnnxRuntimeBackend(SharedDataBackend):
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
         initializers = unpack(processed, BLOB_VERSION, "onnxruntime")[0].get("initializers")
-        entries = initializers.values() if isinstance(initializers, dict) else []
-        return [e["key"] for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)]
+        return table_keys(list(initializers.values()) if isinstance(initializers, dict) else None)
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:

@@ -203,13 +203,14 @@ def rebuilt(
     *,
     state_dict: dict[str, Any] | None = None,
     constants: dict[str, Any] | None = None,
+    graph_signature: ExportGraphSignature | None = None,
 ) -> ExportedProgram:
-    """``program`` with its graph module or its tensors replaced, validated again."""
+    """``program`` with its graph module, its tensors or its signature replaced, validated again."""
     graph_module = graph_module if graph_module is not None else program.graph_module
     return ExportedProgram(
         root=graph_module,
         graph=graph_module.graph,
-        graph_signature=program.graph_signature,
+        graph_signature=graph_signature if graph_signature is not None else program.graph_signature,
         state_dict=state_dict if state_dict is not None else program.state_dict,
         range_constraints=program.range_constraints,
         module_call_graph=program.module_call_graph,
@@ -232,16 +233,11 @@ def with_state_names(program: ExportedProgram, renamed: Mapping[str, str]) -> Ex
         input_specs=[spec(s) for s in program.graph_signature.input_specs],
         output_specs=[spec(s) for s in program.graph_signature.output_specs],
     )
-    return ExportedProgram(
-        root=program.graph_module,
-        graph=program.graph_module.graph,
-        graph_signature=signature,
+    return rebuilt(
+        program,
         state_dict={renamed.get(k, k): v for k, v in program.state_dict.items()},
-        range_constraints=program.range_constraints,
-        module_call_graph=program.module_call_graph,
-        example_inputs=program.example_inputs,
         constants={renamed.get(k, k): v for k, v in program.constants.items()},
-        verifiers=list(program.verifiers),
+        graph_signature=signature,
     )
 
 

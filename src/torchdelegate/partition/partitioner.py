@@ -5,8 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from torch._ops import OpOverload
+from torch._ops import OpOverload, OpOverloadPacket
 from torch.export import ExportedProgram
 from torch.fx import Node
 
@@ -14,6 +15,16 @@ from torchdelegate.specs import DelegationSpec
 
 DELEGATION_TAG = "delegation_tag"
 """The ``node.meta`` key a partitioner sets to put a node in a partition."""
+
+def overloads_of(op: Any) -> list[OpOverload] | None:
+    """The overloads ``op`` stands for (a packet such as ``aten.linear`` stands for all of its), or None
+    if it is not a torch op. Partitioners name ops either way."""
+    if isinstance(op, OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    if isinstance(op, OpOverload):
+        return [op]
+    return None
+
 
 NO_COPY = "no_copy"
 """The ``node.meta`` key a partitioner sets (to True) on a tagged parameter, buffer or constant

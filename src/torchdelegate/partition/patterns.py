@@ -49,6 +49,7 @@ from torchdelegate.partition.capability import (
     op_name,
     why_unsupported,
 )
+from torchdelegate.partition.partitioner import overloads_of
 from torchdelegate.specs import DelegationSpec
 
 NOT_MATCHED = "in no match of the patterns"
@@ -122,15 +123,13 @@ def _step(step: Any, index: int) -> frozenset[OpOverload]:
     ops = step if isinstance(step, Collection) and not isinstance(step, (str, OpOverloadPacket)) else [step]
     found: set[OpOverload] = set()
     for op in ops:
-        if isinstance(op, OpOverloadPacket):
-            found.update(getattr(op, overload) for overload in op.overloads())
-        elif isinstance(op, OpOverload):
-            found.add(op)
-        else:
+        overloads = overloads_of(op)
+        if overloads is None:
             raise TypeError(
                 f"pattern step {index} holds {op!r}, which is not a torch op; use an overload "
                 "(torch.ops.aten.relu.default), a packet (torch.ops.aten.relu) or a set of them"
             )
+        found.update(overloads)
     if not found:
         raise ValueError(f"pattern step {index} is empty; give at least one op")
     return frozenset(found)

@@ -20,10 +20,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from torchdelegate.backend import get_backend, json_data_problem
+from torchdelegate.backend import delegate_info_problem, get_backend
 from torchdelegate.data import NamedDataStoreOutput, tensor_bytes
 from torchdelegate.errors import SerializationError, first_line
-from torchdelegate.lowered_module import LoweredBackendModule, delegates_named_data
+from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.serialize.container import (
     MAX_ALIGNMENT,
     SEGMENT_ALIGNMENT,
@@ -96,7 +96,6 @@ def save_program(
                 "delegates": sorted({delegates[c.module] for c in calls}),
             }
         )
-    named_data = delegates_named_data(named_data, delegates)
     _check_named_data(delegates, named_data)
     manifest: dict[str, Any] = {
         "format": PROGRAM_FORMAT,
@@ -178,7 +177,7 @@ def _delegate_info(module: LoweredBackendModule) -> dict[str, Any] | None:
     info = module.meta.get("delegate_info")
     if info is None:
         return None
-    problem = json_data_problem(info) if isinstance(info, dict) else f"it is a {type(info).__name__}, not a dict"
+    problem = delegate_info_problem(info)
     if problem:
         raise SerializationError(
             f"delegate {module.name!r} on {module.backend_id!r}: meta['delegate_info'] is not JSON data: {problem}; "
