@@ -1,6 +1,7 @@
 """Every bad partitioner result is a clear error, and the caller's program survives it."""
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +21,11 @@ from torchdelegate import (
     PreprocessError,
     PreprocessResult,
     TorchDelegateError,
+    load,
+    lowered_modules,
     to_backend,
+    to_edge,
+    undelegated_nodes,
     validation_disabled,
 )
 
@@ -137,6 +142,120 @@ def test_validation_disabled_lowers_what_the_partitioner_returned(program: torch
     (delegate,) = [m for n, m in lowered.graph_module.named_children() if n.startswith("lowered_module")]
     assert [n.target for n in delegate.original_module.graph.nodes if n.op == "call_function"] == [aten.gelu.default]
     assert_unchanged(program, before)
+
+
+def _insert_after(p: torch.export.ExportedProgram, name: str, target: object, tag: str | None = None) -> torch.fx.Node:
+    """Add ``target(<name>)`` after node ``name``, without any metadata, and route its users through it."""
+    anchor = node(p, name)
+    with p.graph.inserting_after(anchor):
+        added = p.graph.call_function(target, (anchor,))  # type: ignore[arg-type]
+    anchor.replace_all_uses_with(added, delete_user_cb=lambda user: user is not added)
+    if tag is not None:
+        added.meta[DELEGATION_TAG] = tag
+    return added
+
+
+def _computations(lowered: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    """The program's undelegated nodes, then its delegates' nodes."""
+    inside = [n for m in lowered_modules(lowered) for n in m.original_module.graph.nodes if n.op == "call_function"]
+    return undelegated_nodes(lowered) + inside
+
+
+def _with_negated_relu(program: torch.export.ExportedProgram, x: torch.Tensor) -> torch.Tensor:
+    """What ``TwoLinears`` computes once ``-relu`` replaces ``relu``."""
+    state = program.state_dict
+    y = -torch.relu(torch.nn.functional.linear(x, state["l1.weight"], state["l1.bias"]))
+    return torch.nn.functional.linear(torch.sigmoid(y), state["l2.weight"], state["l2.bias"]) + y
+
+
+@pytest.mark.parametrize("tag", ["t", None], ids=["tagged", "untagged"])
+def test_a_node_added_without_metadata_gets_its_value_and_the_program_runs(
+    program: torch.export.ExportedProgram, tag: str | None, tmp_path: Path
+) -> None:
+    def add_neg(p: torch.export.ExportedProgram) -> None:
+        tag_nodes("relu")(p)
+        _insert_after(p, "relu", aten.neg.default, tag)
+
+    before = snapshot(program)
+    with validation_disabled():
+        manager = to_edge(program).to_backend(Tagging(add_neg, {"t": SPEC}))
+    assert_unchanged(program, before)
+    lowered = manager.exported_program()
+    (added,) = [n for n in _computations(lowered) if n.target == aten.neg.default]
+    assert added.meta["val"].shape == (2, 4)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(lowered.module()(x), _with_negated_relu(program, x))
+    manager.save(tmp_path / "changed.tdp")
+    with load(tmp_path / "changed.tdp") as loaded:
+        torch.testing.assert_close(loaded.run("forward", x), _with_negated_relu(program, x))
+
+
+def test_a_node_added_before_the_output_with_dynamic_shapes_becomes_the_output() -> None:
+    program = torch.export.export(TwoLinears(), (torch.randn(2, 4),), dynamic_shapes=({0: torch.export.Dim("b")},))
+
+    def negate_the_result(p: torch.export.ExportedProgram) -> None:
+        _insert_after(p, "add", aten.neg.default, "t")
+
+    with validation_disabled():
+        lowered = to_backend(program, Tagging(negate_the_result, {"t": SPEC}))
+    (added,) = [n for n in _computations(lowered) if n.target == aten.neg.default]
+    assert str(added.meta["val"].shape[0]) == str(node(program, "x").meta["val"].shape[0])
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(lowered.module()(x), -program.module()(x))
+
+
+def test_dead_nodes_added_without_metadata_are_dropped(program: torch.export.ExportedProgram) -> None:
+    def add_dead_chain(p: torch.export.ExportedProgram) -> None:
+        tag_nodes("relu")(p)
+        anchor = node(p, "relu")
+        with p.graph.inserting_after(anchor):
+            cos = p.graph.call_function(aten.cos.default, (anchor,))
+        with p.graph.inserting_after(cos):
+            p.graph.call_function(aten.neg.default, (cos,))
+
+    with validation_disabled():
+        lowered = to_backend(program, Tagging(add_dead_chain, {"t": SPEC}))
+    assert not {aten.cos.default, aten.neg.default} & {n.target for n in _computations(lowered)}
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(lowered.module()(x), program.module()(x))
+
+
+def test_a_changed_graph_that_cannot_be_completed_is_named(program: torch.export.ExportedProgram) -> None:
+    def add_bad_mm(p: torch.export.ExportedProgram) -> None:
+        mm = _insert_after(p, "relu", aten.mm.default)  # (2, 4) @ (2, 4)
+        mm.args = (*mm.args, node(p, "x"))
+
+    def add_python_sin(p: torch.export.ExportedProgram) -> None:
+        _insert_after(p, "relu", torch.sin)
+
+    def add_input(p: torch.export.ExportedProgram) -> None:
+        with p.graph.inserting_before(node(p, "x")):
+            extra = p.graph.placeholder("extra")
+        extra.meta["val"] = node(p, "x").meta["val"]
+        add = _insert_after(p, "relu", aten.add.Tensor)
+        add.args = (*add.args, extra)
+
+    def return_more(p: torch.export.ExportedProgram) -> None:
+        output = p.graph.output_node()
+        output.args = ((*output.args[0], node(p, "relu")),)
+
+    for change, match in [
+        (
+            add_bad_mm,
+            r"Tagging changed method 'forward' inside validation_disabled\(\): node call_function 'mm_default' "
+            r"\(aten.mm.default\) it added has no meta\['val'\], and running its op .* failed",
+        ),
+        (add_python_sin, r"node 'sin' it added calls <built-in method sin .*not an ATen operator overload"),
+        (
+            add_input,
+            r"validation_disabled\(\) and added input 'extra': the graph's inputs must stay",
+        ),
+        (return_more, r"validation_disabled\(\) and made it return 2 values where its signature lists 1"),
+    ]:
+        before = snapshot(program)
+        with validation_disabled(), pytest.raises(GraphChangedError, match=match):
+            to_backend(program, Tagging(change, {}))
+        assert_unchanged(program, before)
 
 
 def test_a_partitioner_that_returns_something_else(program: torch.export.ExportedProgram) -> None:

@@ -42,7 +42,12 @@ from torchdelegate.lowering.structural_copy import (
     with_state,
 )
 from torchdelegate.lowering.subprogram import build_subprogram
-from torchdelegate.lowering.validation import first_graph_difference, program_fingerprint, validation_enabled
+from torchdelegate.lowering.validation import (
+    complete_changed_program,
+    first_graph_difference,
+    program_fingerprint,
+    validation_enabled,
+)
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.progress import expect_partitions, partition_compiled, partitions_compiled_until, steps_done
@@ -309,6 +314,9 @@ def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLi
                 "node.meta['delegation_tag']; transform the program before lowering, or lower "
                 "inside torchdelegate.validation_disabled() if the change is intended"
             )
+    else:
+        with _cyclic_gc_paused():
+            complete_changed_program(result.tagged_exported_program, name, method)
     return result
 
 

@@ -16,6 +16,7 @@ from torchdelegate.specs import DelegationSpec
 DELEGATION_TAG = "delegation_tag"
 """The ``node.meta`` key a partitioner sets to put a node in a partition."""
 
+
 def overloads_of(op: Any) -> list[OpOverload] | None:
     """The overloads ``op`` stands for (a packet such as ``aten.linear`` stands for all of its), or None
     if it is not a torch op. Partitioners name ops either way."""
