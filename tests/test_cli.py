@@ -94,8 +94,8 @@ def test_two_methods_lowered_together_store_their_shared_weights_once(exported: 
             1,
             "method 'forward': no file 'missing.pt2'",
         ),
-        (("lower", "model.pt2", "-b", "reference", "-o", "x.tdp"), 1, "is not METHOD=FILE.pt2"),
-        (("lower", "forward=model.pt2", "-b", "nope", "-o", "x.tdp"), 1, "'nope'"),
+        (("lower", "model.pt2", "-b", "reference", "-o", "x.tdp"), 2, "is not METHOD=FILE.pt2"),
+        (("lower", "forward=model.pt2", "-b", "nope", "-o", "x.tdp"), 2, "no backend with id 'nope'"),
         (("lower", "forward=model.pt2", "-o", "x.tdp"), 2, "the following arguments are required: --backend"),
         (("inspect", "x.npy"), 1, "x.npy"),
         (("run", "model.pt2", "--input", "x.npy"), 1, "model.pt2"),
@@ -104,7 +104,8 @@ def test_two_methods_lowered_together_store_their_shared_weights_once(exported: 
 def test_bad_use_is_one_line_on_stderr_with_an_exit_code(
     exported: Path, args: tuple[str, ...], code: int, message: str
 ) -> None:
-    """Through the installed command: a CommandError (or argparse's usage error, code 2) is one line."""
+    """Through the installed command: a CommandError is one line; a wrong command line (a UsageError or
+    argparse's own refusal) exits 2."""
     result = _command(*args, cwd=exported)
     assert result.returncode == code
     assert message in result.stderr and "Traceback" not in result.stderr
@@ -143,20 +144,31 @@ def saved(exported: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "code", "message"),
     [
-        (("lower", "forward=x.npy", "-b", "reference", "-o", "x.tdp"), "method 'forward': 'x.npy' is not a torch"),
+        (("lower", "forward=x.npy", "-b", "reference", "-o", "x.tdp"), 1, "method 'forward': 'x.npy' is not a torch"),
         (
             ("lower", "forward=model.pt2", "-b", "reference", "--compile-spec", "reference", "-o", "x.tdp"),
+            2,
             "--compile-spec 'reference' is not ID:KEY=VALUE (e.g. onnxruntime:intra_op_num_threads=2)",
         ),
-        (("inspect", "plain.tdp", "--report"), "plain.tdp holds no partition report"),
-        (("run", "ab.tdp"), "the file has several methods (a, b); choose one with --method"),
-        (("run", "ab.tdp", "--method", "c"), "no method 'c' in ab.tdp; the methods are a, b"),
-        (("run", "plain.tdp", "--input", "abc"), "input 'abc' is neither a .npy file nor a number"),
-        (("run", "plain.tdp", "--input", "missing.npy"), "no input file 'missing.npy'"),
-        (("demo", "--tokens", "0"), "--tokens must be at least 1, got 0"),
-        (("demo", "--rounds", "0"), "--rounds must be at least 1, got 0"),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "--compile-spec", "onnxruntime:x=1", "-o", "x.tdp"),
+            2,
+            "compile specs given for 'onnxruntime', which is not among the backends",
+        ),
+        (
+            ("lower", "forward=model.pt2", "f=model.pt2", "forward=model.pt2", "-b", "reference", "-o", "x.tdp"),
+            2,
+            "method 'forward' is given twice",
+        ),
+        (("inspect", "plain.tdp", "--report"), 1, "plain.tdp holds no partition report"),
+        (("run", "ab.tdp"), 1, "the file has several methods (a, b); choose one with --method"),
+        (("run", "ab.tdp", "--method", "c"), 1, "no method 'c' in ab.tdp; the methods are a, b"),
+        (("run", "plain.tdp", "--input", "abc"), 1, "input 'abc' is neither a .npy file nor a number"),
+        (("run", "plain.tdp", "--input", "missing.npy"), 1, "no input file 'missing.npy'"),
+        (("demo", "--tokens", "0"), 2, "--tokens must be at least 1, got 0"),
+        (("demo", "--rounds", "0"), 2, "--rounds must be at least 1, got 0"),
     ],
 )
 def test_a_command_used_wrongly_says_what_to_change(
@@ -164,11 +176,13 @@ def test_a_command_used_wrongly_says_what_to_change(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     args: tuple[str, ...],
+    code: int,
     message: str,
 ) -> None:
-    """In process, faster: each CommandError is one line on stderr, exit code 1, and nothing written."""
+    """In process, faster: each CommandError is one line on stderr and nothing is written; a UsageError
+    (a command line whose values are wrong) exits 2, as argparse's own refusals, any other 1."""
     monkeypatch.chdir(saved)
-    assert main(list(args)) == 1
+    assert main(list(args)) == code
     error = capsys.readouterr().err
     assert error.startswith(f"torchdelegate: error: {message}") and error.count("\n") == 1, error
     assert not (saved / "x.tdp").exists()

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TextIO
 import numpy as np
 import torch
 
-from torchdelegate.errors import TorchDelegateError
+from torchdelegate.errors import BackendNotFoundError, TorchDelegateError
 from torchdelegate.progress import PreprocessProgress
 from torchdelegate.report.terminal import coverage_line, human_bytes
 
@@ -29,6 +29,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 class CommandError(Exception):
     """A failure to report in one line, with exit code 1."""
+
+
+class UsageError(CommandError):
+    """A command line argparse accepted whose values are wrong: one line, exit code 2, as argparse's own."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -131,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("torchdelegate: interrupted", file=sys.stderr)
         return 130
+    except UsageError as error:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"torchdelegate: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except (CommandError, TorchDelegateError, ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         if args.verbose:
             traceback.print_exc()
@@ -154,10 +163,13 @@ def _lower(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.program import to_edge
     from torchdelegate.report import render_html, render_text
 
-    programs = {method: _load_export(method, path) for method, path in _method_files(args.methods)}
-    partitioner = CapabilityPartitioner(
-        backend_supports(args.backends, _compile_specs(args.compile_spec)), min_partition_size=args.min_partition_size
-    )
+    methods = _method_files(args.methods)
+    try:
+        supports = backend_supports(args.backends, _compile_specs(args.compile_spec))
+    except (BackendNotFoundError, ValueError) as error:
+        raise UsageError(str(error.args[0] if error.args else error)) from error
+    programs = {method: _load_export(method, path) for method, path in methods}
+    partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
     started = time.perf_counter()
     edge = to_edge(programs)
     with _ProgressBar(sys.stderr) as bar:
@@ -190,11 +202,11 @@ def _method_files(pairs: Sequence[str]) -> list[tuple[str, Path]]:
     for pair in pairs:
         method, sep, path = pair.partition("=")
         if not sep or not method or not path:
-            raise CommandError(f"{pair!r} is not METHOD=FILE.pt2 (for one method: forward={pair})")
+            raise UsageError(f"{pair!r} is not METHOD=FILE.pt2 (for one method: forward={pair})")
         if not method.isidentifier():
-            raise CommandError(f"method name {method!r} is not a Python identifier")
+            raise UsageError(f"method name {method!r} is not a Python identifier")
         if method in found:
-            raise CommandError(f"method {method!r} is given twice")
+            raise UsageError(f"method {method!r} is given twice")
         found[method] = Path(path)
     return list(found.items())
 
@@ -219,7 +231,7 @@ def _compile_specs(values: Sequence[str]) -> dict[str, list[Any]]:
         key, eq, setting = rest.partition("=")
         if not (sep and eq and backend and key):
             example = "onnxruntime:intra_op_num_threads=2"
-            raise CommandError(f"--compile-spec {value!r} is not ID:KEY=VALUE (e.g. {example})")
+            raise UsageError(f"--compile-spec {value!r} is not ID:KEY=VALUE (e.g. {example})")
         specs.setdefault(backend, []).append(CompileSpec(key, setting.encode()))
     return specs
 
@@ -401,9 +413,9 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.demo.session import run_demo
 
     if args.tokens < 1:
-        raise CommandError(f"--tokens must be at least 1, got {args.tokens}")
+        raise UsageError(f"--tokens must be at least 1, got {args.tokens}")
     if args.rounds < 1:
-        raise CommandError(f"--rounds must be at least 1, got {args.rounds}")
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
     result = run_demo(tokens=args.tokens, output_dir=args.output_dir, rounds=args.rounds, out=out)
     return EXIT_OK if result.matches else EXIT_FAILED
 

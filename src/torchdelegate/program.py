@@ -36,6 +36,7 @@ from torchdelegate.lowering.to_backend import PartitionerLike, lower
 from torchdelegate.partition.partitioner import Partitioner, overloads_of
 from torchdelegate.serialize.writer import save_program
 from torchdelegate.specs import DelegationSpec
+from torchdelegate.torch_warnings import torch_internal_warnings_silenced
 
 Pass = Callable[[ExportedProgram], ExportedProgram | None] | PassBase
 """A transform: a callable on an ExportedProgram (returning a new one, or None after editing
@@ -83,7 +84,8 @@ def _decompose(
         for op in keep:
             table[op] = _unless_kept(table[op])
     program, stand_ins = with_identifier_state_names(program)
-    decomposed = program.run_decompositions(table)
+    with torch_internal_warnings_silenced():
+        decomposed = program.run_decompositions(table)
     return with_state_names(decomposed, {v: k for k, v in stand_ins.items()}) if stand_ins else decomposed
 
 

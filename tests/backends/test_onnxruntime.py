@@ -211,7 +211,5 @@ def test_an_initializer_of_a_dtype_onnx_runtime_cannot_take_is_named() -> None:
             return x + 1, torch.cat([self.table, self.table])  # the exporter folds cat into an initializer
 
     edge = td.to_edge(torch.export.export(Float8Table(), (torch.randn(512),)))
-    with pytest.raises(
-        td.PreprocessError, match=r"partition 0: initializer 'cat' has unsupported dtype float8_e4m3fn"
-    ):
+    with pytest.raises(td.PreprocessError, match=r"partition 0: initializer 'cat' has unsupported dtype float8_e4m3fn"):
         edge.to_backend(every_op("onnxruntime", "b_table"))

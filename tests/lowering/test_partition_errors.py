@@ -288,7 +288,11 @@ def test_a_partitioner_that_raises_is_named_and_chained(program: torch.export.Ex
 
 
 def test_not_a_partitioner(program: torch.export.ExportedProgram) -> None:
-    with pytest.raises(TypeError, match="expected a Partitioner or a DelegationSpec, got str"):
+    with pytest.raises(
+        TypeError,
+        match=r"expected a Partitioner or a DelegationSpec, got str; for the whole method on one backend: "
+        r"DelegationSpec\('TestTorchExport'\)",
+    ):
         to_backend(program, "TestTorchExport")  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="must be a backend id"):
         to_backend(3, program)  # type: ignore[call-overload]

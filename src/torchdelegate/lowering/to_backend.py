@@ -278,8 +278,13 @@ def _partition(method: str, program: ExportedProgram, partitioner: PartitionerLi
             f"method {method!r}: got the class {partitioner.__name__}; pass an instance: {partitioner.__name__}(...)"
         )
     if not isinstance(partitioner, Partitioner):
+        hint = (
+            f"; for the whole method on one backend: DelegationSpec({partitioner!r})"
+            if isinstance(partitioner, str)
+            else ""
+        )
         raise TypeError(
-            f"method {method!r}: expected a Partitioner or a DelegationSpec, got {type(partitioner).__name__}"
+            f"method {method!r}: expected a Partitioner or a DelegationSpec, got {type(partitioner).__name__}{hint}"
         )
     name = type(partitioner).__name__
     try:

@@ -174,7 +174,8 @@ class MethodInputs:
         names = self.arg_names
         if len(args) > len(names):
             raise ProgramInputError(
-                f"method {self.method!r} takes {len(names)} arguments, got {len(args)} positional: {self.describe()}"
+                f"method {self.method!r} takes {len(names)} argument{'' if len(names) == 1 else 's'}, "
+                f"got {len(args)} positional: {self.describe()}"
             )
         bound = dict(zip(names, args, strict=False))
         for key, value in kwargs.items():

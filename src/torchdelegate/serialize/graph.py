@@ -11,11 +11,9 @@ node names and every symbolic expression is checked against what a graph may con
 
 from __future__ import annotations
 
-import contextlib
 import json
 import operator
 import re
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +34,7 @@ from torch.fx import GraphModule, Node
 from torchdelegate.errors import FormatError, SerializationError
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
+from torchdelegate.torch_warnings import torch_internal_warnings_silenced
 
 _library = torch.library.Library("torchdelegate", "DEF")
 _library.define("delegate_call(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]")
@@ -157,7 +156,7 @@ def program_to_json(program: ExportedProgram, where: str, *, debug_info: bool = 
                 "torchdelegate files hold tensor state only"
             )
     try:
-        with _quiet_treespec_warnings():
+        with torch_internal_warnings_silenced():
             serialized = ExportedProgramSerializer().serialize(
                 program, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False
             )
@@ -213,20 +212,12 @@ def program_from_json(document: Any, tensors: Mapping[str, torch.Tensor], where:
             (state_dict if kind == "buffer" else constants)[name] = tensors[name]
     try:
         serialized = _dict_to_dataclass(schema.ExportedProgram, document)
-        with _quiet_treespec_warnings():
+        with torch_internal_warnings_silenced():
             return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
     except FormatError:
         raise
     except Exception as e:
         raise FormatError(f"{where}: torch.export cannot read this graph ({type(e).__name__}: {e})") from e
-
-
-@contextlib.contextmanager
-def _quiet_treespec_warnings() -> Iterator[None]:
-    """torch's serializer trips over its own deprecated tree-spec API; that warning is not the user's."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*treespec.*", category=FutureWarning)
-        yield
 
 
 # What a saved graph may name. Operators must be registered torch ops (never a Python path);
