@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, reject, settings
 from programs import assert_unchanged, snapshot
@@ -42,6 +43,12 @@ def summary() -> str:
     return f"differential: {SEEN['examples']} examples, {len(SEEN['programs'])} distinct programs; {outcomes}"
 
 
+def _report_summary(request: pytest.FixtureRequest) -> None:
+    """Keep the run's figures on the test's report, which reaches pytest's summary from any worker."""
+    properties = request.node.user_properties
+    properties[:] = [p for p in properties if p[0] != "differential"] + [("differential", summary())]
+
+
 def _two_calls(call: Any, inputs: dict[str, torch.Tensor]) -> list[Any]:
     return [call(**inputs), call(**inputs)]
 
@@ -61,12 +68,25 @@ def _lower(program: ExportedProgram, partitioner: Partitioner) -> td.EdgeProgram
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,  # `request` only carries the run's summary out
+    ],
 )
 @given(recipe=recipes(), choice=partitioners())
 def test_lowered_saved_and_loaded_programs_compute_what_eager_computes(
-    recipe: Recipe, choice: tuple[str, Partitioner]
+    recipe: Recipe, choice: tuple[str, Partitioner], request: pytest.FixtureRequest
 ) -> None:
+    try:
+        _check_one(recipe, choice)
+    finally:
+        _report_summary(request)
+
+
+def _check_one(recipe: Recipe, choice: tuple[str, Partitioner]) -> None:
+    """Export, lower, save and load one random program; every form computes what eager does."""
     kind, partitioner = choice
     module = RecipeModule(recipe)
     inputs = recipe.example_inputs()
