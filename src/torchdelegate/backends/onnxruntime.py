@@ -45,6 +45,7 @@ from torch.fx import Node
 from torchdelegate.backend import SharedDataBackend
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, table_keys, unpack
 from torchdelegate.backends.linear import recompose_linear
+from torchdelegate.backends.onnx_confinement import check_confined
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError, first_line
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
@@ -317,13 +318,20 @@ class _Session:
             self._inputs, self._outputs = list(header["inputs"]), list(header["outputs"])
         except (KeyError, TypeError) as e:
             raise FormatError(f"onnxruntime blob: not a blob of this backend ({e})") from None
+        if not isinstance(initializers, dict):
+            raise FormatError("onnxruntime blob: its initializers are not a table")
+        model_bytes = bytes(model)
+        check_confined(_require("onnx"), model_bytes, initializers.keys(), "onnxruntime blob")
         options = _Options(compile_specs).session_options()
         names = sorted(initializers)
         values = [_ort_value(named_data, *(initializers[n][f] for f in ("key", "dtype", "shape"))) for n in names]
         if names:
             options.add_external_initializers(names, values)
         self._values = values  # the session reads them: keep them alive as long as it lives
-        self._session = ort.InferenceSession(bytes(model), options, providers=["CPUExecutionProvider"])
+        # Settings come from compile specs only, never from the model's metadata (ORT_LOAD_CONFIG_FROM_MODEL).
+        self._session = ort.InferenceSession(
+            model_bytes, options, providers=["CPUExecutionProvider"], read_config_from_model=0
+        )
         # The binding's run, without the Python wrapper's per-call checks of names we already know.
         self._run = self._session._sess.run
 

@@ -1,0 +1,99 @@
+"""A crafted onnxruntime blob cannot make the loader read a file, load code or take settings.
+
+The files are written by `save` (valid container, valid checksums); only the delegate's ONNX
+model lies. Each is refused with a FormatError before ONNX Runtime sees the model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from crafted import lowered_with_blob, onnx_calling, onnx_reading
+
+import torchdelegate as td
+from torchdelegate.backends.blob import unpack
+
+ort = pytest.importorskip("onnxruntime")
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+
+SECRET = b"the loader's secret bytes"
+
+
+@pytest.fixture
+def victim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory holding secrets the way a user's would, made current."""
+    (tmp_path / "secret.txt").write_bytes(SECRET)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "secret.txt").write_bytes(SECRET)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.txt").write_bytes(SECRET)
+    os.symlink(elsewhere / "secret.txt", tmp_path / "link.txt")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _crafted(victim: Path, location: str, where: str = "initializer") -> Path:
+    return lowered_with_blob(OnnxRuntimePartitioner(), onnx_reading(location, where=where, length=16), victim / "x.tdp")
+
+
+def test_the_crafted_model_reads_the_file_when_onnx_runtime_is_given_it_unchecked(victim: Path) -> None:
+    """The attack is real: ONNX Runtime alone returns the file's bytes."""
+    blob = lowered_with_blob(OnnxRuntimePartitioner(), lambda b: b, victim / "ok.tdp")
+    with td.load(blob) as program:
+        program.run("forward", torch.randn(2, 4))
+    crafted = onnx_reading("secret.txt", length=16)(td.lowered_modules(_lowered(victim))[0].processed_bytes)
+    _, model = unpack(memoryview(crafted), 1, "onnxruntime")
+    session = ort.InferenceSession(bytes(model), providers=["CPUExecutionProvider"])
+    (stolen,) = session.run(None, {session.get_inputs()[0].name: torch.randn(2, 4).numpy()})
+    assert stolen.tobytes() == SECRET[:16]
+
+
+def _lowered(victim: Path) -> torch.export.ExportedProgram:
+    from models import TwoLinears, export
+
+    return td.to_backend(export(TwoLinears(), torch.randn(2, 4)), OnnxRuntimePartitioner())
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["secret.txt", "sub/secret.txt", "./secret.txt", "link.txt", "../secret.txt", "ABSOLUTE", "file:secret.txt"],
+)
+def test_an_initializer_stored_in_any_file_is_refused(victim: Path, location: str) -> None:
+    location = str(victim / "secret.txt") if location == "ABSOLUTE" else location
+    path = _crafted(victim, location)
+    with td.load(path) as program, pytest.raises(td.FormatError, match="says its bytes are outside the model"):
+        program.run("forward", torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("where", ["constant", "branch"])
+def test_an_external_tensor_in_an_attribute_or_a_sub_graph_is_refused(victim: Path, where: str) -> None:
+    path = _crafted(victim, "secret.txt", where)
+    with td.load(path) as program, pytest.raises(td.FormatError, match=r"attribute 'value' tensor 'stolen' says"):
+        program.run("forward", torch.randn(2, 4))
+
+
+def test_an_operator_from_a_custom_domain_is_refused(victim: Path) -> None:
+    path = lowered_with_blob(OnnxRuntimePartitioner(), onnx_calling("ai.evil", "Run"), victim / "x.tdp")
+    with td.load(path) as program, pytest.raises(td.FormatError, match="imports operator domain 'ai.evil'"):
+        program.run("forward", torch.randn(2, 4))
+
+
+def test_session_settings_in_the_model_are_refused(victim: Path) -> None:
+    import onnx
+
+    def with_settings(blob: bytes) -> bytes:
+        from torchdelegate.backends.blob import pack
+
+        header, payload = unpack(memoryview(blob), 1, "onnxruntime")
+        model = onnx.ModelProto.FromString(bytes(payload))
+        model.metadata_props.add(key="ort_config", value='{"session_options": {"optimized_model_filepath": "x"}}')
+        return pack(header, model.SerializeToString())
+
+    path = lowered_with_blob(OnnxRuntimePartitioner(), with_settings, victim / "x.tdp")
+    with td.load(path) as program, pytest.raises(td.FormatError, match="carries session settings"):
+        program.run("forward", torch.randn(2, 4))
+    assert not (victim / "x").exists()

@@ -1,0 +1,93 @@
+"""Program files an attacker would write: real `save` output whose delegate blobs reach outside the file.
+
+Each helper lowers a tiny model for real, swaps one delegate's blob for a crafted one and
+saves through `save`, so the container, manifest and checksums are all valid: only the blob lies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from models import TwoLinears, export
+
+import torchdelegate as td
+from torchdelegate.backends.blob import pack, unpack
+
+
+def lowered_with_blob(partitioner: td.Partitioner, rewrite: Callable[[bytes], bytes], path: Path) -> Path:
+    """TwoLinears lowered whole by ``partitioner``; its delegate's blob replaced by ``rewrite(blob)``; saved."""
+    program = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(partitioner).exported_program()
+    (delegate,) = td.lowered_modules(program)
+    delegate.processed_bytes = rewrite(delegate.processed_bytes)
+    td.EdgeProgramManager({"forward": program}).save(path)
+    return path
+
+
+def onnx_reading(location: str, *, where: str = "initializer", length: int = 16) -> Callable[[bytes], bytes]:
+    """An onnxruntime blob whose model returns ``length`` bytes of the file at ``location``.
+
+    ``where``: the external tensor is a graph initializer, a Constant node's attribute, or a
+    tensor inside an If node's branch.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    def rewrite(blob: bytes) -> bytes:
+        header, _ = unpack(memoryview(blob), 1, "onnxruntime")
+        stolen = TensorProto(name="stolen", data_type=TensorProto.UINT8, dims=[length])
+        stolen.data_location = TensorProto.EXTERNAL
+        stolen.external_data.add(key="location", value=location)
+        stolen.external_data.add(key="length", value=str(length))
+        initializers: list[Any] = []
+        if where == "initializer":
+            nodes = [helper.make_node("Identity", ["stolen"], [header["outputs"][0]])]
+            initializers = [stolen]
+        elif where == "constant":
+            nodes = [helper.make_node("Constant", [], [header["outputs"][0]], value=stolen)]
+        else:
+            branch = helper.make_graph(
+                [helper.make_node("Constant", [], ["inner"], value=stolen)],
+                "branch",
+                [],
+                [helper.make_tensor_value_info("inner", TensorProto.UINT8, [length])],
+            )
+            always = helper.make_tensor("always", TensorProto.BOOL, [], [True])
+            nodes = [
+                helper.make_node("Constant", [], ["cond"], value=always),
+                helper.make_node("If", ["cond"], [header["outputs"][0]], then_branch=branch, else_branch=branch),
+            ]
+        graph = helper.make_graph(
+            nodes,
+            "crafted",
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in header["inputs"]],
+            [helper.make_tensor_value_info(header["outputs"][0], TensorProto.UINT8, [length])],
+            initializers,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        header = dict(header, initializers={}, outputs=header["outputs"][:1])
+        return pack(header, model.SerializeToString())
+
+    assert onnx.TensorProto.EXTERNAL == 1
+    return rewrite
+
+
+def onnx_calling(domain: str, op_type: str) -> Callable[[bytes], bytes]:
+    """An onnxruntime blob whose model calls ``domain.op_type`` (a custom-op library's operator)."""
+    from onnx import TensorProto, helper
+
+    def rewrite(blob: bytes) -> bytes:
+        header, _ = unpack(memoryview(blob), 1, "onnxruntime")
+        graph = helper.make_graph(
+            [helper.make_node(op_type, header["inputs"][:1], header["outputs"][:1], domain=domain)],
+            "crafted",
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in header["inputs"]],
+            [helper.make_tensor_value_info(header["outputs"][0], TensorProto.FLOAT, None)],
+        )
+        opsets = [helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
+        model = helper.make_model(graph, opset_imports=opsets)
+        return pack(dict(header, initializers={}, outputs=header["outputs"][:1]), model.SerializeToString())
+
+    return rewrite
