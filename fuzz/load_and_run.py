@@ -33,12 +33,18 @@ from typing import Any
 import torch
 
 import torchdelegate as td
-from torchdelegate.errors import BackendNotFoundError, DelegateExecutionError, FormatError, MethodExecutionError
+from torchdelegate.errors import (
+    BackendNotFoundError,
+    DelegateExecutionError,
+    FormatError,
+    MethodExecutionError,
+    UntrustedCodeError,
+)
 
 # What a bad file may end in: refused at load, or (for a file whose structure is valid but
 # whose delegates or graph ops are not what was saved) refused when run.
-REFUSED_AT_LOAD = (FormatError, BackendNotFoundError)
-REFUSED_AT_RUN = (FormatError, DelegateExecutionError, MethodExecutionError)
+REFUSED_AT_LOAD = (FormatError, BackendNotFoundError, UntrustedCodeError)
+REFUSED_AT_RUN = (FormatError, DelegateExecutionError, MethodExecutionError, UntrustedCodeError)
 HEADER = 64
 SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 OUTCOMES: Counter[str] = Counter()

@@ -4,7 +4,8 @@
 
 A tiny decoder's two methods sharing weights and a KV cache (reference backend), a control-flow program, a
 program partly delegated (a residual graph with delegate calls), and the same decoder on
-ONNX Runtime when it is installed.
+ONNX Runtime when it is installed, with crafted ONNX blobs that reach for files or custom ops
+(tests/crafted.py): the loader must refuse each.
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ def main() -> None:
         pass
     else:
         td.to_edge(decoder).to_backend(OnnxRuntimePartitioner()).save(directory / "decoder-onnxruntime.tdp")
+        # Files an attacker would write: valid containers whose ONNX models reach for files or custom ops.
+        from crafted import lowered_with_blob, onnx_calling, onnx_reading
+
+        for name, rewrite in [
+            ("onnx-external-relative", onnx_reading("secret.txt")),
+            ("onnx-external-parent", onnx_reading("../secret.txt")),
+            ("onnx-external-in-branch", onnx_reading("sub/secret.txt", where="branch")),
+            ("onnx-custom-domain", onnx_calling("ai.evil", "Run")),
+        ]:
+            lowered_with_blob(OnnxRuntimePartitioner(), rewrite, directory / f"{name}.tdp")
     for path in sorted(directory.iterdir()):
         print(f"{path.name}: {path.stat().st_size} B")
 

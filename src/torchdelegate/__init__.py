@@ -24,6 +24,7 @@ from torchdelegate.errors import (
     ProgramInputError,
     SerializationError,
     TorchDelegateError,
+    UntrustedCodeError,
 )
 from torchdelegate.inspection import (
     DelegationInfo,
@@ -60,6 +61,7 @@ from torchdelegate.program import EdgeProgramManager, to_edge, to_edge_transform
 from torchdelegate.runtime.program import Program, load
 from torchdelegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.structure import graph_structure_difference, same_graph_structure
+from torchdelegate.trust import TRUSTED_BACKENDS_VARIABLE
 
 __version__ = "0.1.0"
 
@@ -103,6 +105,8 @@ __all__ = [
     "SerializationError",
     "SharedDataBackend",
     "TorchDelegateError",
+    "TRUSTED_BACKENDS_VARIABLE",
+    "UntrustedCodeError",
     "call_delegate",
     "copy_program",
     "delegate_calls",

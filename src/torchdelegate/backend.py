@@ -122,6 +122,11 @@ class BackendDetails(ABC):
     thread_safe_execute: ClassVar[bool] = False
     """Whether ``execute`` may run on one handle from several threads at once; when False
     (the default) the runtime serializes the calls of each delegate."""
+    runs_native_code: ClassVar[bool] = False
+    """Whether ``init`` makes the process execute code the blob carries (a shared library, say).
+    A file's delegates of such a backend are loaded only when the caller trusts it
+    (``load(path, trusted_backends=[...])``); a backend that declares False must treat its
+    blob as untrusted input and check everything it hands to its runtime."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--html", type=Path, metavar="FILE.html", help="write the saved partition report as HTML")
     inspect.add_argument("--report", action="store_true", help="print the saved partition report in full")
     inspect.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
+    inspect.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="BACKEND",
+        help="accepted for symmetry with run: inspect never runs a delegate, so needs no trust",
+    )
 
     run = commands.add_parser(
         "run",
@@ -102,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--save", type=Path, metavar="OUT.npz", help="save the outputs as output_0, output_1, ...")
     run.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
+    run.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="BACKEND",
+        help="trust this backend's native code in the file (repeatable; also TORCHDELEGATE_TRUSTED_BACKENDS)",
+    )
 
     demo = commands.add_parser(
         "demo",
@@ -271,12 +285,26 @@ class _ProgressBar:
 # inspect
 
 
+def _native_backends() -> list[str]:
+    """Registered backends whose blobs are native code: inspect loads them (it never runs one) and marks them."""
+    from torchdelegate.backend import get_backend, registered_backend_ids
+
+    native = []
+    for backend_id in registered_backend_ids():
+        try:
+            if get_backend(backend_id).runs_native_code:
+                native.append(backend_id)
+        except Exception:  # a backend that cannot be imported here is reported when the file needs it
+            continue
+    return native
+
+
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.report import LoweringReport, render_html, render_text
     from torchdelegate.runtime.program import load
     from torchdelegate.serialize.container import FORMAT_VERSION
 
-    with load(args.file, external_data_path=args.external_data) as program:
+    with load(args.file, external_data_path=args.external_data, trusted_backends=_native_backends()) as program:
         file = program.file
         producer = file.producer.get("torch", "?")
         file_size = human_bytes(args.file.stat().st_size)
@@ -291,9 +319,11 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         for delegate in file.delegates:
             size = file.segment_length(delegate.blob, f"delegate {delegate.name}")
             by_backend.setdefault(delegate.backend_id, []).append(size)
+        native = _native_backends()
         for backend, sizes in by_backend.items():
             each = f" ({', '.join(human_bytes(s) for s in sizes)})" if len(sizes) > 1 else ""
-            print(f"  {backend}: {len(sizes)} blob(s), {human_bytes(sum(sizes))}{each}", file=out)
+            code = f"; native code: runs only with --trust {backend}" if backend in native else ""
+            print(f"  {backend}: {len(sizes)} blob(s), {human_bytes(sum(sizes))}{each}{code}", file=out)
         described = [(i, d) for i, d in enumerate(file.delegates) if d.delegate_info is not None]
         if described:
             print("delegate info (from each backend's preprocess):", file=out)
@@ -342,7 +372,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.runtime.program import load
 
     inputs = [_input(value) for value in args.inputs]
-    with load(args.file, external_data_path=args.external_data) as program:
+    with load(args.file, external_data_path=args.external_data, trusted_backends=args.trust) as program:
         method = args.method or _default_method(program.method_names)
         if method not in program.method_names:
             names = ", ".join(program.method_names)

@@ -17,10 +17,11 @@ from typing import Any
 
 from torchdelegate.backend import BackendDetails
 from torchdelegate.data import NamedDataMap
-from torchdelegate.errors import DelegateExecutionError, FormatError
+from torchdelegate.errors import DelegateExecutionError, FormatError, UntrustedCodeError
 from torchdelegate.specs import CompileSpec
+from torchdelegate.trust import INHERITED, Inherited, Trust, check_trusted, current_trust, trusting
 
-_PASS_THROUGH = (DelegateExecutionError, FormatError)
+_PASS_THROUGH = (DelegateExecutionError, FormatError, UntrustedCodeError)
 
 
 class DelegateInstance:
@@ -35,7 +36,12 @@ class DelegateInstance:
         *,
         name: str,
         output_count: int,
+        trust: Trust | Inherited = INHERITED,
     ) -> None:
+        """``trust``: the backend ids whose native code may run, ``None`` for any; by default, that of
+        the delegate being initialized (a delegate nested in its blob), else any."""
+        self._trust = current_trust() if isinstance(trust, Inherited) else trust
+        check_trusted(backend, self._trust, f"delegate {name!r}")
         self.backend = backend
         self.name = name
         self.output_count = output_count
@@ -65,7 +71,8 @@ class DelegateInstance:
             if self._finalizer is None or not self._finalizer.alive:
                 blob = self._blob() if callable(self._blob) else memoryview(self._blob)
                 try:
-                    handle = self.backend.init(blob, list(self._compile_specs), self._named_data())
+                    with trusting(self._trust):
+                        handle = self.backend.init(blob, list(self._compile_specs), self._named_data())
                 except _PASS_THROUGH:
                     raise
                 except Exception as e:

@@ -28,6 +28,10 @@ class PartitionError(TorchDelegateError, ValueError):
     """A partitioner's result cannot be lowered: bad tags, tagged inputs or outputs, cycles."""
 
 
+class UntrustedCodeError(TorchDelegateError, PermissionError):
+    """A loaded file's delegate would run native code from a backend its loader did not trust."""
+
+
 class GraphChangedError(PartitionError):
     """A partitioner changed the graph it was only allowed to tag."""
 

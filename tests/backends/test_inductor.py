@@ -30,7 +30,9 @@ def test_two_methods_compiled_ahead_of_time_share_their_constants_and_match_eage
     torch.manual_seed(7)
     eager = TinyDecoder(vocab=64, d=32, max_len=16)
     prompt, positions = torch.tensor([3, 1, 4, 1]), torch.arange(4)
-    with td.load(tmp_path / "compiled.tdp") as program, torch.no_grad():
+    with pytest.raises(td.UntrustedCodeError, match=r"backend 'inductor' runs native code .* --trust inductor"):
+        td.load(tmp_path / "compiled.tdp")  # a compiled library from a file: not without the caller's word
+    with td.load(tmp_path / "compiled.tdp", trusted_backends=["inductor"]) as program, torch.no_grad():
         torch.testing.assert_close(program.run("prefill", prompt, positions), eager(prompt, positions))
         for step, token in enumerate((5, 9, 2)):
             args = (torch.tensor([token]), torch.tensor([4 + step]))

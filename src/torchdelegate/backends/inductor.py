@@ -41,6 +41,7 @@ class InductorBackend(SharedDataBackend):
     """Runs partitions compiled by AOTInductor; weights are shared named data."""
 
     backend_id = "inductor"
+    runs_native_code = True  # a blob is a compiled shared library, loaded into the process
 
     @classmethod
     def is_available(cls) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -33,6 +33,8 @@ from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
+from torchdelegate.trust import check_trusted
+from torchdelegate.trust import trusted_backends as trusted_backends_of
 
 
 class FileNamedDataMap(NamedDataMap):
@@ -124,8 +126,9 @@ class BoundMethod:
 class Program:
     """A loaded program: run its methods with :meth:`run` or :meth:`method`, then :meth:`close`."""
 
-    def __init__(self, file: ProgramFile) -> None:
+    def __init__(self, file: ProgramFile, trust: frozenset[str] = frozenset()) -> None:
         self._file = file
+        self._trust = trust
         self._gate = _Gate(str(file.path))
         self._state_lock = threading.Lock()
         self._verify_lock = threading.Lock()
@@ -250,6 +253,7 @@ class Program:
                 f"{where}: backend {record.backend_id!r} is not available on this machine "
                 "(its is_available() returned False); install what it needs, or lower for another backend"
             )
+        check_trusted(backend, self._trust, where)
         file, digest, label = self._file, record.blob, f"the blob of delegate {record.name!r}"
         named = self.named_data
         return DelegateInstance(
@@ -259,6 +263,7 @@ class Program:
             lambda: named,
             name=record.name,
             output_count=record.output_count,
+            trust=self._trust,
         )
 
     def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
@@ -285,11 +290,22 @@ class Program:
             raise FormatError(f"{where}: the graph cannot be prepared to run ({type(e).__name__}: {e})") from e
 
 
-def load(path: str | os.PathLike[str], *, external_data_path: str | os.PathLike[str] | None = None) -> Program:
-    """Map a program file and get it ready to run; see :class:`Program`."""
+def load(
+    path: str | os.PathLike[str],
+    *,
+    external_data_path: str | os.PathLike[str] | None = None,
+    trusted_backends: Iterable[str] | None = None,
+) -> Program:
+    """Map a program file and get it ready to run; see :class:`Program`.
+
+    ``trusted_backends``: ids of backends whose native code this file may run (with those in
+    ``TORCHDELEGATE_TRUSTED_BACKENDS``); a delegate of any other backend that declares
+    ``runs_native_code`` is an ``UntrustedCodeError`` here, before its blob is read.
+    """
+    trust = trusted_backends_of(trusted_backends)
     file = ProgramFile(path, external_data_path)
     try:
-        return Program(file)
+        return Program(file, trust)
     except BaseException:
         file.close()
         raise
