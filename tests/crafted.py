@@ -29,8 +29,8 @@ def lowered_with_blob(partitioner: td.Partitioner, rewrite: Callable[[bytes], by
 def onnx_reading(location: str, *, where: str = "initializer", length: int = 16) -> Callable[[bytes], bytes]:
     """An onnxruntime blob whose model returns ``length`` bytes of the file at ``location``.
 
-    ``where``: the external tensor is a graph initializer, a Constant node's attribute, or a
-    tensor inside an If node's branch.
+    ``where``: the external tensor is a graph initializer, a Constant node's attribute, a
+    tensor inside an If node's branch, or one inside a model-local function's body.
     """
     import onnx
     from onnx import TensorProto, helper
@@ -47,6 +47,10 @@ def onnx_reading(location: str, *, where: str = "initializer", length: int = 16)
             initializers = [stolen]
         elif where == "constant":
             nodes = [helper.make_node("Constant", [], [header["outputs"][0]], value=stolen)]
+        elif where == "function":
+            body = [helper.make_node("Constant", [], ["inner"], value=stolen)]
+            steal = helper.make_function("local", "Steal", [], ["inner"], body, [helper.make_opsetid("", 18)])
+            nodes = [helper.make_node("Steal", [], [header["outputs"][0]], domain="local")]
         else:
             branch = helper.make_graph(
                 [helper.make_node("Constant", [], ["inner"], value=stolen)],
@@ -66,7 +70,8 @@ def onnx_reading(location: str, *, where: str = "initializer", length: int = 16)
             [helper.make_tensor_value_info(header["outputs"][0], TensorProto.UINT8, [length])],
             initializers,
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("local", 1)] if where == "function" else [])
+        model = helper.make_model(graph, opset_imports=opsets, functions=[steal] if where == "function" else [])
         header = dict(header, initializers={}, outputs=header["outputs"][:1])
         return pack(header, model.SerializeToString())
 
@@ -89,5 +94,17 @@ def onnx_calling(domain: str, op_type: str) -> Callable[[bytes], bytes]:
         opsets = [helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
         model = helper.make_model(graph, opset_imports=opsets)
         return pack(dict(header, initializers={}, outputs=header["outputs"][:1]), model.SerializeToString())
+
+    return rewrite
+
+
+def reference_calling(target: str) -> Callable[[bytes], bytes]:
+    """A reference blob whose graph calls ``target`` (say ``builtins.eval``) where it called ``aten.addmm``."""
+    import zlib
+
+    def rewrite(blob: bytes) -> bytes:
+        text = zlib.decompress(blob).replace(b'"torch.ops.aten.addmm.default"', f'"{target}"'.encode())
+        assert target.encode() in text, "the graph has no addmm to replace"
+        return zlib.compress(text)
 
     return rewrite

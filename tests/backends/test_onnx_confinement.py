@@ -69,8 +69,8 @@ def test_an_initializer_stored_in_any_file_is_refused(victim: Path, location: st
         program.run("forward", torch.randn(2, 4))
 
 
-@pytest.mark.parametrize("where", ["constant", "branch"])
-def test_an_external_tensor_in_an_attribute_or_a_sub_graph_is_refused(victim: Path, where: str) -> None:
+@pytest.mark.parametrize("where", ["constant", "branch", "function"])
+def test_an_external_tensor_in_an_attribute_a_sub_graph_or_a_function_is_refused(victim: Path, where: str) -> None:
     path = _crafted(victim, "secret.txt", where)
     with td.load(path) as program, pytest.raises(td.FormatError, match=r"attribute 'value' tensor 'stolen' says"):
         program.run("forward", torch.randn(2, 4))
