@@ -97,3 +97,17 @@ def test_session_settings_in_the_model_are_refused(victim: Path) -> None:
     with td.load(path) as program, pytest.raises(td.FormatError, match="carries session settings"):
         program.run("forward", torch.randn(2, 4))
     assert not (victim / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "key", ["optimized_model_filepath", "session.optimized_model_filepath", "profile_file_prefix", "custom_op_library"]
+)
+def test_compile_specs_in_a_file_cannot_name_a_path_or_a_library(victim: Path, key: str) -> None:
+    """A file's compile specs reach the session options: only the backend's four settings are accepted."""
+    from torchdelegate.backends.onnxruntime import OnnxRuntimeBackend
+
+    (delegate,) = td.lowered_modules(_lowered(victim))
+    named_data = td.NamedDataMap(delegate.named_data_store_output)
+    with pytest.raises(ValueError, match=f"unknown compile spec '{key}'"):
+        OnnxRuntimeBackend.init(memoryview(delegate.processed_bytes), [td.CompileSpec(key, b"out.onnx")], named_data)
+    assert not (victim / "out.onnx").exists()

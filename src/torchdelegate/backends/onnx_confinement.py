@@ -21,11 +21,14 @@ STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 _REFUSAL = "the blob was not written by this backend; do not run the file"
 
 
-def check_confined(onnx: Any, model_bytes: bytes, supplied: Collection[str], where: str) -> None:
-    """Refuse a model that would make ONNX Runtime read a file, load code or take settings from it.
+def confined_model(onnx: Any, model_bytes: bytes, supplied: Collection[str], where: str) -> bytes:
+    """The model, re-serialized from what was checked; a ``FormatError`` if it would make ONNX
+    Runtime read a file, load code or take settings from it.
 
     ``supplied`` names the top-level initializers the backend gives the session itself; they
-    alone may be stored outside the model. ``onnx`` is the imported ``onnx`` package.
+    alone may be stored outside the model. ``onnx`` is the imported ``onnx`` package. Handing
+    ONNX Runtime the re-serialized bytes (with the ONNX format forced) means it parses exactly
+    the model that was checked, never another format hidden in the same bytes.
     """
     try:
         model = onnx.ModelProto.FromString(model_bytes)
@@ -57,6 +60,7 @@ def check_confined(onnx: Any, model_bytes: bytes, supplied: Collection[str], whe
                 f"{where}: {place} calls {node.domain}.{node.op_type}, an operator neither ONNX, ONNX Runtime nor "
                 f"the model's own functions define; {_REFUSAL}"
             )
+    return bytes(model.SerializeToString())
 
 
 def _graphs(model: Any) -> Iterator[tuple[str, Any, bool]]:

@@ -45,7 +45,7 @@ from torch.fx import Node
 from torchdelegate.backend import SharedDataBackend
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, table_keys, unpack
 from torchdelegate.backends.linear import recompose_linear
-from torchdelegate.backends.onnx_confinement import check_confined
+from torchdelegate.backends.onnx_confinement import confined_model
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError, first_line
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
@@ -286,6 +286,7 @@ class _Options:
         options.intra_op_num_threads = self.threads
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION_LEVELS[self.level])
         options.add_session_config_entry("session.disable_prepacking", "0" if self.prepacking else "1")
+        options.add_session_config_entry("session.load_model_format", "ONNX")  # never ORT's own format
         return options
 
 
@@ -320,8 +321,7 @@ class _Session:
             raise FormatError(f"onnxruntime blob: not a blob of this backend ({e})") from None
         if not isinstance(initializers, dict):
             raise FormatError("onnxruntime blob: its initializers are not a table")
-        model_bytes = bytes(model)
-        check_confined(_require("onnx"), model_bytes, initializers.keys(), "onnxruntime blob")
+        model_bytes = confined_model(_require("onnx"), bytes(model), initializers.keys(), "onnxruntime blob")
         options = _Options(compile_specs).session_options()
         names = sorted(initializers)
         values = [_ort_value(named_data, *(initializers[n][f] for f in ("key", "dtype", "shape"))) for n in names]
