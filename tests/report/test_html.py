@@ -81,3 +81,22 @@ def test_chromium_renders_the_page_and_its_script_runs(tmp_path: Path) -> None:
         [*common, "--window-size=1000,800", f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120
     )
     assert run.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+def test_a_hostile_saved_report_cannot_inject_markup_or_script(tmp_path: Path) -> None:
+    """A report read from a file is the file author's text: every string is escaped, none ends the script data."""
+    import json
+
+    from torchdelegate.report import LoweringReport
+
+    edge = td.to_edge(export(TwoLinears(), torch.randn(2, 4)))
+    report = plan_report(edge, CapabilityPartitioner([({aten.addmm.default}, DelegationSpec("reference"))]))
+    hostile = '</script><script>alert(1)</script><!--<script><img src=x onerror="alert(2)">'
+    text = json.dumps(report.to_json())
+    for name in ("relu", "sigmoid", "addmm"):
+        text = text.replace(f'"{name}"', json.dumps(f"{name}{hostile}"))
+    page = render_html(LoweringReport.from_json(json.loads(text)), title=hostile)
+    assert hostile.replace('"', "&quot;") not in page and "alert(1)</script>" not in page
+    assert "<img" not in page and "<!--" not in page
+    assert page.count("<script") == 2  # the page's own data block and script
+    assert page.count("alert(1)") >= 4  # the hostile text is there, as text: title, names, details

@@ -30,7 +30,8 @@ def render_html(report: LoweringReport, *, title: str = "torchdelegate partition
         method.method: {row.name: _describe(row.op, row.tag, row.backend_id, row.reasons) for row in method.nodes}
         for method in report.methods.values()
     }
-    data = json.dumps(details, sort_keys=True).replace("</", "<\\/")
+    # A saved report comes from the file: no "<" reaches the page's script data ("</script>", "<!--").
+    data = json.dumps(details, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
     return _PAGE.format(
         title=html.escape(title),
         backends=html.escape(", ".join(report.backends)),
