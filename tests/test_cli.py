@@ -186,3 +186,9 @@ def test_a_command_used_wrongly_says_what_to_change(
     error = capsys.readouterr().err
     assert error.startswith(f"torchdelegate: error: {message}") and error.count("\n") == 1, error
     assert not (saved / "x.tdp").exists()
+
+
+def test_text_from_a_file_reaches_the_terminal_without_its_control_characters() -> None:
+    from torchdelegate.cli import printable
+
+    assert printable("forward:\x1b]0;title\x07\x1b[2Jok\n\tnext") == "forward:\\x1b]0;title\\x07\\x1b[2Jok\n\tnext"

@@ -8,6 +8,7 @@ from eager in the demo); 2 the command line was wrong. Errors go to stderr as on
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -15,7 +16,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO, cast
 
 import numpy as np
 import torch
@@ -33,6 +34,27 @@ class CommandError(Exception):
 
 class UsageError(CommandError):
     """A command line argparse accepted whose values are wrong: one line, exit code 2, as argparse's own."""
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (terminal escapes) shown escaped; line breaks and tabs kept."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+class _PrintableText(io.TextIOBase):
+    """Output that quotes text read from a file: control characters (terminal escapes) are shown
+    escaped, never sent; line breaks and tabs pass."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -145,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _demo,
     }
     try:
-        return commands[args.command](args, sys.stdout)
+        out = sys.stdout if args.command in ("lower", "demo") else cast(TextIO, _PrintableText(sys.stdout))
+        return commands[args.command](args, out)
     except KeyboardInterrupt:
         print("torchdelegate: interrupted", file=sys.stderr)
         return 130
@@ -158,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose:
             traceback.print_exc()
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"torchdelegate: error: {message}", file=sys.stderr)
+        print(f"torchdelegate: error: {printable(str(message))}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -100,3 +100,16 @@ def test_a_hostile_saved_report_cannot_inject_markup_or_script(tmp_path: Path) -
     assert "<img" not in page and "<!--" not in page
     assert page.count("<script") == 2  # the page's own data block and script
     assert page.count("alert(1)") >= 4  # the hostile text is there, as text: title, names, details
+
+
+def test_a_saved_report_whose_fields_have_the_wrong_types_is_refused() -> None:
+    """A number field holding markup would reach the page as it is: every field is checked against its type."""
+    import json
+
+    from torchdelegate.report import LoweringReport
+
+    edge = td.to_edge(export(TwoLinears(), torch.randn(2, 4)))
+    report = plan_report(edge, CapabilityPartitioner([({aten.addmm.default}, DelegationSpec("reference"))])).to_json()
+    report["methods"][0]["partitions"][0]["nodes"] = "<img src=x onerror=alert(1)>"
+    with pytest.raises(ValueError, match=r"malformed entry \(.<img src=x onerror=alert\(1\)>. is not"):
+        LoweringReport.from_json(json.loads(json.dumps(report)))

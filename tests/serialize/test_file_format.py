@@ -336,3 +336,67 @@ def test_a_program_needing_more_alignment_than_the_data_file_has_gets_it(tmp_pat
         import numpy as np
 
         assert np.frombuffer(loaded.named_data.get_data("table"), np.uint8).ctypes.data % 4096 == 0
+
+
+def _manifest_of(data: bytes) -> dict:
+    length = HEADER.unpack_from(data)[3]
+    return json.loads(data[HEADER.size : HEADER.size + length])
+
+
+def _with_graph_nodes(small_file: bytes, edit: object) -> bytes:
+    """``small_file`` whose method graph ``edit(graph)`` changed, resealed (checksums valid)."""
+    manifest = _manifest_of(small_file)
+    edit(manifest["methods"][0]["graph"]["graph_module"]["graph"])  # type: ignore[operator]
+    return _rewrap(small_file, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _positional(arg: dict) -> dict:
+    return {"name": "", "arg": arg, "kind": 1}
+
+
+def test_a_name_that_is_python_source_is_refused_before_torch_fx_writes_it(
+    small_file: bytes, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """torch.fx writes keyword names into the source it runs: a name must be an identifier."""
+    payload = "a=1)\rprint('the file ran code')\rdef _rest():\r    print(b"
+
+    def inject(graph: dict) -> None:
+        arguments = [_positional({"as_bool": False}), _positional({"as_operator": "torch.ops.aten.relu.default"})]
+        node = {"target": "torch.ops.higher_order.wrap_with_set_grad_enabled", "name": "evil", "metadata": {}}
+        node |= {"inputs": [*arguments, {"name": payload, "arg": {"as_int": 1}, "kind": 2}]}
+        graph["nodes"].insert(0, node | {"outputs": [{"as_none": True}], "is_hop_single_tensor_return": None})
+
+    _refused(_with_graph_nodes(small_file, inject), tmp_path / "e.tdp", "which is not an identifier")
+    assert "the file ran code" not in capfd.readouterr().out
+
+
+def test_an_operator_passed_as_an_argument_is_checked_like_a_target(small_file: bytes, tmp_path: Path) -> None:
+    """A control-flow op calls the operator it is given: aten.from_file there would read any file."""
+
+    def read_a_file(graph: dict) -> None:
+        graph["tensor_values"]["stolen"] = {
+            "device": {"index": None, "type": "cpu"},
+            "dtype": 1,
+            "layout": 7,
+            "requires_grad": False,
+            "sizes": [{"as_int": 8}],
+            "storage_offset": {"as_int": 0},
+            "strides": [{"as_int": 1}],
+        }
+        arguments = [{"as_bool": False}, {"as_operator": "torch.ops.aten.from_file.default"}]
+        arguments += [{"as_string": "/etc/hostname"}, {"as_bool": False}, {"as_int": 8}]
+        node = {"target": "torch.ops.higher_order.wrap_with_set_grad_enabled", "name": "steal", "metadata": {}}
+        node |= {"inputs": [_positional(a) for a in arguments], "outputs": [{"as_tensor": {"name": "stolen"}}]}
+        graph["nodes"].append(node | {"is_hop_single_tensor_return": True})
+
+    _refused(_with_graph_nodes(small_file, read_a_file), tmp_path / "e.tdp", "aten.from_file.default', which is not")
+
+
+@pytest.mark.parametrize("size", ["3!", "99999999999!", "s0!"])
+def test_a_factorial_in_a_symbolic_size_is_refused(small_file: bytes, tmp_path: Path, size: str) -> None:
+    """sympy reads a lone '!' as a factorial: a size could make the loader compute for ever."""
+
+    def factorial(graph: dict) -> None:
+        graph["tensor_values"]["x"]["sizes"][0] = {"as_expr": {"expr_str": size, "hint": {"as_int": 2}}}
+
+    _refused(_with_graph_nodes(small_file, factorial), tmp_path / "e.tdp", "unexpected or too long token")

@@ -13,6 +13,8 @@ which is how a saved file carries it.
 
 from __future__ import annotations
 
+import types
+import typing
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -125,15 +127,50 @@ class LoweringReport:
         try:
             methods = {}
             for entry in value["methods"]:
-                nodes = [NodeRow(**row) for row in entry["nodes"]]
-                partitions = [PartitionRow(**row) for row in entry["partitions"]]
-                methods[entry["method"]] = MethodReport(
-                    entry["method"], nodes, partitions, list(entry["user_inputs"]), list(entry["user_outputs"])
-                )
-            state = {str(k): int(v) for k, v in dict(value.get("state_bytes", {})).items()}
-            return cls(list(value["backends"]), methods, state, int(value.get("unique_state_bytes", 0)))
+                nodes = [_row(NodeRow, row) for row in entry["nodes"]]
+                partitions = [_row(PartitionRow, row) for row in entry["partitions"]]
+                method, inputs, outputs = (_typed(entry[k], t) for k, t in _METHOD_FIELDS)
+                methods[method] = MethodReport(method, nodes, partitions, inputs, outputs)
+            state = _typed(value.get("state_bytes", {}), dict[str, int])
+            backends = _typed(value["backends"], list[str])
+            return cls(backends, methods, state, _typed(value.get("unique_state_bytes", 0), int))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"partition report: malformed entry ({error})") from error
+
+
+_METHOD_FIELDS = (("method", str), ("user_inputs", list[str]), ("user_outputs", list[str]))
+
+
+def _row(cls: type[Any], value: Any) -> Any:
+    """A report row read from a file, every field of its declared type: the file author wrote it."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"a {cls.__name__} is {type(value).__name__}, not an object")
+    hints = typing.get_type_hints(cls)
+    return cls(**{key: _typed(item, hints[key]) if key in hints else item for key, item in value.items()})
+
+
+def _typed(value: Any, hint: Any) -> Any:
+    """``value`` if it is of type ``hint`` (str, int, None, unions, lists and dicts of them), else ``TypeError``."""
+    if not _is_a(value, hint):
+        raise TypeError(f"{str(value)[:60]!r} is not {hint}")
+    return value
+
+
+def _is_a(value: Any, hint: Any) -> bool:
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if hint is type(None) or hint is None:
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(_is_a(v, arguments[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _is_a(k, arguments[0]) and _is_a(v, arguments[1]) for k, v in value.items()
+        )
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_a(value, a) for a in arguments)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
 
 
 def state_bytes(programs: Mapping[str, ExportedProgram]) -> tuple[dict[str, int], int]:

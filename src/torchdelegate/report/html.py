@@ -99,7 +99,7 @@ def _method_section(method: MethodReport, colours: dict[str, str]) -> str:
     rows = "".join(
         "<tr>"
         f'<td><i style="background:{colours.get(p.backend_id, LEFT_OUT)}"></i>{html.escape(p.tag)}</td>'
-        f"<td>{html.escape(p.backend_id)}</td><td>{p.nodes}</td><td>{human_flops(p.flops)}</td>"
+        f"<td>{html.escape(p.backend_id)}</td><td>{html.escape(str(p.nodes))}</td><td>{human_flops(p.flops)}</td>"
         f"<td>{human_bytes(p.weight_bytes)}</td><td>{human_bytes(p.blob_bytes)}</td>"
         f"<td>{html.escape(', '.join(p.inputs))}</td><td>{html.escape(', '.join(p.outputs))}</td>"
         f"<td>{html.escape(', '.join(f'{op} {n}' for op, n in p.ops.items()))}</td>"

@@ -38,15 +38,23 @@ def _compile_graph(
         if not isinstance(module, GraphModule):
             continue
         for node in module.graph.nodes:
-            if (
-                node.op == "call_function"
-                and not _is_delegate_call(node.target)
-                and not allowed_call_target(node.target)
-            ):
-                raise FormatError(f"method {method!r}: node {node.name!r} calls {node.target!r}, which is not allowed")
+            if node.op != "call_function" or _is_delegate_call(node.target):
+                continue
+            for target in (node.target, *_operators_in(node.args), *_operators_in(node.kwargs)):
+                if not allowed_call_target(target):
+                    raise FormatError(f"method {method!r}: node {node.name!r} calls {target!r}, which is not allowed")
     for module in touched:
         module.recompile()
     return gm
+
+
+def _operators_in(arguments: Any) -> list[Any]:
+    """Callables passed as arguments (a control-flow op's function, say): each is called too."""
+    found: list[Any] = []
+    torch.fx.node.map_aggregate(
+        arguments, lambda a: found.append(a) if callable(a) and not isinstance(a, torch.fx.Node) else None
+    )
+    return found
 
 
 def _bind_delegate_call(

@@ -243,7 +243,7 @@ _REFUSED_OPERATORS = frozenset({"from_file"})
 # No powers or shifts (a few characters could ask sympy for an astronomically large number),
 # numbers of at most 19 digits, parentheses at most 32 deep.
 _EXPRESSION_TOKEN = re.compile(
-    r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d{1,19}(?:\.\d{1,19})?(?![\d.]))|'([a-z]+\d+)'|(//|[-+*/%(),<>=!&|~]=?|==))"
+    r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d{1,19}(?:\.\d{1,19})?(?![\d.]))|'([a-z]+\d+)'|(//|!=|[-+*/%(),<>=&|~]=?|==))"
 )
 _MAX_NESTING = 32
 _SYMBOL = re.compile(r"[a-z]+\d+")
@@ -261,13 +261,27 @@ _EXPRESSION_FUNCTIONS = frozenset(
 )
 
 
+# Keys whose string values torch.fx writes into the Python source it generates and runs.
+_NAME_KEYS = frozenset({"name", "as_name"})
+
+
 def check_graph_document(document: Any, where: str) -> None:
-    """Refuse any operator or symbolic expression a saved graph may not contain (a ``FormatError``)."""
+    """Refuse any operator, name or symbolic expression a saved graph may not contain (a ``FormatError``).
+
+    A graph document comes from the file: every operator it names, as a node's target or as an
+    argument (``as_operator``), must be one a saved graph may call; every node, value and
+    keyword name must be an identifier, since torch.fx writes names into the source it runs;
+    custom objects (a class named by the file) are refused.
+    """
     for key, value in _walk(document):
-        if key == "target" and isinstance(value, str):
+        if key in ("target", "as_operator") and isinstance(value, str):
             _check_target(value, where)
         elif key == "expr_str":
             _check_expression(value, where)
+        elif key in _NAME_KEYS and isinstance(value, str) and value and not value.isidentifier():
+            raise FormatError(f"{where}: the graph names {value[:80]!r}, which is not an identifier")
+        elif key == "class_fqn":
+            raise FormatError(f"{where}: the graph holds a custom object of class {str(value)[:80]!r}; none may")
 
 
 def _walk(value: Any) -> Iterator[tuple[str, Any]]:
