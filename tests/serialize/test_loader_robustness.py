@@ -57,10 +57,10 @@ def test_inputs_the_fuzzer_found_are_refused_cleanly(path: Path) -> None:
 
 
 def test_every_seed_runs_and_every_crafted_one_is_refused(seeds: dict[str, bytes]) -> None:
-    """Crafted seeds (`onnx-*`: blobs reaching for files or custom ops) are refused before ONNX Runtime sees them."""
+    """Crafted seeds (`crafted-*`: blobs reaching for files, custom ops or Python) are refused before they run."""
     assert set(seeds) >= {"cond.tdp", "decoder-reference.tdp", "partly.tdp"}
     for name, data in seeds.items():
-        expected = "refused at run (FormatError)" if name.startswith("onnx-") else "ran"
+        expected = "refused at run (FormatError)" if name.startswith("crafted-") else "ran"
         assert check_one(data)[0] == expected, name
 
 
