@@ -13,7 +13,6 @@ import json
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, cast
@@ -24,6 +23,7 @@ import torch
 from torchdelegate.errors import BackendNotFoundError, TorchDelegateError
 from torchdelegate.progress import PreprocessProgress
 from torchdelegate.report.terminal import coverage_line, human_bytes
+from torchdelegate.torch_warnings import torch_internal_warnings_silenced
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -158,31 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # torch's own serializer warns about its own pytree API; a command's output is not the place
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
     commands: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
         "lower": _lower,
         "inspect": _inspect,
         "run": _run,
         "demo": _demo,
     }
+    out = sys.stdout if args.command in ("lower", "demo") else cast(TextIO, _PrintableText(sys.stdout))
     try:
-        out = sys.stdout if args.command in ("lower", "demo") else cast(TextIO, _PrintableText(sys.stdout))
-        return commands[args.command](args, out)
+        with torch_internal_warnings_silenced():  # a command's output is not the place for torch's own
+            return commands[args.command](args, out)
     except KeyboardInterrupt:
         print("torchdelegate: interrupted", file=sys.stderr)
         return 130
-    except UsageError as error:
-        if args.verbose:
-            traceback.print_exc()
-        print(f"torchdelegate: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
     except (CommandError, TorchDelegateError, ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         if args.verbose:
             traceback.print_exc()
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"torchdelegate: error: {printable(str(message))}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILED
 
 
 def _version() -> str:
@@ -327,7 +321,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.runtime.program import load
     from torchdelegate.serialize.container import FORMAT_VERSION
 
-    with load(args.file, external_data_path=args.external_data, trusted_backends=_native_backends()) as program:
+    native = _native_backends()
+    with load(args.file, external_data_path=args.external_data, trusted_backends=native) as program:
         file = program.file
         producer = file.producer.get("torch", "?")
         file_size = human_bytes(args.file.stat().st_size)
@@ -342,7 +337,6 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         for delegate in file.delegates:
             size = file.segment_length(delegate.blob, f"delegate {delegate.name}")
             by_backend.setdefault(delegate.backend_id, []).append(size)
-        native = _native_backends()
         for backend, sizes in by_backend.items():
             each = f" ({', '.join(human_bytes(s) for s in sizes)})" if len(sizes) > 1 else ""
             code = f"; native code: runs only with --trust {backend}" if backend in native else ""

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from torchdelegate.errors import GraphChangedError
+from torchdelegate.errors import GraphChangedError, first_line
 from torchdelegate.lowering.structural_copy import fetch_attr
 
 _state = threading.local()
@@ -121,9 +121,8 @@ def complete_changed_program(program: ExportedProgram, partitioner: str, method:
     try:
         program.validate()
     except SpecViolationError as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise GraphChangedError(
-            f"{where} and left it invalid: {reason}. Give every node it adds an ATen operator overload "
+            f"{where} and left it invalid: {first_line(e)}. Give every node it adds an ATen operator overload "
             "(torch.ops.aten.<op>.<overload>) and keep the inputs and outputs the graph signature names"
         ) from e
 
@@ -134,13 +133,9 @@ def _check_inputs(program: ExportedProgram, where: str) -> None:
     if found != listed:
         added = [name for name in found if name not in listed]
         removed = [name for name in listed if name not in found]
-        change = (
-            f"added input {added[0]!r}"
-            if added
-            else f"removed input {removed[0]!r}"
-            if removed
-            else "reordered the inputs"
-        )
+        change = "reordered the inputs"
+        if added or removed:
+            change = f"added input {added[0]!r}" if added else f"removed input {removed[0]!r}"
         raise GraphChangedError(
             f"{where} and {change}: the graph's inputs must stay those its signature lists ({', '.join(listed)})"
         )
@@ -199,7 +194,7 @@ def _give_values(gm: GraphModule, fake_mode: FakeTensorMode, where: str) -> None
         except Exception as e:
             raise GraphChangedError(
                 f"{where}: node {_describe(node)} it added has no meta['val'], and running its op on the "
-                f"values of its arguments failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+                f"values of its arguments failed ({type(e).__name__}: {first_line(e)}). "
                 "Set node.meta['val'] when adding the node, or fix its arguments"
             ) from e
 

@@ -139,13 +139,14 @@ class LoweringReport:
 
 
 _METHOD_FIELDS = (("method", str), ("user_inputs", list[str]), ("user_outputs", list[str]))
+_FIELD_TYPES = {cls: typing.get_type_hints(cls) for cls in (NodeRow, PartitionRow)}
 
 
 def _row(cls: type[Any], value: Any) -> Any:
     """A report row read from a file, every field of its declared type: the file author wrote it."""
     if not isinstance(value, Mapping):
         raise TypeError(f"a {cls.__name__} is {type(value).__name__}, not an object")
-    hints = typing.get_type_hints(cls)
+    hints = _FIELD_TYPES[cls]
     return cls(**{key: _typed(item, hints[key]) if key in hints else item for key, item in value.items()})
 
 
@@ -158,7 +159,7 @@ def _typed(value: Any, hint: Any) -> Any:
 
 def _is_a(value: Any, hint: Any) -> bool:
     origin, arguments = typing.get_origin(hint), typing.get_args(hint)
-    if hint is type(None) or hint is None:
+    if hint is type(None):
         return value is None
     if origin is list:
         return isinstance(value, list) and all(_is_a(v, arguments[0]) for v in value)

@@ -40,7 +40,7 @@ def _compile_graph(
         for node in module.graph.nodes:
             if node.op != "call_function" or _is_delegate_call(node.target):
                 continue
-            for target in (node.target, *_operators_in(node.args), *_operators_in(node.kwargs)):
+            for target in (node.target, *_operators_in((node.args, node.kwargs))):
                 if not allowed_call_target(target):
                     raise FormatError(f"method {method!r}: node {node.name!r} calls {target!r}, which is not allowed")
     for module in touched:

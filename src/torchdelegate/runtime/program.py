@@ -33,7 +33,6 @@ from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
-from torchdelegate.trust import check_trusted
 from torchdelegate.trust import trusted_backends as trusted_backends_of
 
 
@@ -253,7 +252,6 @@ class Program:
                 f"{where}: backend {record.backend_id!r} is not available on this machine "
                 "(its is_available() returned False); install what it needs, or lower for another backend"
             )
-        check_trusted(backend, self._trust, where)
         file, digest, label = self._file, record.blob, f"the blob of delegate {record.name!r}"
         named = self.named_data
         return DelegateInstance(
