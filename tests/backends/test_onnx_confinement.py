@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from crafted import lowered_with_blob, onnx_calling, onnx_reading
+from models import TwoLinears, export
 
 import torchdelegate as td
 from torchdelegate.backends.blob import unpack
@@ -42,19 +43,14 @@ def _crafted(victim: Path, location: str, where: str = "initializer") -> Path:
 
 def test_the_crafted_model_reads_the_file_when_onnx_runtime_is_given_it_unchecked(victim: Path) -> None:
     """The attack is real: ONNX Runtime alone returns the file's bytes."""
-    blob = lowered_with_blob(OnnxRuntimePartitioner(), lambda b: b, victim / "ok.tdp")
-    with td.load(blob) as program:
-        program.run("forward", torch.randn(2, 4))
-    crafted = onnx_reading("secret.txt", length=16)(td.lowered_modules(_lowered(victim))[0].processed_bytes)
+    crafted = onnx_reading("secret.txt", length=16)(td.lowered_modules(_lowered())[0].processed_bytes)
     _, model = unpack(memoryview(crafted), 1, "onnxruntime")
     session = ort.InferenceSession(bytes(model), providers=["CPUExecutionProvider"])
     (stolen,) = session.run(None, {session.get_inputs()[0].name: torch.randn(2, 4).numpy()})
     assert stolen.tobytes() == SECRET[:16]
 
 
-def _lowered(victim: Path) -> torch.export.ExportedProgram:
-    from models import TwoLinears, export
-
+def _lowered() -> torch.export.ExportedProgram:
     return td.to_backend(export(TwoLinears(), torch.randn(2, 4)), OnnxRuntimePartitioner())
 
 
@@ -106,7 +102,7 @@ def test_compile_specs_in_a_file_cannot_name_a_path_or_a_library(victim: Path, k
     """A file's compile specs reach the session options: only the backend's four settings are accepted."""
     from torchdelegate.backends.onnxruntime import OnnxRuntimeBackend
 
-    (delegate,) = td.lowered_modules(_lowered(victim))
+    (delegate,) = td.lowered_modules(_lowered())
     named_data = td.NamedDataMap(delegate.named_data_store_output)
     with pytest.raises(ValueError, match=f"unknown compile spec '{key}'"):
         OnnxRuntimeBackend.init(memoryview(delegate.processed_bytes), [td.CompileSpec(key, b"out.onnx")], named_data)
