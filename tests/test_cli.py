@@ -95,6 +95,8 @@ def test_two_methods_lowered_together_store_their_shared_weights_once(exported: 
             "method 'forward': no file 'missing.pt2'",
         ),
         (("lower", "model.pt2", "-b", "reference", "-o", "x.tdp"), 2, "is not METHOD=FILE.pt2"),
+        (("lower", "=model.pt2", "-b", "reference", "-o", "x.tdp"), 2, "(for one method: forward=model.pt2)"),
+        (("lower", "forward=x.npy", "-b", "reference", "-o", "x.tdp"), 1, "'x.npy' is not a torch.export.save file"),
         (("lower", "forward=model.pt2", "-b", "nope", "-o", "x.tdp"), 2, "no backend with id 'nope'"),
         (("lower", "forward=model.pt2", "-o", "x.tdp"), 2, "the following arguments are required: --backend"),
         (("inspect", "x.npy"), 1, "x.npy"),
@@ -110,6 +112,8 @@ def test_bad_use_is_one_line_on_stderr_with_an_exit_code(
     assert result.returncode == code
     assert message in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == ""
+    if code == 1:  # argparse's own refusals print the usage line first
+        assert result.stderr.count("\n") == 1, result.stderr
 
 
 def test_verbose_shows_the_traceback(exported: Path) -> None:

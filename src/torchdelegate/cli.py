@@ -23,7 +23,7 @@ import torch
 from torchdelegate.errors import BackendNotFoundError, TorchDelegateError
 from torchdelegate.progress import PreprocessProgress
 from torchdelegate.report.terminal import coverage_line, human_bytes
-from torchdelegate.torch_warnings import torch_internal_warnings_silenced
+from torchdelegate.torch_warnings import loggers_quieted, torch_internal_warnings_silenced
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -136,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="BACKEND",
-        help="trust this backend's native code in the file (repeatable; also TORCHDELEGATE_TRUSTED_BACKENDS)",
+        help="run this backend's native code from the file (AOTInductor's compiled libraries: --trust "
+        "inductor); without it such delegates are refused. Repeatable; or set TORCHDELEGATE_TRUSTED_BACKENDS "
+        "to comma-separated ids",
     )
 
     demo = commands.add_parser(
@@ -233,7 +235,7 @@ def _method_files(pairs: Sequence[str]) -> list[tuple[str, Path]]:
     for pair in pairs:
         method, sep, path = pair.partition("=")
         if not sep or not method or not path:
-            raise UsageError(f"{pair!r} is not METHOD=FILE.pt2 (for one method: forward={pair})")
+            raise UsageError(f"{pair!r} is not METHOD=FILE.pt2 (for one method: forward={path or pair})")
         if not method.isidentifier():
             raise UsageError(f"method name {method!r} is not a Python identifier")
         if method in found:
@@ -246,7 +248,8 @@ def _load_export(method: str, path: Path) -> torch.export.ExportedProgram:
     if not path.is_file():
         raise CommandError(f"method {method!r}: no file {str(path)!r}")
     try:
-        return torch.export.load(path)
+        with loggers_quieted(["torch.export"]):  # our one-line error quotes what torch logs at length
+            return torch.export.load(path)
     except Exception as error:
         raise CommandError(
             f"method {method!r}: {str(path)!r} is not a torch.export.save file ({type(error).__name__}: {error})"

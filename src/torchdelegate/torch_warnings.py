@@ -1,14 +1,17 @@
-"""Warnings torch raises about its own internals, silenced where torchdelegate calls into them.
+"""Warnings and logs torch emits about its own internals, silenced where torchdelegate calls into them.
 
 torch's program rewrites (``run_decompositions``, the export serializer) copy tree specs
 through an API torch itself deprecated; the warning names nothing the user wrote or can change.
+Where our own error reports a failure (a file torch cannot load, an op that fails on fake
+tensors), torch's log of the same failure, traceback and all, is noise around it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -17,3 +20,17 @@ def torch_internal_warnings_silenced() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*treespec.*", category=FutureWarning)
         yield
+
+
+@contextlib.contextmanager
+def loggers_quieted(names: Iterable[str], level: int = logging.CRITICAL) -> Iterator[None]:
+    """Within this block, the named loggers pass only records of ``level`` and above."""
+    loggers = [logging.getLogger(name) for name in names]
+    previous = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, previous, strict=True):
+            logger.setLevel(old)

@@ -53,6 +53,7 @@ from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.specs import CompileSpec, DelegationSpec
+from torchdelegate.torch_warnings import loggers_quieted
 
 BLOB_VERSION = 1
 _UNSUPPORTED_DTYPES = frozenset(
@@ -111,17 +112,10 @@ class OnnxRuntimeBackend(SharedDataBackend):
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """The exporter reports progress on stdout and warns about optional packages; keep it quiet."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir", "torch.onnx._internal")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(None):  # type: ignore[type-var]
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+    names = ("torch.onnx", "onnxscript", "onnx_ir", "torch.onnx._internal")
+    with loggers_quieted(names, logging.ERROR), warnings.catch_warnings(), contextlib.redirect_stdout(None):  # type: ignore[type-var]
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _export(program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str) -> bytes:

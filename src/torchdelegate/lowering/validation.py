@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from torch.fx import GraphModule, Node
 
 from torchdelegate.errors import GraphChangedError, first_line
 from torchdelegate.lowering.structural_copy import fetch_attr
+from torchdelegate.torch_warnings import loggers_quieted
 
 _state = threading.local()
 _disabled_globally = False
@@ -189,7 +189,7 @@ def _give_values(gm: GraphModule, fake_mode: FakeTensorMode, where: str) -> None
             args, kwargs = torch.fx.node.map_aggregate(
                 (node.args, node.kwargs), lambda a: _fake_argument(gm, a, fake_mode)
             )
-            with fake_mode, _fake_kernel_failures_unlogged():
+            with fake_mode, loggers_quieted(["torch._subclasses.fake_tensor"]):  # our error names the node
                 node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]
         except Exception as e:
             raise GraphChangedError(
@@ -197,17 +197,6 @@ def _give_values(gm: GraphModule, fake_mode: FakeTensorMode, where: str) -> None
                 f"values of its arguments failed ({type(e).__name__}: {first_line(e)}). "
                 "Set node.meta['val'] when adding the node, or fix its arguments"
             ) from e
-
-
-@contextlib.contextmanager
-def _fake_kernel_failures_unlogged() -> Iterator[None]:
-    """Our error names the failing node; torch's fake-tensor logger would print a traceback too."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    previous, logger.disabled = logger.disabled, True
-    try:
-        yield
-    finally:
-        logger.disabled = previous
 
 
 def _fake_argument(gm: GraphModule, value: Any, fake_mode: FakeTensorMode) -> Any:
