@@ -213,3 +213,29 @@ def test_an_initializer_of_a_dtype_onnx_runtime_cannot_take_is_named() -> None:
     edge = td.to_edge(torch.export.export(Float8Table(), (torch.randn(512),)))
     with pytest.raises(td.PreprocessError, match=r"partition 0: initializer 'cat' has unsupported dtype float8_e4m3fn"):
         edge.to_backend(every_op("onnxruntime", "b_table"))
+
+
+class EqualBytes(torch.nn.Module):
+    """Two constants with the same bytes and different shapes: one named-data entry, two tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flat = torch.nn.Parameter(torch.randn(1024))
+        self.square = torch.nn.Parameter(self.flat.detach().reshape(32, 32).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.square + (x.repeat(1, 32) @ self.flat).unsqueeze(1)
+
+
+def test_equal_bytes_read_in_two_shapes_run_as_both(tmp_path: Path) -> None:
+    """Found with a BERT whose sequence length was its hidden size: position ids folded to (1, 32)
+    and an arange of (32,) shared one named-data key, and ONNX Runtime got one shape for both."""
+    x = torch.randn(2, 32)
+    model = EqualBytes().eval()
+    lowered = td.to_edge_transform_and_lower(
+        {"forward": torch.export.export(model, (x,))}, partitioner=[OnnxRuntimePartitioner()]
+    )
+    assert lowered.named_data_summary().unique_buffers == 1  # the two constants are one stored copy
+    lowered.save(tmp_path / "equal.tdp")
+    with td.load(tmp_path / "equal.tdp") as program:
+        torch.testing.assert_close(program.run("forward", x), model(x), atol=1e-4, rtol=1e-4)

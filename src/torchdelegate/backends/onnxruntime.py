@@ -238,8 +238,11 @@ def _strip_debug_metadata(ir: ModuleType, model: Any) -> None:
         value.metadata_props.clear()
 
 
-# One OrtValue per named-data key per program, shared by all its sessions.
-_shared_values: weakref.WeakKeyDictionary[NamedDataMap, dict[str, Any]] = weakref.WeakKeyDictionary()
+# One OrtValue per named-data key, dtype and shape per program, shared by all its sessions: equal
+# bytes may be read as several tensors (arange(32) as (32,) and as (1, 32)), each a view of one copy.
+_shared_values: weakref.WeakKeyDictionary[NamedDataMap, dict[tuple[str, str, tuple[int, ...]], Any]] = (
+    weakref.WeakKeyDictionary()
+)
 _shared_lock = threading.Lock()
 
 
@@ -247,13 +250,13 @@ def _ort_value(named_data: NamedDataMap, key: str, dtype: str, shape: list[int])
     ort = _require("onnxruntime")
     with _shared_lock:
         values = _shared_values.setdefault(named_data, {})
-        value = values.get(key)
+        value = values.get(identity := (key, dtype, tuple(shape)))
         if value is None:
             view = named_data.get_data(key)
             storage = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)
             array = np.frombuffer(view, dtype=storage).reshape(shape) if len(view) else np.zeros(shape, storage)
             value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, _ONNX_TYPES[dtype])
-            values[key] = value
+            values[identity] = value
     return value
 
 
