@@ -38,13 +38,15 @@ from torchdelegate.errors import (
     DelegateExecutionError,
     FormatError,
     MethodExecutionError,
+    OperatorNotFoundError,
     UntrustedCodeError,
 )
 
 # What a bad file may end in: refused at load, or (for a file whose structure is valid but
-# whose delegates or graph ops are not what was saved) refused when run.
-REFUSED_AT_LOAD = (FormatError, BackendNotFoundError, UntrustedCodeError)
-REFUSED_AT_RUN = (FormatError, DelegateExecutionError, MethodExecutionError, UntrustedCodeError)
+# whose delegates or graph ops are not what was saved) refused when run. A resealed manifest that
+# names an operator of a namespace no library here registers reads as a file needing that library.
+REFUSED_AT_LOAD = (FormatError, BackendNotFoundError, OperatorNotFoundError, UntrustedCodeError)
+REFUSED_AT_RUN = (FormatError, DelegateExecutionError, MethodExecutionError, OperatorNotFoundError, UntrustedCodeError)
 HEADER = 64
 SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 OUTCOMES: Counter[str] = Counter()

@@ -144,6 +144,7 @@ def saved(exported: Path) -> Path:
     td.to_edge(torch.export.export(two, (torch.randn(2, 4),))).save(exported / "plain.tdp")
     methods = {name: torch.export.export(two, (torch.randn(rows, 4),)) for name, rows in (("a", 2), ("b", 3))}
     td.to_edge(methods).save(exported / "ab.tdp")
+    (exported / "needs_missing.py").write_text("import a_module_nobody_installed\n")  # for --import
     return exported
 
 
@@ -166,11 +167,22 @@ def saved(exported: Path) -> Path:
             2,
             "method 'forward' is given twice",
         ),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--import", "needs_missing"),
+            1,
+            "--import needs_missing: importing it failed: No module named 'a_module_nobody_installed'",
+        ),
         (("inspect", "plain.tdp", "--report"), 1, "plain.tdp holds no partition report"),
         (("run", "ab.tdp"), 1, "the file has several methods (a, b); choose one with --method"),
         (("run", "ab.tdp", "--method", "c"), 1, "no method 'c' in ab.tdp; the methods are a, b"),
         (("run", "plain.tdp", "--input", "abc"), 1, "input 'abc' is neither a .npy file nor a number"),
         (("run", "plain.tdp", "--input", "missing.npy"), 1, "no input file 'missing.npy'"),
+        (
+            ("run", "plain.tdp", "-i", "x=1", "-i", "2"),
+            2,
+            "input '2' comes after a NAME= input; give positional inputs first",
+        ),
+        (("run", "plain.tdp", "-i", "x=1", "-i", "x=2"), 2, "input 'x' is given twice"),
         (("demo", "--tokens", "0"), 2, "--tokens must be at least 1, got 0"),
         (("demo", "--rounds", "0"), 2, "--rounds must be at least 1, got 0"),
     ],
@@ -186,6 +198,7 @@ def test_a_command_used_wrongly_says_what_to_change(
     """In process, faster: each CommandError is one line on stderr and nothing is written; a UsageError
     (a command line whose values are wrong) exits 2, as argparse's own refusals, any other 1."""
     monkeypatch.chdir(saved)
+    monkeypatch.syspath_prepend(str(saved))
     assert main(list(args)) == code
     error = capsys.readouterr().err
     assert error.startswith(f"torchdelegate: error: {message}") and error.count("\n") == 1, error

@@ -8,11 +8,14 @@ from eager in the demo); 2 the command line was wrong. Errors go to stderr as on
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import json
+import os
 import sys
 import time
 import traceback
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, cast
@@ -20,7 +23,7 @@ from typing import Any, NoReturn, TextIO, cast
 import numpy as np
 import torch
 
-from torchdelegate.errors import BackendNotFoundError, TorchDelegateError
+from torchdelegate.errors import BackendNotFoundError, TorchDelegateError, first_line
 from torchdelegate.progress import PreprocessProgress
 from torchdelegate.report.terminal import coverage_line, human_bytes
 from torchdelegate.torch_warnings import loggers_quieted, torch_internal_warnings_silenced
@@ -97,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     lower.add_argument("--min-partition-size", type=int, default=1, metavar="N", help="smallest partition (default 1)")
     lower.add_argument("--html", type=Path, metavar="FILE.html", help="also write the partition report as HTML")
     lower.add_argument("--external-data", type=Path, metavar="FILE", help="put weights in this separate data file")
+    lower.add_argument(
+        "--import",
+        action="append",
+        default=[],
+        dest="imports",
+        metavar="MODULE",
+        help="import this module before reading the files (repeat): the one that registers the programs' output "
+        "types or custom operators, e.g. transformers.modeling_outputs",
+    )
 
     inspect = commands.add_parser(
         "inspect", help="describe a program file", description="Describe a program file written by torchdelegate."
@@ -126,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         dest="inputs",
-        metavar="X.npy|NUMBER",
-        help="one input, in call order (repeat)",
+        metavar="[NAME=]X.npy|NUMBER",
+        help="one input, in call order (repeat); NAME= passes it by keyword",
     )
     run.add_argument("--save", type=Path, metavar="OUT.npz", help="save the outputs as output_0, output_1, ...")
     run.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
@@ -173,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("torchdelegate: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader stopped (| head): nothing more to say, and nowhere to say it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except (CommandError, TorchDelegateError, ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         if args.verbose:
             traceback.print_exc()
@@ -201,6 +216,8 @@ def _lower(args: argparse.Namespace, out: TextIO) -> int:
         supports = backend_supports(args.backends, _compile_specs(args.compile_spec))
     except (BackendNotFoundError, ValueError) as error:
         raise UsageError(str(error.args[0] if error.args else error)) from error
+    for module in args.imports:
+        _import(module)
     programs = {method: _load_export(method, path) for method, path in methods}
     partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
     started = time.perf_counter()
@@ -244,6 +261,19 @@ def _method_files(pairs: Sequence[str]) -> list[tuple[str, Path]]:
     return list(found.items())
 
 
+def _import(module: str) -> None:
+    """``--import MODULE``: what the files need registered (pytree types, custom operators)."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module == error.name or module.startswith(f"{error.name}.")):
+            raise UsageError(f"--import {module}: no module named {error.name!r} in this environment") from error
+        raise CommandError(f"--import {module}: importing it failed: {first_line(error)}") from error
+    except Exception as error:
+        failure = f"{type(error).__name__}: {first_line(error)}"
+        raise CommandError(f"--import {module}: importing it failed: {failure}") from error
+
+
 def _load_export(method: str, path: Path) -> torch.export.ExportedProgram:
     if not path.is_file():
         raise CommandError(f"method {method!r}: no file {str(path)!r}")
@@ -251,9 +281,37 @@ def _load_export(method: str, path: Path) -> torch.export.ExportedProgram:
         with loggers_quieted(["torch.export"]):  # our one-line error quotes what torch logs at length
             return torch.export.load(path)
     except Exception as error:
+        needs = _unregistered_in_archive(path)
+        if needs:
+            modules = sorted({name.rpartition(".")[0] for name in needs if not name.startswith("torch.ops.")})
+            hint = " ".join(f"--import {m}" for m in modules) or "--import MODULE"
+            raise CommandError(
+                f"method {method!r}: {str(path)!r} needs {', '.join(needs)}, which this process has not registered "
+                f"(the file is sound); import what defines {'it' if len(needs) == 1 else 'them'}: {hint}"
+            ) from error
         raise CommandError(
             f"method {method!r}: {str(path)!r} is not a torch.export.save file ({type(error).__name__}: {error})"
         ) from error
+
+
+def _unregistered_in_archive(path: Path) -> list[str]:
+    """The container types and operators the programs in a torch.export.save archive name that
+    this process has not registered; [] when the archive cannot be read."""
+    from torchdelegate.serialize.graph import unregistered_operators
+    from torchdelegate.serialize.tree_specs import is_registered, module_call_specs, spec_types
+
+    needs: dict[str, None] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.namelist():
+                if member.endswith(".json") and "/models/" in member:
+                    document = json.loads(archive.read(member))
+                    for spec in module_call_specs(document):
+                        needs.update(dict.fromkeys(t for t in spec_types(spec, member) if not is_registered(t)))
+                    needs.update(dict.fromkeys(unregistered_operators(document)))
+    except (zipfile.BadZipFile, OSError, ValueError, RecursionError):
+        return []
+    return list(needs)
 
 
 def _compile_specs(values: Sequence[str]) -> dict[str, list[Any]]:
@@ -332,9 +390,13 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{args.file}: {file_size}, format version {FORMAT_VERSION}, written with torch {producer}", file=out)
         print("methods:", file=out)
         for record in file.methods:
-            parameters = ", ".join(program.method(record.name).signature())
+            bound = program.method(record.name)
+            parameters = ", ".join(bound.signature())
+            returns = "" if bound.output_type in _PLAIN_OUTPUTS else f" -> {bound.output_type}"
+            if bound.output_type in program.plain_types:
+                returns += f" (read as a {program.plain_types[bound.output_type]} here)"
             delegates = ", ".join(f"#{i} {file.delegates[i].backend_id}" for i in record.delegates) or "none"
-            print(f"  {record.name}({parameters})  delegates: {delegates}", file=out)
+            print(f"  {record.name}({parameters}){returns}  delegates: {delegates}", file=out)
         print("delegates:", file=out)
         by_backend: dict[str, list[int]] = {}
         for delegate in file.delegates:
@@ -391,24 +453,48 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.runtime.program import load
 
-    inputs = [_input(value) for value in args.inputs]
+    args_in, kwargs_in = _inputs(args.inputs)
     with load(args.file, external_data_path=args.external_data, trusted_backends=args.trust) as program:
         method = args.method or _default_method(program.method_names)
         if method not in program.method_names:
             names = ", ".join(program.method_names)
             raise CommandError(f"no method {method!r} in {args.file}; the methods are {names}")
         started = time.perf_counter()
-        outputs = program.run(method, *inputs)
+        outputs = program.run(method, *args_in, **kwargs_in)
         seconds = time.perf_counter() - started
-    flat = torch.utils._pytree.tree_leaves(outputs)
-    print(f"{method}: {len(flat)} output(s) in {seconds * 1e3:.2f} ms", file=out)
-    for index, value in enumerate(flat):
-        print(f"  output_{index}: {_describe_value(value)}", file=out)
+        container = _container_phrase(program.method(method).output_type, program.plain_types)
+    flat = torch.utils._pytree.tree_flatten_with_path(outputs)[0]
+    print(f"{method}: {len(flat)} output(s) in {seconds * 1e3:.2f} ms{container}", file=out)
+    for index, (path, value) in enumerate(flat):
+        name = _output_name(path)
+        print(f"  output_{index}{' ' + name if name else ''}: {_describe_value(value)}", file=out)
     if args.save:
-        arrays = {f"output_{i}": _as_array(v) for i, v in enumerate(flat)}
+        arrays = {f"output_{i}": _as_array(v) for i, (_, v) in enumerate(flat)}
         np.savez(args.save, **arrays)  # type: ignore[arg-type]
         print(f"saved {args.save}", file=out)
     return EXIT_OK
+
+
+_PLAIN_OUTPUTS = (None, "builtins.tuple", "builtins.list")
+
+
+def _container_phrase(output_type: str | None, plain_types: dict[str, str]) -> str:
+    """How the outputs came back, when it is more than a tuple: ", a T (returned as a dict)"."""
+    if output_type in _PLAIN_OUTPUTS:
+        return ""
+    plain = plain_types.get(output_type)
+    return f", a {output_type}" + (f" (returned as a {plain}: its module is not imported)" if plain else "")
+
+
+def _output_name(path: tuple[Any, ...]) -> str:
+    """An output's place in the method's output structure: ``logits``, ``past_key_values.0.1``."""
+    parts = []
+    for key in path:
+        for attribute in ("key", "idx", "name"):  # MappingKey, SequenceKey, GetAttrKey
+            if hasattr(key, attribute):
+                parts.append(str(getattr(key, attribute)))
+                break
+    return ".".join(parts) if len(path) > 1 or not hasattr(path[0] if path else None, "idx") else ""
 
 
 def _default_method(names: list[str]) -> str:
@@ -417,6 +503,23 @@ def _default_method(names: list[str]) -> str:
     if "forward" in names:
         return "forward"
     raise CommandError(f"the file has several methods ({', '.join(names)}); choose one with --method")
+
+
+def _inputs(values: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+    """``--input`` values: positional ones in order, then ``NAME=VALUE`` ones by keyword."""
+    positional: list[Any] = []
+    keywords: dict[str, Any] = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name.isidentifier() or Path(value).is_file():
+            if keywords:
+                raise UsageError(f"input {value!r} comes after a NAME= input; give positional inputs first")
+            positional.append(_input(value))
+        elif name in keywords:
+            raise UsageError(f"input {name!r} is given twice")
+        else:
+            keywords[name] = _input(rest)
+    return positional, keywords
 
 
 def _input(value: str) -> Any:

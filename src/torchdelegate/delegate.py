@@ -17,11 +17,11 @@ from typing import Any
 
 from torchdelegate.backend import BackendDetails
 from torchdelegate.data import NamedDataMap
-from torchdelegate.errors import DelegateExecutionError, FormatError, UntrustedCodeError
+from torchdelegate.errors import DelegateExecutionError, FormatError, OperatorNotFoundError, UntrustedCodeError
 from torchdelegate.specs import CompileSpec
 from torchdelegate.trust import INHERITED, Inherited, Trust, check_trusted, current_trust, trusting
 
-_PASS_THROUGH = (DelegateExecutionError, FormatError, UntrustedCodeError)
+_PASS_THROUGH = (DelegateExecutionError, FormatError, OperatorNotFoundError, UntrustedCodeError)
 
 
 class DelegateInstance:

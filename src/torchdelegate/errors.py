@@ -20,6 +20,10 @@ class BackendNotFoundError(TorchDelegateError, NotImplementedError):
     """No backend is registered under the requested id."""
 
 
+class OperatorNotFoundError(TorchDelegateError, NotImplementedError):
+    """A sound file calls an operator this process has not registered: its library is not imported."""
+
+
 class BackendRegistrationError(TorchDelegateError, ValueError):
     """Two different classes claim the same backend id."""
 

@@ -212,3 +212,27 @@ def test_a_method_taking_a_tensor_on_another_device_says_so(tmp_path: Path) -> N
         assert program.method("forward").signature() == ["x: float32[2] on meta"]
         with pytest.raises(td.ProgramInputError, match=r"method 'forward': argument 'x' must be on meta, got cpu"):
             program.run("forward", torch.randn(2))
+
+
+@pytest.mark.parametrize("where", ["method graph", "reference blob"])
+def test_an_operator_whose_library_is_not_loaded_is_named_not_called_damage(tmp_path: Path, where: str) -> None:
+    library = torch.library.Library("td_unloaded", "DEF")
+    library.define("twice(Tensor x) -> Tensor")
+    library.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+
+    class CustomOp(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.td_unloaded.twice(x.sin()) + 1
+
+    x = torch.randn(3)
+    edge = td.to_edge({"forward": torch.export.export(CustomOp(), (x,))})
+    (edge if where == "method graph" else edge.to_backend(ReferencePartitioner())).save(tmp_path / "op.tdp")
+    library._destroy()  # as in a process that never imported the library defining the operator
+    with pytest.raises(td.OperatorNotFoundError) as raised:
+        with td.load(tmp_path / "op.tdp") as program:
+            program.run("forward", x)
+    assert not isinstance(raised.value, td.FormatError)
+    assert str(raised.value).endswith(
+        "the graph calls torch.ops.td_unloaded.twice.default, which this process has not registered (the file "
+        "itself is sound); import the library that defines the 'td_unloaded' operators before loading"
+    )

@@ -3,7 +3,8 @@ and over systematic damage to real files (truncations, flipped bytes, edited man
 
 The harness is fuzz/load_and_run.py's ``check_one``: a file as given and with its manifest
 checksum recomputed, loaded and each method run; anything but success, FormatError (or an
-unknown backend at load, a backend refusing its delegate at run) propagates and fails here.
+unknown backend or an operator of a library not here at load, a backend refusing its delegate at
+run) propagates and fails here.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
 flattened to tensors and each output's structure, or the error's first line) and the modules
 that define its output types (``imports``: ``transformers.modeling_outputs`` for a model that
 returns a ``ModelOutput``). Only torch and torchdelegate are imported at first, as in a
-deployment; programs with ``imports`` are loaded once like that (what happens is recorded as
-``bare_load``), then those modules are imported, as a caller that uses the types has them,
-and the calls run.
+deployment; programs with ``imports`` are run once like that (their outputs come back as plain
+containers; what they returned is recorded as ``bare``), then those modules are imported, as a
+caller that uses the types has them, and the calls run again.
 """
 
 from __future__ import annotations
@@ -41,31 +41,26 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {first_line(error)}"
 
 
-def bare_load(program_path: str) -> str:
-    """The error of loading ``program_path`` with only torch and torchdelegate imported, or ""."""
+def answer_of(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's calls' outputs and structures, or its error; never raises."""
     try:
-        torchdelegate.load(program_path).close()
-    except Exception as error:  # noqa: BLE001 - recorded, not raised
-        return describe(error)
-    return ""
-
-
-def run_job(job: dict[str, Any], bare: str | None) -> None:
-    """One program: its outputs or its error, written to ``job["outputs"]``; never raises."""
-    try:
-        calls = torch.load(job["calls"], weights_only=True)
-        answer = run_calls(job["program"], calls)
+        return run_calls(job["program"], torch.load(job["calls"], weights_only=True))
     except Exception as error:  # noqa: BLE001 - the zoo records every failure and goes on
-        answer = {"error": describe(error)}
+        return {"error": describe(error)}
+
+
+def run_job(job: dict[str, Any], bare: dict[str, Any] | None) -> None:
+    """One program: its outputs or its error, written to ``job["outputs"]``."""
+    answer = answer_of(job)
     if bare is not None:
-        answer["bare_load"] = bare
+        answer["bare"] = bare
     torch.save(answer, job["outputs"])
 
 
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     jobs = json.loads(Path(argv[1]).read_text())
-    bare = {index: bare_load(job["program"]) for index, job in enumerate(jobs) if job.get("imports")}
+    bare = {index: answer_of(job) for index, job in enumerate(jobs) if job.get("imports")}
     for module in sorted({module for job in jobs for module in job.get("imports", [])}):
         importlib.import_module(module)
     for index, job in enumerate(jobs):

@@ -80,7 +80,8 @@ class Result:
     max_abs_error: float | None = None
     output_structure: str = ""
     imports: list[str] = field(default_factory=list)  # modules defining the output types, imported to run
-    bare_load_error: str = ""  # loading with only torch and torchdelegate imported, when ``imports``
+    bare_error: str = ""  # running with only torch and torchdelegate imported, when ``imports``: "" if as eager
+    bare_structure: str = ""  # the plain output structure it returned then
 
     @property
     def file_over_weights(self) -> float | None:
@@ -311,6 +312,18 @@ def compare(expected: list[list[Any]], actual: list[list[Any]]) -> float:
     return largest
 
 
+def plain_outcome(expected: list[list[Any]], bare: dict[str, Any]) -> tuple[str, str]:
+    """The plain structure a run without the output types' modules returned, and what was wrong
+    with it ("" when its outputs are eager's, in eager's order)."""
+    if "error" in bare:
+        return "", bare["error"]
+    try:
+        compare(expected, bare["outputs"])
+    except AssertionError as error:
+        return bare["structures"][0], str(error)
+    return bare["structures"][0], ""
+
+
 def finish(prepared: Prepared, workdir: Path) -> list[Result]:
     """Each saved program's fresh-process outputs checked against eager: its result is final."""
     crash = workdir / "fresh-process-error.txt"
@@ -322,7 +335,9 @@ def finish(prepared: Prepared, workdir: Path) -> list[Result]:
             result.fail("load and run", f"fresh process died: {why}")
             continue
         answer = torch.load(answer_path, weights_only=True)
-        result.imports, result.bare_load_error = prepared.imports, answer.get("bare_load", "")
+        result.imports = prepared.imports
+        if "bare" in answer:
+            result.bare_structure, result.bare_error = plain_outcome(prepared.expected, answer["bare"])
         if "error" in answer:
             result.fail("load and run", answer["error"])
             continue
@@ -335,6 +350,9 @@ def finish(prepared: Prepared, workdir: Path) -> list[Result]:
         if answer["structures"] != prepared.structures:
             result.fail("compare", f"output structure {answer['structures'][0]}, eager {prepared.structures[0]}")
             continue
+        if result.bare_error:
+            result.fail("run without imports", result.bare_error)
+            continue
         result.passed = True
     return prepared.results
 
@@ -346,7 +364,7 @@ def run_models(models: Sequence[ZooModel], workdir: Path) -> list[Result]:
     results = [result for p in prepared for result in finish(p, workdir)]
     for result in results:  # errors name files by their name only: the page does not change with the directory
         result.error = result.error.replace(f"{workdir}{os.sep}", "")
-        result.bare_load_error = result.bare_load_error.replace(f"{workdir}{os.sep}", "")
+        result.bare_error = result.bare_error.replace(f"{workdir}{os.sep}", "")
     return results
 
 
@@ -505,7 +523,7 @@ def failures_section(results: Sequence[Result]) -> list[str]:
 
 
 def output_types_section(results: Sequence[Result]) -> list[str]:
-    """Models returning library types (a ``ModelOutput``): loading before and after importing their module."""
+    """Models returning library types (a ``ModelOutput``): run before and after importing their module."""
     typed = [r for r in results if r.imports]
     if not typed:
         return []
@@ -513,15 +531,17 @@ def output_types_section(results: Sequence[Result]) -> list[str]:
         "",
         "## Outputs of library types",
         "",
-        "These models return their library's output type as it is. The fresh process first loads each",
-        "file with only torch and torchdelegate imported (the result is below), then imports the modules",
-        "that define the types, as a caller using them has them, and runs the calls (the table above).",
+        "These models return their library's output type as it is. The fresh process first loads and",
+        "runs each file with only torch and torchdelegate imported: the outputs come back as plain",
+        "containers (below, compared with eager's leaves), then it imports the modules that define the",
+        "types, as a caller using them has them, and runs the calls again (the table above).",
         "",
-        "| model | backends | imports | loading without them |",
+        "| model | backends | imports | without them |",
         "|---|---|---|---|",
     ]
     for r in typed:
-        bare = f"`{r.bare_load_error.replace('|', '/')}`" if r.bare_load_error else "loads"
+        plain = f"outputs equal eager's, as `{r.bare_structure.replace('|', '/')[:80]}`" if r.bare_structure else ""
+        bare = f"`{r.bare_error.replace('|', '/')}`" if r.bare_error else plain
         lines.append(f"| {r.model} | {' then '.join(r.backends)} | {', '.join(r.imports)} | {bare} |")
     return lines
 

@@ -33,6 +33,7 @@ from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
+from torchdelegate.serialize.tree_specs import output_type_name, with_plain_containers
 from torchdelegate.trust import trusted_backends as trusted_backends_of
 
 
@@ -98,6 +99,7 @@ class BoundMethod:
     def __init__(self, program: Program, method: Method) -> None:
         self._gate = program._gate
         self._method = method
+        self.output_type = program._output_types[method.name]
         self._state_lock = program._state_lock if method.uses_mutable_state else None
         self._verify = program._verify_state
         self.name = method.name
@@ -117,6 +119,11 @@ class BoundMethod:
     def signature(self) -> list[str]:
         """The user inputs as ``name: dtype[sizes]``, in the order a call passes them."""
         return self._method.inputs.parameters()
+
+    output_type: str | None
+    """The container type the file says the outputs come in (``builtins.tuple``,
+    ``transformers.modeling_outputs.CausalLMOutputWithPast``), None for a single value. If this
+    process has not registered it, the outputs come back plain: see :attr:`Program.plain_types`."""
 
     def __repr__(self) -> str:
         return f"<method {self._method.inputs.describe()}>"
@@ -138,6 +145,8 @@ class Program:
         self._methods: dict[str, Method] = {}
         self._bound: dict[str, BoundMethod] = {}
         self._unverified: dict[str, list[tuple[str, str]]] = {}  # method: (name, digest) of its read-only state
+        self._output_types: dict[str, str | None] = {}
+        self._plain_types: dict[str, str] = {}
         self._source = GeneratedSource()
         try:
             with self._source.recording():
@@ -165,6 +174,15 @@ class Program:
     def report(self) -> dict[str, Any] | None:
         """The partition report lowering saved in the file (``LoweringReport.from_json`` reads it), if any."""
         return self._file.report
+
+    @property
+    def plain_types(self) -> dict[str, str]:
+        """Container types the file names that this process has not registered, each with the plain
+        type (``"dict"`` or ``"tuple"``) its values are passed and returned as (docs/FORMAT.md §3).
+
+        Import the module that registers a type before ``load`` to get that type instead.
+        """
+        return dict(sorted(self._plain_types.items()))
 
     @property
     def delegates(self) -> list[DelegateRecord]:
@@ -267,6 +285,8 @@ class Program:
     def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
         where = f"{self._file.path}: method {name!r}"
         program = program_from_json(graph, self._state, where)
+        self._output_types[name] = output_type_name(graph)
+        self._plain_types.update(with_plain_containers(graph, where)[1])
         digests = {r.name: r.data for r in self._file.state}
         reads = {s.target for s in program.graph_signature.input_specs if s.kind != InputKind.USER_INPUT}
         self._unverified[name] = [

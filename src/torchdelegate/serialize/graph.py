@@ -31,9 +31,10 @@ from torch._ops import HigherOrderOperator, OpOverload
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from torchdelegate.errors import FormatError, SerializationError
+from torchdelegate.errors import FormatError, OperatorNotFoundError, SerializationError
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
+from torchdelegate.serialize.tree_specs import with_plain_containers
 from torchdelegate.torch_warnings import torch_internal_warnings_silenced
 
 _library = torch.library.Library("torchdelegate", "DEF")
@@ -196,9 +197,20 @@ def state_names(document: Any) -> dict[str, str]:
 def program_from_json(document: Any, tensors: Mapping[str, torch.Tensor], where: str) -> ExportedProgram:
     """The program a :func:`program_to_json` document describes, reading ``tensors`` by name.
 
-    The program holds the tensors themselves (parameters wrapped as Parameters, no copy).
+    The program holds the tensors themselves (parameters wrapped as Parameters, no copy). Input
+    and output containers whose type this process has not registered are plain ones
+    (``tree_specs``); the document itself is not changed.
     """
     check_graph_document(document, where)
+    missing_operators = unregistered_operators(document)
+    if missing_operators:
+        namespaces = sorted({target.split(".")[2] for target in missing_operators})
+        raise OperatorNotFoundError(
+            f"{where}: the graph calls {', '.join(missing_operators)}, which this process has not registered "
+            f"(the file itself is sound); import the library that defines the "
+            f"{', '.join(map(repr, namespaces))} operators before loading"
+        )
+    document, _ = with_plain_containers(document, where)
     names = state_names(document)
     missing = sorted(set(names) - set(tensors))
     if missing:
@@ -282,6 +294,33 @@ def check_graph_document(document: Any, where: str) -> None:
             raise FormatError(f"{where}: the graph names {value[:80]!r}, which is not an identifier")
         elif key == "class_fqn":
             raise FormatError(f"{where}: the graph holds a custom object of class {str(value)[:80]!r}; none may")
+
+
+def unregistered_operators(document: Any) -> list[str]:
+    """The operators a graph document calls whose whole namespace this process lacks, sorted: the
+    library that registers them is not imported, or not installed.
+
+    An unknown name in a namespace this process has (``aten.rel4``) is not a missing library but
+    a damaged file, or one from a newer torch; torch's deserializer reports those.
+    """
+    named = {
+        value
+        for key, value in _walk(document)
+        if key in ("target", "as_operator") and isinstance(value, str) and _OPERATOR_TARGET.fullmatch(value)
+    }
+    unresolved = [t for t in named if not t.startswith("torch.ops.higher_order.") and not _registered(t)]
+    if not unresolved:
+        return []
+    present = {name.split("::", 1)[0] for name in torch._C._dispatch_get_all_op_names()}
+    return sorted(target for target in unresolved if target.split(".")[2] not in present)
+
+
+def _registered(target: str) -> bool:
+    namespace, name, overload = target.split(".")[2:]
+    try:
+        return isinstance(getattr(getattr(getattr(torch.ops, namespace), name), overload), OpOverload)
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _walk(value: Any) -> Iterator[tuple[str, Any]]:

@@ -1,0 +1,305 @@
+"""Programs whose outputs are a library's types (transformers' ``ModelOutput``), lowered from
+Python and with the command, then run in fresh processes: one where transformers cannot be
+imported at all (outputs come back as dicts of the same fields), one that imports its module
+(outputs come back as its types)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import torchdelegate as td  # noqa: E402
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.reference import ReferencePartitioner  # noqa: E402
+
+VOCAB = 128
+OUTPUTS_MODULE = "transformers.modeling_outputs"
+# A process in which ``import transformers`` raises ImportError, as on a machine without it.
+WITHOUT_TRANSFORMERS = "import sys\nsys.modules['transformers'] = None\n"
+
+
+def _tokens(length: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (1, length))
+
+
+def _bert() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB
+    )
+    return transformers.BertModel(config), {"input_ids": _tokens(8)}
+
+
+def _llama() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        use_cache=False,
+    )
+    return transformers.LlamaForCausalLM(config), {"input_ids": _tokens(8)}
+
+
+def _t5() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    config = transformers.T5Config(
+        d_model=32,
+        d_ff=64,
+        d_kv=16,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        vocab_size=VOCAB,
+        decoder_start_token_id=0,
+        use_cache=False,
+    )
+    return transformers.T5ForConditionalGeneration(config), {"input_ids": _tokens(8), "decoder_input_ids": _tokens(5)}
+
+
+# method name -> model: an encoder, a decoder-only LM, an encoder-decoder
+ARCHITECTURES: dict[str, Callable[[], tuple[torch.nn.Module, dict[str, torch.Tensor]]]] = {
+    "encode": _bert,
+    "generate": _llama,
+    "translate": _t5,
+}
+
+
+class Built:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.inputs: dict[str, dict[str, torch.Tensor]] = {}
+        self.eager: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """Each model exported with keyword inputs (``.pt2``, for the command), its eager outputs, and
+    one program file of all three methods lowered from Python with onnxruntime then reference."""
+    result = Built(tmp_path_factory.mktemp("library-types"))
+    programs = {}
+    for method, build in ARCHITECTURES.items():
+        torch.manual_seed(0)
+        model, inputs = build()
+        model.eval()
+        with torch.no_grad():
+            result.eager[method] = model(**inputs)
+        programs[method] = torch.export.export(model, (), inputs)
+        torch.export.save(programs[method], result.directory / f"{method}.pt2")
+        result.inputs[method] = inputs
+        for name, value in inputs.items():
+            np.save(result.directory / f"{method}.{name}.npy", value.numpy())
+    lowered = td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner(), ReferencePartitioner()])
+    lowered.save(result.directory / "models.tdp")
+    torch.save(result.inputs, result.directory / "inputs.pt")
+    return result
+
+
+def _python(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=600, check=False
+    )
+
+
+RUN_ALL = """
+import json, torch, torchdelegate
+inputs = torch.load("inputs.pt", weights_only=True)
+seen = {}
+with torchdelegate.load("models.tdp") as program:
+    for method, kwargs in inputs.items():
+        out = program.run(method, **kwargs)
+        seen[method] = {
+            "type": f"{type(out).__module__}.{type(out).__qualname__}",
+            "keys": list(out.keys()),
+            "output_type": program.method(method).output_type,
+        }
+        torch.save(dict(out), f"{method}.out.pt")
+    seen["plain_types"] = program.plain_types
+print(json.dumps(seen))
+"""
+
+
+def _assert_same_fields(eager: Any, loaded: dict[str, torch.Tensor]) -> None:
+    assert list(loaded) == list(eager.keys())
+    for name, value in eager.items():
+        torch.testing.assert_close(loaded[name], value, atol=1e-5, rtol=1e-4)
+
+
+def test_a_process_without_transformers_gets_dicts_of_the_same_fields(built: Built) -> None:
+    done = _python(WITHOUT_TRANSFORMERS + "import transformers\n", built.directory)
+    assert "import of transformers halted" in done.stderr  # the check below runs where transformers truly cannot load
+    done = _python(WITHOUT_TRANSFORMERS + RUN_ALL, built.directory)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    expected_types = {method: f"{type(out).__module__}.{type(out).__name__}" for method, out in built.eager.items()}
+    assert seen.pop("plain_types") == {name: "dict" for name in sorted(set(expected_types.values()))}
+    for method, eager in built.eager.items():
+        expected = {"type": "builtins.dict", "keys": list(eager.keys()), "output_type": expected_types[method]}
+        assert seen[method] == expected
+        _assert_same_fields(eager, torch.load(built.directory / f"{method}.out.pt", weights_only=True))
+    assert list(built.eager["encode"].keys()) == ["last_hidden_state", "pooler_output"]
+    assert "encoder_last_hidden_state" in built.eager["translate"].keys()
+
+
+def test_a_process_that_imports_the_outputs_module_gets_its_types(built: Built) -> None:
+    done = _python(f"import {OUTPUTS_MODULE}\n" + RUN_ALL, built.directory)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen.pop("plain_types") == {}
+    for method, eager in built.eager.items():
+        assert seen[method]["type"] == f"{type(eager).__module__}.{type(eager).__qualname__}"
+        _assert_same_fields(eager, torch.load(built.directory / f"{method}.out.pt", weights_only=True))
+
+
+COMMANDS = """
+import contextlib, io, json, sys
+from torchdelegate.cli import main
+answers = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    answers.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(answers))
+"""
+
+
+def _commands(commands: list[list[str]], cwd: Path, prelude: str = "") -> list[dict[str, Any]]:
+    """Each command's exit code and output, all run by ``main`` in one fresh process, in order."""
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + COMMANDS, json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answers: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answers
+
+
+def _last_error_line(answer: dict[str, Any]) -> str:
+    return str(answer["stderr"]).strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def lowered_by_command(built: Built) -> list[dict[str, Any]]:
+    """In one process that has not imported transformers: lower without ``--import`` (refused), with
+    an ``--import`` of no module, a file naming a planted module's type, then with ``--import``."""
+    methods = [f"{method}={method}.pt2" for method in ARCHITECTURES]
+    planted = built.directory / "planted"
+    planted.mkdir()
+    (planted / "planted.py").write_text(f"open({str(planted / 'imported')!r}, 'w').close()\n")
+    torch.export.save(torch.export.load(built.directory / "encode.pt2"), planted / "encode.pt2")
+    _rename_output_type(planted / "encode.pt2", "planted.Output")  # importing planted would leave a marker
+    commands = [
+        ["lower", *methods, "-b", "reference", "-o", "cli.tdp"],
+        ["lower", "encode=encode.pt2", "-b", "reference", "-o", "x.tdp", "--import", "transformerz"],
+        ["lower", "encode=planted/encode.pt2", "-b", "reference", "-o", "x.tdp"],
+        ["lower", *methods, "-b", "reference", "-o", "cli.tdp", "--import", OUTPUTS_MODULE],
+    ]
+    # planted.py sits in the working directory's planted/, on sys.path if anything imported it by name
+    return _commands(commands, built.directory, prelude=f"import sys\nsys.path.insert(0, {str(planted)!r})\n")
+
+
+def test_the_command_names_the_missing_type_and_suggests_import(lowered_by_command: list[dict[str, Any]]) -> None:
+    refused = lowered_by_command[0]
+    assert refused["code"] == 1
+    error = _last_error_line(refused)
+    assert "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions" in error
+    assert "which this process has not registered (the file is sound)" in error
+    assert error.endswith("--import transformers.modeling_outputs")
+    assert "is not a torch.export.save file" not in error
+
+
+def test_import_of_a_module_that_does_not_exist_is_a_usage_error(lowered_by_command: list[dict[str, Any]]) -> None:
+    answer = lowered_by_command[1]
+    assert answer["code"] == 2
+    message = "--import transformerz: no module named 'transformerz' in this environment"
+    assert _last_error_line(answer).endswith(message)
+
+
+def test_a_file_never_makes_the_command_import_a_module(built: Built, lowered_by_command: list[dict[str, Any]]) -> None:
+    answer = lowered_by_command[2]
+    assert answer["code"] == 1
+    assert "needs planted.Output" in answer["stderr"] and "--import planted" in answer["stderr"]
+    assert not (built.directory / "planted" / "imported").exists()
+
+
+def test_with_import_the_command_lowers_them_and_runs_them_without_transformers(
+    built: Built, lowered_by_command: list[dict[str, Any]]
+) -> None:
+    assert lowered_by_command[3]["code"] == 0, lowered_by_command[3]["stderr"]
+    runs = [
+        ["run", "cli.tdp", "-m", method, *[a for name in inputs for a in ("-i", f"{name}={method}.{name}.npy")]]
+        + ["--save", f"{method}.npz"]
+        for method, inputs in built.inputs.items()
+    ]
+    inspected, *ran = _commands([["inspect", "cli.tdp"], *runs], built.directory, prelude=WITHOUT_TRANSFORMERS)
+    assert inspected["code"] == 0, inspected["stderr"]
+    assert (
+        "  translate(input_ids: int64[1, 8], decoder_input_ids: int64[1, 5]) -> "
+        "transformers.modeling_outputs.Seq2SeqLMOutput (read as a dict here)  delegates: #2 reference"
+    ) in inspected["stdout"]
+    for method, answer in zip(built.inputs, ran, strict=True):
+        assert answer["code"] == 0, answer["stderr"]
+        eager = built.eager[method]
+        name = f"{type(eager).__module__}.{type(eager).__name__}"
+        assert f", a {name} (returned as a dict: its module is not imported)" in answer["stdout"]
+        saved = np.load(built.directory / f"{method}.npz")
+        for index, (field, value) in enumerate(eager.items()):
+            assert f"  output_{index} {field}: float32[{', '.join(map(str, value.shape))}]" in answer["stdout"]
+            np.testing.assert_allclose(saved[f"output_{index}"], value.numpy(), atol=1e-5, rtol=1e-4)
+
+
+def _rename_output_type(path: Path, name: str) -> None:
+    """Rewrite an archive's model JSON so that its outputs name the type ``name``."""
+    with zipfile.ZipFile(path) as archive:
+        members = {member: archive.read(member) for member in archive.namelist()}
+    (model,) = [member for member in members if member.endswith("/models/model.json")]
+    text = members[model].decode()
+    members[model] = text.replace(
+        "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions", name
+    ).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in members.items():
+            archive.writestr(member, data)
+
+
+README = Path(__file__).parent.parent / "README.md"
+_TIMES = re.compile(r"\d+(\.\d+)? (ms|s)\b")
+
+
+def test_the_readme_tour_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    """The tour's script, then its commands (lowering in one process, inspect and run in one that
+    cannot import transformers); each output as the README shows it, times aside."""
+    text = README.read_text(encoding="utf-8")
+    tour = text[text.index("A tour with a transformers BERT") :]
+    script = tour[tour.index("```python\n") + 10 : tour.index("```\n", tour.index("```python\n") + 10)]
+    shown = tour[tour.index("```\n$ torchdelegate") + 4 :]
+    shown = shown[: shown.index("```\n")]
+    done = _python(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    blocks = [block.strip().splitlines() for block in ("\n" + shown).split("\n$ torchdelegate ")[1:]]
+    commands = [shlex.split(block[0]) for block in blocks]
+    # the progress lines are stderr's, shown as a terminal shows both
+    expected = [_TIMES.sub("T", "\n".join(b for b in block[1:] if not b.startswith("preprocess "))) for block in blocks]
+    assert [c[0] for c in commands] == ["lower", "lower", "inspect", "run"]
+    answers = _commands(commands[:2], tmp_path) + _commands(commands[2:], tmp_path, prelude=WITHOUT_TRANSFORMERS)
+    for command, answer, want in zip(commands, answers, expected, strict=True):
+        printed = (answer["stderr"] if answer["code"] else answer["stdout"]).strip()
+        assert _TIMES.sub("T", printed) == want, f"torchdelegate {' '.join(command)}"
