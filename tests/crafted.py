@@ -6,6 +6,7 @@ saves through `save`, so the container, manifest and checksums are all valid: on
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,16 @@ from models import TwoLinears, export
 
 import torchdelegate as td
 from torchdelegate.backends.blob import pack, unpack
+from torchdelegate.serialize.container import HEADER
+
+
+def with_manifest(original: bytes, manifest: bytes) -> bytes:
+    """A program file with a new manifest (and a correct checksum), its data area moved after it."""
+    magic, version, reserved, _, data_offset, _ = HEADER.unpack_from(original)
+    data = original[data_offset:]
+    new_offset = -(-(HEADER.size + len(manifest)) // 64) * 64
+    header = HEADER.pack(magic, version, reserved, len(manifest), new_offset, hashlib.sha256(manifest).digest())
+    return header + manifest + b"\0" * (new_offset - HEADER.size - len(manifest)) + data
 
 
 def lowered_with_blob(partitioner: td.Partitioner, rewrite: Callable[[bytes], bytes], path: Path) -> Path:

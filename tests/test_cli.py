@@ -170,9 +170,11 @@ def saved(exported: Path) -> Path:
         (
             ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--import", "needs_missing"),
             1,
-            "--import needs_missing: importing it failed: No module named 'a_module_nobody_installed'",
+            "--import needs_missing: importing it failed: ModuleNotFoundError: No module named 'a_module_nobody_",
         ),
+        (("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--import", ""), 2, "--import '' is not"),
         (("inspect", "plain.tdp", "--report"), 1, "plain.tdp holds no partition report"),
+        (("run", "model.pt2"), 1, "model.pt2: not a torchdelegate program file (magic bytes"),
         (("run", "ab.tdp"), 1, "the file has several methods (a, b); choose one with --method"),
         (("run", "ab.tdp", "--method", "c"), 1, "no method 'c' in ab.tdp; the methods are a, b"),
         (("run", "plain.tdp", "--input", "abc"), 1, "input 'abc' is neither a .npy file nor a number"),
@@ -209,3 +211,34 @@ def test_text_from_a_file_reaches_the_terminal_without_its_control_characters() 
     from torchdelegate.cli import printable
 
     assert printable("forward:\x1b]0;title\x07\x1b[2Jok\n\tnext") == "forward:\\x1b]0;title\\x07\\x1b[2Jok\n\tnext"
+
+
+def test_a_file_needing_an_operator_library_says_to_import_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    library = torch.library.Library("td_cli_unloaded", "DEF")
+    library.define("twice(Tensor x) -> Tensor")
+    library.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+
+    class CustomOp(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.td_cli_unloaded.twice(x) + 1
+
+    td.to_edge(torch.export.export(CustomOp(), (torch.randn(3),))).save(tmp_path / "op.tdp")
+    library._destroy()
+    monkeypatch.chdir(tmp_path)
+    for command in ("inspect", "run"):
+        assert main([command, "op.tdp"]) == 1
+        error = capsys.readouterr().err
+        assert "the graph calls torch.ops.td_cli_unloaded.twice.default" in error
+        assert error.endswith("(with this command: --import MODULE)\n")
+
+
+def test_outputs_are_named_by_their_place_unless_they_are_a_flat_tuple() -> None:
+    from torch.utils._pytree import MappingKey, SequenceKey
+
+    from torchdelegate.cli import _output_names
+
+    assert _output_names([(SequenceKey(0),), (SequenceKey(1),)]) == ["", ""]
+    nested = [(SequenceKey(0),), (SequenceKey(1), SequenceKey(0)), (SequenceKey(1), MappingKey("k"))]
+    assert _output_names(nested) == ["0", "1.0", "1.k"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -204,12 +205,18 @@ def lowered_by_command(built: Built) -> list[dict[str, Any]]:
     planted = built.directory / "planted"
     planted.mkdir()
     (planted / "planted.py").write_text(f"open({str(planted / 'imported')!r}, 'w').close()\n")
-    torch.export.save(torch.export.load(built.directory / "encode.pt2"), planted / "encode.pt2")
-    _rename_output_type(planted / "encode.pt2", "planted.Output")  # importing planted would leave a marker
+    enum = {"__enum__": True, "fqn": "planted:Kind", "name": "A"}  # torch's reader would import planted
+    for name, edit in (
+        ("typed", lambda root: root.update(type="planted.Output")),
+        ("enum", lambda root: root.update(context=json.dumps([enum, "pooler_output"]))),
+    ):
+        shutil.copy(built.directory / "encode.pt2", planted / f"{name}.pt2")
+        _edit_outputs(planted / f"{name}.pt2", edit)
     commands = [
         ["lower", *methods, "-b", "reference", "-o", "cli.tdp"],
         ["lower", "encode=encode.pt2", "-b", "reference", "-o", "x.tdp", "--import", "transformerz"],
-        ["lower", "encode=planted/encode.pt2", "-b", "reference", "-o", "x.tdp"],
+        ["lower", "encode=planted/typed.pt2", "-b", "reference", "-o", "x.tdp"],
+        ["lower", "encode=planted/enum.pt2", "-b", "reference", "-o", "x.tdp"],
         ["lower", *methods, "-b", "reference", "-o", "cli.tdp", "--import", OUTPUTS_MODULE],
     ]
     # planted.py sits in the working directory's planted/, on sys.path if anything imported it by name
@@ -221,7 +228,7 @@ def test_the_command_names_the_missing_type_and_suggests_import(lowered_by_comma
     assert refused["code"] == 1
     error = _last_error_line(refused)
     assert "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions" in error
-    assert "which this process has not registered (the file is sound)" in error
+    assert "which this process has not registered; import what defines it" in error
     assert error.endswith("--import transformers.modeling_outputs")
     assert "is not a torch.export.save file" not in error
 
@@ -229,21 +236,26 @@ def test_the_command_names_the_missing_type_and_suggests_import(lowered_by_comma
 def test_import_of_a_module_that_does_not_exist_is_a_usage_error(lowered_by_command: list[dict[str, Any]]) -> None:
     answer = lowered_by_command[1]
     assert answer["code"] == 2
-    message = "--import transformerz: no module named 'transformerz' in this environment"
+    message = "--import transformerz: no module named 'transformerz' in this environment or the current directory"
     assert _last_error_line(answer).endswith(message)
 
 
 def test_a_file_never_makes_the_command_import_a_module(built: Built, lowered_by_command: list[dict[str, Any]]) -> None:
-    answer = lowered_by_command[2]
-    assert answer["code"] == 1
-    assert "needs planted.Output" in answer["stderr"] and "--import planted" in answer["stderr"]
+    typed, enum = lowered_by_command[2:4]
+    assert typed["code"] == 1
+    assert "needs planted.Output" in typed["stderr"] and "--import planted" in typed["stderr"]
+    assert enum["code"] == 1
+    assert (
+        "a tree spec names an enum, which a saved graph may not (reading it imports); the file is not read"
+        in (enum["stderr"])
+    )
     assert not (built.directory / "planted" / "imported").exists()
 
 
 def test_with_import_the_command_lowers_them_and_runs_them_without_transformers(
     built: Built, lowered_by_command: list[dict[str, Any]]
 ) -> None:
-    assert lowered_by_command[3]["code"] == 0, lowered_by_command[3]["stderr"]
+    assert lowered_by_command[4]["code"] == 0, lowered_by_command[4]["stderr"]
     runs = [
         ["run", "cli.tdp", "-m", method, *[a for name in inputs for a in ("-i", f"{name}={method}.{name}.npy")]]
         + ["--save", f"{method}.npz"]
@@ -259,22 +271,24 @@ def test_with_import_the_command_lowers_them_and_runs_them_without_transformers(
         assert answer["code"] == 0, answer["stderr"]
         eager = built.eager[method]
         name = f"{type(eager).__module__}.{type(eager).__name__}"
-        assert f", a {name} (returned as a dict: its module is not imported)" in answer["stdout"]
+        assert f", a {name} (returned as a dict: not registered in this process)" in answer["stdout"]
         saved = np.load(built.directory / f"{method}.npz")
         for index, (field, value) in enumerate(eager.items()):
             assert f"  output_{index} {field}: float32[{', '.join(map(str, value.shape))}]" in answer["stdout"]
             np.testing.assert_allclose(saved[f"output_{index}"], value.numpy(), atol=1e-5, rtol=1e-4)
 
 
-def _rename_output_type(path: Path, name: str) -> None:
-    """Rewrite an archive's model JSON so that its outputs name the type ``name``."""
+def _edit_outputs(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite an archive's model JSON: ``edit`` changes the root node of its outputs' tree spec."""
     with zipfile.ZipFile(path) as archive:
         members = {member: archive.read(member) for member in archive.namelist()}
     (model,) = [member for member in members if member.endswith("/models/model.json")]
-    text = members[model].decode()
-    members[model] = text.replace(
-        "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions", name
-    ).encode()
+    document = json.loads(members[model])
+    signature = document["graph_module"]["module_call_graph"][0]["signature"]
+    protocol, root = json.loads(signature["out_spec"])
+    edit(root)
+    signature["out_spec"] = json.dumps([protocol, root])
+    members[model] = json.dumps(document).encode()
     with zipfile.ZipFile(path, "w") as archive:
         for member, data in members.items():
             archive.writestr(member, data)

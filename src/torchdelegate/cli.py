@@ -23,7 +23,7 @@ from typing import Any, NoReturn, TextIO, cast
 import numpy as np
 import torch
 
-from torchdelegate.errors import BackendNotFoundError, TorchDelegateError, first_line
+from torchdelegate.errors import BackendNotFoundError, FormatError, TorchDelegateError, first_line
 from torchdelegate.progress import PreprocessProgress
 from torchdelegate.report.terminal import coverage_line, human_bytes
 from torchdelegate.torch_warnings import loggers_quieted, torch_internal_warnings_silenced
@@ -100,15 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
     lower.add_argument("--min-partition-size", type=int, default=1, metavar="N", help="smallest partition (default 1)")
     lower.add_argument("--html", type=Path, metavar="FILE.html", help="also write the partition report as HTML")
     lower.add_argument("--external-data", type=Path, metavar="FILE", help="put weights in this separate data file")
-    lower.add_argument(
-        "--import",
-        action="append",
-        default=[],
-        dest="imports",
-        metavar="MODULE",
-        help="import this module before reading the files (repeat): the one that registers the programs' output "
-        "types or custom operators, e.g. transformers.modeling_outputs",
-    )
 
     inspect = commands.add_parser(
         "inspect", help="describe a program file", description="Describe a program file written by torchdelegate."
@@ -164,6 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output-dir", type=Path, metavar="DIR", help="keep the program file and report here")
     demo.add_argument("--rounds", type=int, default=3, metavar="R", help="timing rounds, median taken (default 3)")
 
+    for sub in (lower, inspect, run):
+        sub.add_argument(
+            "--import",
+            action="append",
+            default=[],
+            dest="imports",
+            metavar="MODULE",
+            help="import this module before reading the files (repeat; the current directory is searched last): "
+            "the one that registers the programs' output types or custom operators, e.g. "
+            "transformers.modeling_outputs",
+        )
     for sub in (lower, inspect, run, demo):
         sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
     return parser
@@ -180,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     out = sys.stdout if args.command in ("lower", "demo") else cast(TextIO, _PrintableText(sys.stdout))
     try:
+        for module in getattr(args, "imports", ()):
+            _import(module)
         with torch_internal_warnings_silenced():  # a command's output is not the place for torch's own
             return commands[args.command](args, out)
     except KeyboardInterrupt:
@@ -191,8 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CommandError, TorchDelegateError, ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         if args.verbose:
             traceback.print_exc()
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"torchdelegate: error: {printable(str(message))}", file=sys.stderr)
+        message = str(error.args[0] if isinstance(error, KeyError) and error.args else error)
+        notes = "; ".join(getattr(error, "__notes__", ()))  # where torch failed, added by torchdelegate
+        print(f"torchdelegate: error: {printable(message + (f' ({notes})' if notes else ''))}", file=sys.stderr)
         return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILED
 
 
@@ -216,8 +221,6 @@ def _lower(args: argparse.Namespace, out: TextIO) -> int:
         supports = backend_supports(args.backends, _compile_specs(args.compile_spec))
     except (BackendNotFoundError, ValueError) as error:
         raise UsageError(str(error.args[0] if error.args else error)) from error
-    for module in args.imports:
-        _import(module)
     programs = {method: _load_export(method, path) for method, path in methods}
     partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
     started = time.perf_counter()
@@ -262,56 +265,108 @@ def _method_files(pairs: Sequence[str]) -> list[tuple[str, Path]]:
 
 
 def _import(module: str) -> None:
-    """``--import MODULE``: what the files need registered (pytree types, custom operators)."""
+    """``--import MODULE``: what the files need registered (pytree types, custom operators).
+
+    The current directory is searched after the installed packages, as ``python -m`` would.
+    """
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise UsageError(
+            f"--import {module!r} is not a module name (dotted identifiers: transformers.modeling_outputs)"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as error:
         if error.name is not None and (module == error.name or module.startswith(f"{error.name}.")):
-            raise UsageError(f"--import {module}: no module named {error.name!r} in this environment") from error
-        raise CommandError(f"--import {module}: importing it failed: {first_line(error)}") from error
+            raise UsageError(
+                f"--import {module}: no module named {error.name!r} in this environment or the current directory"
+            ) from error
+        raise CommandError(
+            f"--import {module}: importing it failed: ModuleNotFoundError: {first_line(error)}"
+        ) from error
     except Exception as error:
         failure = f"{type(error).__name__}: {first_line(error)}"
         raise CommandError(f"--import {module}: importing it failed: {failure}") from error
 
 
+def _loaded(path: Path, external_data: Path | None, trust: Sequence[str]) -> Any:
+    """``load`` for the commands: a torch.export.save file or a missing operator library says what to do."""
+    from torchdelegate.errors import OperatorNotFoundError
+    from torchdelegate.runtime.program import load
+
+    try:
+        return load(path, external_data_path=external_data, trusted_backends=trust)
+    except FormatError as error:
+        if zipfile.is_zipfile(path):
+            hint = f"it looks like a torch.export.save file: lower it first (torchdelegate lower forward={path} ...)"
+            raise CommandError(f"{error}; {hint}") from error
+        raise
+    except OperatorNotFoundError as error:
+        raise CommandError(f"{error} (with this command: --import MODULE)") from error
+
+
 def _load_export(method: str, path: Path) -> torch.export.ExportedProgram:
+    from torchdelegate.serialize.tree_specs import check_tree_specs
+
     if not path.is_file():
         raise CommandError(f"method {method!r}: no file {str(path)!r}")
+    documents = _archive_documents(path)
+    for member, document in documents:
+        try:
+            check_tree_specs(document, f"{path}: {member}")
+        except FormatError as error:  # torch's reader would import what the file names
+            raise CommandError(f"method {method!r}: {error}; the file is not read") from error
     try:
         with loggers_quieted(["torch.export"]):  # our one-line error quotes what torch logs at length
             return torch.export.load(path)
     except Exception as error:
-        needs = _unregistered_in_archive(path)
+        needs = _unregistered(documents)
         if needs:
-            modules = sorted({name.rpartition(".")[0] for name in needs if not name.startswith("torch.ops.")})
-            hint = " ".join(f"--import {m}" for m in modules) or "--import MODULE"
             raise CommandError(
-                f"method {method!r}: {str(path)!r} needs {', '.join(needs)}, which this process has not registered "
-                f"(the file is sound); import what defines {'it' if len(needs) == 1 else 'them'}: {hint}"
+                f"method {method!r}: {str(path)!r} needs {', '.join(needs)}, which this process has not registered; "
+                f"import what defines {'it' if len(needs) == 1 else 'them'}: {_import_hint(needs)}"
             ) from error
         raise CommandError(
             f"method {method!r}: {str(path)!r} is not a torch.export.save file ({type(error).__name__}: {error})"
         ) from error
 
 
-def _unregistered_in_archive(path: Path) -> list[str]:
-    """The container types and operators the programs in a torch.export.save archive name that
-    this process has not registered; [] when the archive cannot be read."""
-    from torchdelegate.serialize.graph import unregistered_operators
-    from torchdelegate.serialize.tree_specs import is_registered, module_call_specs, spec_types
-
-    needs: dict[str, None] = {}
+def _archive_documents(path: Path) -> list[tuple[str, Any]]:
+    """The program documents (JSON) of a torch.export.save archive; [] when it cannot be read so."""
     try:
         with zipfile.ZipFile(path) as archive:
-            for member in archive.namelist():
-                if member.endswith(".json") and "/models/" in member:
-                    document = json.loads(archive.read(member))
-                    for spec in module_call_specs(document):
-                        needs.update(dict.fromkeys(t for t in spec_types(spec, member) if not is_registered(t)))
-                    needs.update(dict.fromkeys(unregistered_operators(document)))
-    except (zipfile.BadZipFile, OSError, ValueError, RecursionError):
+            members = [m for m in archive.namelist() if m.endswith(".json") and "/models/" in m]
+            return [(member, json.loads(archive.read(member))) for member in members]
+    except Exception:  # noqa: BLE001 - not an archive we can read: torch.export.load says what it is
         return []
+
+
+def _unregistered(documents: list[tuple[str, Any]]) -> list[str]:
+    """The container types and operators the documents name that this process has not registered."""
+    from torchdelegate.serialize.graph import unregistered_operators
+    from torchdelegate.serialize.tree_specs import unregistered_types
+
+    needs: dict[str, None] = {}
+    for member, document in documents:
+        try:
+            needs.update(dict.fromkeys(unregistered_types(document, member)))
+            needs.update(dict.fromkeys(unregistered_operators(document)))
+        except Exception:  # noqa: BLE001 - only a hint: a document torch could not read either
+            continue
     return list(needs)
+
+
+def _import_hint(needs: list[str]) -> str:
+    """``--import`` of the modules that define the types needed, where their names say which."""
+    modules = sorted(
+        {
+            module
+            for name in needs
+            if not name.startswith("torch.ops.") and (module := name.rpartition(".")[0]) not in ("", "__main__")
+        }
+    )
+    return " ".join(f"--import {m}" for m in modules) or "--import MODULE (the module that registers them)"
 
 
 def _compile_specs(values: Sequence[str]) -> dict[str, list[Any]]:
@@ -379,11 +434,10 @@ def _native_backends() -> list[str]:
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.report import LoweringReport, render_html, render_text
-    from torchdelegate.runtime.program import load
     from torchdelegate.serialize.container import FORMAT_VERSION
 
     native = _native_backends()
-    with load(args.file, external_data_path=args.external_data, trusted_backends=native) as program:
+    with _loaded(args.file, args.external_data, native) as program:
         file = program.file
         producer = file.producer.get("torch", "?")
         file_size = human_bytes(args.file.stat().st_size)
@@ -451,10 +505,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
-    from torchdelegate.runtime.program import load
-
     args_in, kwargs_in = _inputs(args.inputs)
-    with load(args.file, external_data_path=args.external_data, trusted_backends=args.trust) as program:
+    with _loaded(args.file, args.external_data, args.trust) as program:
         method = args.method or _default_method(program.method_names)
         if method not in program.method_names:
             names = ", ".join(program.method_names)
@@ -465,8 +517,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         container = _container_phrase(program.method(method).output_type, program.plain_types)
     flat = torch.utils._pytree.tree_flatten_with_path(outputs)[0]
     print(f"{method}: {len(flat)} output(s) in {seconds * 1e3:.2f} ms{container}", file=out)
-    for index, (path, value) in enumerate(flat):
-        name = _output_name(path)
+    output_names = _output_names([path for path, _ in flat])
+    for index, ((_, value), name) in enumerate(zip(flat, output_names, strict=True)):
         print(f"  output_{index}{' ' + name if name else ''}: {_describe_value(value)}", file=out)
     if args.save:
         arrays = {f"output_{i}": _as_array(v) for i, (_, v) in enumerate(flat)}
@@ -475,7 +527,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-_PLAIN_OUTPUTS = (None, "builtins.tuple", "builtins.list")
+_PLAIN_OUTPUTS = (None, "builtins.tuple", "builtins.list", "builtins.dict")
 
 
 def _container_phrase(output_type: str | None, plain_types: dict[str, str]) -> str:
@@ -483,18 +535,24 @@ def _container_phrase(output_type: str | None, plain_types: dict[str, str]) -> s
     if output_type in _PLAIN_OUTPUTS:
         return ""
     plain = plain_types.get(output_type)
-    return f", a {output_type}" + (f" (returned as a {plain}: its module is not imported)" if plain else "")
+    return f", a {output_type}" + (f" (returned as a {plain}: not registered in this process)" if plain else "")
 
 
-def _output_name(path: tuple[Any, ...]) -> str:
-    """An output's place in the method's output structure: ``logits``, ``past_key_values.0.1``."""
-    parts = []
-    for key in path:
-        for attribute in ("key", "idx", "name"):  # MappingKey, SequenceKey, GetAttrKey
-            if hasattr(key, attribute):
-                parts.append(str(getattr(key, attribute)))
-                break
-    return ".".join(parts) if len(path) > 1 or not hasattr(path[0] if path else None, "idx") else ""
+def _output_names(paths: list[tuple[Any, ...]]) -> list[str]:
+    """Each output's place in the method's output structure (``logits``, ``past_key_values.0.1``);
+    none for a flat tuple, whose places are the outputs' numbers."""
+    if all(len(path) <= 1 and hasattr(path[0] if path else 0, "idx") for path in paths):
+        return [""] * len(paths)
+    names = []
+    for path in paths:
+        parts = []
+        for key in path:
+            for attribute in ("key", "idx", "name"):  # MappingKey, SequenceKey, GetAttrKey
+                if hasattr(key, attribute):
+                    parts.append(str(getattr(key, attribute)))
+                    break
+        names.append(".".join(parts))
+    return names
 
 
 def _default_method(names: list[str]) -> str:
@@ -554,7 +612,7 @@ def _describe_value(value: Any) -> str:
     if not isinstance(value, torch.Tensor):
         return repr(value)
     dtype = str(value.dtype).removeprefix("torch.")
-    head = np.array2string(value.detach().reshape(-1)[:6].numpy(), precision=4, separator=", ")
+    head = np.array2string(value.detach().reshape(-1)[:6].numpy(), precision=4, separator=", ", max_line_width=10**4)
     more = " ..." if value.numel() > 6 else ""
     return f"{dtype}[{', '.join(map(str, value.shape))}] {head}{more}"
 

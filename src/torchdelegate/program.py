@@ -67,13 +67,14 @@ KEEP_WHOLE = "torchdelegate_keep_whole"
 
 
 def _decompose(
-    program: ExportedProgram, keep: Collection[OpOverload] = (), node_filter: NodeFilter | None = None
+    method: str, program: ExportedProgram, keep: Collection[OpOverload] = (), node_filter: NodeFilter | None = None
 ) -> ExportedProgram:
     """Core ATen, functional; the ops in ``keep`` are left whole, on the nodes ``node_filter`` accepts (all if None).
 
     torch decomposes through Python code that reads each parameter and buffer as an attribute,
     which fails for names that are not identifiers (a parameter registered as ``lambda``), so
-    such state is decomposed under a stand-in name and gets its own name back.
+    such state is decomposed under a stand-in name and gets its own name back. An error of
+    torch's decomposition is raised as it is, with a note naming the method.
     """
     table = torch.export.default_decompositions()
     if node_filter is None:
@@ -84,8 +85,12 @@ def _decompose(
         for op in keep:
             table[op] = _unless_kept(table[op])
     program, stand_ins = with_identifier_state_names(program)
-    with torch_internal_warnings_silenced():
-        decomposed = program.run_decompositions(table)
+    try:
+        with torch_internal_warnings_silenced():
+            decomposed = program.run_decompositions(table)
+    except Exception as error:
+        error.add_note(f"method {method!r}: torch's run_decompositions failed on the exported program")
+        raise
     return with_state_names(decomposed, {v: k for k, v in stand_ins.items()}) if stand_ins else decomposed
 
 
@@ -144,7 +149,7 @@ def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
 def to_edge(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> EdgeProgramManager:
     """Decompose every method to core ATen (functional) and wrap them in a manager."""
     methods = _methods(programs)
-    return EdgeProgramManager(_own_state({m: _decompose(p) for m, p in methods.items()}))
+    return EdgeProgramManager(_own_state({m: _decompose(m, p) for m, p in methods.items()}))
 
 
 class EdgeProgramManager:
@@ -316,7 +321,7 @@ def to_edge_transform_and_lower(
                 ops = {op for op in _overloads(asked) if op in default_table}
                 keep[method] |= ops
                 filters[method].append((ops, node_filter))
-    edge = _own_state({m: _decompose(p, keep[m], _any_accepts(filters[m])) for m, p in methods.items()})
+    edge = _own_state({m: _decompose(m, p, keep[m], _any_accepts(filters[m])) for m, p in methods.items()})
     manager = EdgeProgramManager(edge)
     if transform_passes is not None:
         manager = manager.transform(transform_passes)
@@ -376,5 +381,5 @@ def _decompose_unclaimed(
                 "them; decomposing them now",
                 stacklevel=3,
             )
-        programs[method] = _decompose(program)
+        programs[method] = _decompose(method, program)
     return EdgeProgramManager(programs, manager.named_data)

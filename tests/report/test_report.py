@@ -86,6 +86,23 @@ def test_two_methods_holding_one_weight_count_it_once() -> None:
     assert report.state_bytes == {"a": 160, "b": 160} and report.unique_state_bytes == 160
 
 
+def test_tied_weights_count_once() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 4)
+            self.head = torch.nn.Linear(4, 16, bias=False)
+            self.head.weight = self.embed.weight  # as language models tie their input and output embeddings
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(ids))
+
+    report = plan_report(
+        td.to_edge(export(Tied(), torch.tensor([1, 2]))), CapabilityPartitioner(lambda n: True, REFERENCE)
+    )
+    assert report.state_bytes == {"forward": 16 * 4 * 4} and report.unique_state_bytes == 16 * 4 * 4
+
+
 @pytest.mark.parametrize("bad", [{}, {"version": 2}, {"version": 1, "backends": [], "methods": [{"method": "f"}]}])
 def test_a_report_that_is_not_one_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="report"):

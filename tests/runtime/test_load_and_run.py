@@ -138,6 +138,7 @@ def test_arguments_bind_like_the_exported_module(keyword_program) -> None:  # ty
     ("args", "kwargs", "message"),
     [
         ((torch.randn(6, 3),), {"scale": torch.randn(3)}, r"missing argument 'y'"),
+        ((torch.randn(6, 3), torch.randn(4, 3)), {}, r"missing argument 'scale'"),  # exported by keyword
         ((torch.randn(6, 3), torch.randn(4, 3)), {"scale": torch.randn(3), "z": 1}, r"no argument 'z'"),
         (
             (torch.randn(6, 3), torch.randn(4, 3).double()),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from crafted import with_manifest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from models import TwoLinears, export
@@ -207,22 +208,11 @@ def test_a_manifest_that_names_a_python_function_is_refused(small_file: bytes, t
     text = small_file[HEADER.size : HEADER.size + length].replace(
         b'"torch.ops.torchdelegate.delegate_call.default"', b'"torch.ops.aten.from_file.default"'
     )
-    _refused(_rewrap(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
+    _refused(with_manifest(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
     text = small_file[HEADER.size : HEADER.size + length].replace(
         b'"torch.ops.torchdelegate.delegate_call.default"', b'"builtins.eval"'
     )
-    _refused(_rewrap(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
-
-
-def _rewrap(original: bytes, manifest: bytes) -> bytes:
-    """A file with a new manifest (and a correct checksum), its data area moved after it."""
-    import hashlib
-
-    magic, version, reserved, length, data_offset, _ = HEADER.unpack_from(original)
-    data = original[data_offset:]
-    new_offset = -(-(HEADER.size + len(manifest)) // 64) * 64
-    header = HEADER.pack(magic, version, reserved, len(manifest), new_offset, hashlib.sha256(manifest).digest())
-    return header + manifest + b"\0" * (new_offset - HEADER.size - len(manifest)) + data
+    _refused(with_manifest(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -266,7 +256,7 @@ def test_a_symbolic_size_that_would_take_forever_to_evaluate_is_refused(tmp_path
     symbol = re.search(rb"Symbol\('s\d+', positive=True, integer=True\)", manifest)
     assert symbol is not None
     hostile = manifest.replace(symbol.group(0), b"9**9**9**9", 1)
-    _refused(_rewrap(data, hostile), tmp_path / "p.tdp", "raises to a power")
+    _refused(with_manifest(data, hostile), tmp_path / "p.tdp", "raises to a power")
 
 
 def test_a_graph_that_reads_state_the_file_lacks_is_refused_at_load(small_file: bytes, tmp_path: Path) -> None:
@@ -274,7 +264,7 @@ def test_a_graph_that_reads_state_the_file_lacks_is_refused_at_load(small_file: 
     manifest["methods"][0]["graph"]["graph_module"]["signature"]["input_specs"].insert(
         0, {"buffer": {"arg": {"name": "b_extra"}, "buffer_name": "extra", "persistent": True}}
     )
-    refused = _rewrap(small_file, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+    refused = with_manifest(small_file, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
     _refused(refused, tmp_path / "s.tdp", "not stored")
 
 
@@ -347,7 +337,7 @@ def _with_graph_nodes(small_file: bytes, edit: object) -> bytes:
     """``small_file`` whose method graph ``edit(graph)`` changed, resealed (checksums valid)."""
     manifest = _manifest_of(small_file)
     edit(manifest["methods"][0]["graph"]["graph_module"]["graph"])  # type: ignore[operator]
-    return _rewrap(small_file, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+    return with_manifest(small_file, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _positional(arg: dict) -> dict:

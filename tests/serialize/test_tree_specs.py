@@ -9,6 +9,8 @@ deserialization, as in a process that never imported the library defining them.
 from __future__ import annotations
 
 import copy
+import json
+import re
 from collections import namedtuple
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,10 +21,12 @@ from typing import Any
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from crafted import with_manifest
 
 import torchdelegate as td
 from torchdelegate.backends.reference import ReferencePartitioner
 from torchdelegate.errors import FormatError
+from torchdelegate.serialize.container import HEADER
 from torchdelegate.serialize.tree_specs import output_type_name, with_plain_containers
 
 
@@ -163,9 +167,71 @@ def test_a_spec_that_is_not_json_is_a_format_error() -> None:
         with_plain_containers(_document("[1, {"), "where")
 
 
-def test_a_spec_nested_past_what_python_can_walk_is_a_format_error() -> None:
+@pytest.mark.parametrize("depth", [450, 5000])
+def test_a_deeply_nested_spec_is_read_or_refused_as_a_format_error(depth: int) -> None:
     spec = LEAF
-    for _ in range(600):
+    for _ in range(depth):
         spec = f'{{"type": "somelib.Output", "context": "null", "children_spec": [{spec}]}}'
-    with pytest.raises(FormatError, match=r"^where: a tree spec (nests too deeply to read|is not JSON)"):
+    if depth < 490:  # as deep as JSON is read here: made plain without recursion
+        _, replaced = with_plain_containers(_document(f"[1, {spec}]"), "where")
+        assert replaced == {"somelib.Output": "tuple"}
+        return
+    with pytest.raises(FormatError, match=r"^where: a tree spec is not JSON \(RecursionError"):
         with_plain_containers(_document(f"[1, {spec}]"), "where")
+
+
+class Mapping2(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"a": x + 1}
+
+
+PLANTED = "planted_by_a_file"
+
+
+@pytest.fixture
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module on the path that leaves a marker when imported: nothing a file names may import it."""
+    (tmp_path / f"{PLANTED}.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\nfactory = list\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path / "imported"
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        (
+            '{"type": "builtins.dict", "context": "[{\\"__enum__\\": true, \\"fqn\\": \\"' + PLANTED + ':E\\", '
+            '\\"name\\": \\"A\\"}]", "children_spec": [LEAF]}',
+            "names an enum, which a saved graph may not",
+        ),
+        (
+            '{"type": "collections.defaultdict", "context": {"default_factory_module": "' + PLANTED + '", '
+            '"default_factory_name": "factory", "dict_context": "[\\"a\\"]"}, "children_spec": [LEAF]}',
+            f"makes {PLANTED}.factory a defaultdict's default factory; a saved graph may name only a builtin type",
+        ),
+        (
+            '{"type": "collections.namedtuple", "context": "builtins.dict", "children_spec": [LEAF]}',
+            "rebuilds 'builtins.dict' as a named tuple, which it is not",
+        ),
+        ('{"type": 7, "context": null, "children_spec": [LEAF]}', "names the type 7, which is not a string"),
+    ],
+    ids=["enum", "defaultdict factory", "namedtuple of another type", "type not a string"],
+)
+def test_a_spec_whose_reading_would_import_or_call_what_it_names_is_refused(
+    tmp_path: Path, planted: Path, node: str, message: str
+) -> None:
+    x = torch.randn(3)
+    td.to_edge({"forward": torch.export.export(Mapping2(), (x,))}).save(tmp_path / "m.tdp")
+    data = (tmp_path / "m.tdp").read_bytes()
+    manifest = json.loads(_manifest(data))
+    signature = manifest["methods"][0]["graph"]["graph_module"]["module_call_graph"][0]["signature"]
+    signature["out_spec"] = f"[1, {node.replace('LEAF', LEAF)}]"
+    (tmp_path / "crafted.tdp").write_bytes(with_manifest(data, json.dumps(manifest).encode()))
+    with pytest.raises(FormatError, match=re.escape(message)):
+        td.load(tmp_path / "crafted.tdp")
+    assert not planted.exists()
+
+
+def _manifest(data: bytes) -> bytes:
+    _, _, _, length, _, _ = HEADER.unpack_from(data)
+    return data[HEADER.size : HEADER.size + length]

@@ -8,7 +8,7 @@ model, whose initializers of 1 KiB or more are external references (smaller ones
 the axes of a reshape, stay inside: ONNX Runtime reads them while loading the model).
 
 At run time each delegate is one ``InferenceSession``. Its initializers are handed over as
-``OrtValue``s created once per key and per program over the named data (views of the
+``OrtValue``s created once per key, dtype and shape and per program over the named data (views of the
 mapped file: no copy), and shared by every session of the program. Session options come
 from compile specs: ``intra_op_num_threads`` (an integer), ``graph_optimization_level``
 (``disable``, ``basic``, ``extended``, ``all``), ``disable_prepacking`` (``1`` keeps one

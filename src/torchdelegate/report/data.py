@@ -96,7 +96,7 @@ class LoweringReport:
     backends: list[str]
     methods: dict[str, MethodReport] = field(default_factory=dict)
     state_bytes: dict[str, int] = field(default_factory=dict)  # method -> bytes of the tensors it holds
-    unique_state_bytes: int = 0  # the same, counting a tensor that several methods hold by one name once
+    unique_state_bytes: int = 0  # the same, counting a tensor that several names or methods hold once
 
     def with_blob_sizes(self, sizes: Mapping[str, Mapping[str, int]]) -> LoweringReport:
         """A copy with each partition's compiled size, from ``{method: {tag: bytes}}``."""
@@ -175,14 +175,20 @@ def _is_a(value: Any, hint: Any) -> bool:
 
 
 def state_bytes(programs: Mapping[str, ExportedProgram]) -> tuple[dict[str, int], int]:
-    """Bytes of parameters, buffers and constants per method, and in all (one count per name)."""
-    per_method, named = {}, {}
+    """Bytes of parameters, buffers and constants per method, and in all: a tensor that several
+    names or methods hold (tied embeddings, weights shared by prefill and decode) counts once."""
+    per_method, held = {}, {}
     for method, program in programs.items():
-        tensors = {**program.state_dict, **program.constants}
-        sizes = {k: v.numel() * v.element_size() for k, v in tensors.items() if isinstance(v, torch.Tensor)}
-        per_method[method] = sum(sizes.values())
-        named.update(sizes)
-    return per_method, sum(named.values())
+        values = (*program.state_dict.values(), *program.constants.values())
+        tensors = {_memory(v): v.nbytes for v in values if isinstance(v, torch.Tensor)}
+        per_method[method] = sum(tensors.values())
+        held.update(tensors)
+    return per_method, sum(held.values())
+
+
+def _memory(tensor: torch.Tensor) -> tuple[int, int, torch.dtype, tuple[int, ...]]:
+    """What a tensor reads: equal for two names of one tensor, different for two copies."""
+    return tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tensor.dtype, tuple(tensor.shape)
 
 
 def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) -> MethodReport:

@@ -145,7 +145,7 @@ class MethodInputs:
                 flat = list(args)
                 self._check(flat)
                 return flat
-        if kwargs or len(args) != self.positional_count:
+        if kwargs or len(args) != self.positional_count or self.keyword_names:
             args, kwargs = self._bind(args, kwargs)
         flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         if spec != self.in_spec:

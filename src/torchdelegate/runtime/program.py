@@ -33,7 +33,7 @@ from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
-from torchdelegate.serialize.tree_specs import output_type_name, with_plain_containers
+from torchdelegate.serialize.tree_specs import output_type_name
 from torchdelegate.trust import trusted_backends as trusted_backends_of
 
 
@@ -284,9 +284,11 @@ class Program:
 
     def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
         where = f"{self._file.path}: method {name!r}"
-        program = program_from_json(graph, self._state, where)
+        plain_types: dict[str, str] = {}
+        program = program_from_json(graph, self._state, where, plain_types)
         self._output_types[name] = output_type_name(graph)
-        self._plain_types.update(with_plain_containers(graph, where)[1])
+        for type_name, plain in plain_types.items():  # a type read as a tuple anywhere is a tuple
+            self._plain_types[type_name] = "tuple" if "tuple" in (plain, self._plain_types.get(type_name)) else plain
         digests = {r.name: r.data for r in self._file.state}
         reads = {s.target for s in program.graph_signature.input_specs if s.kind != InputKind.USER_INPUT}
         self._unverified[name] = [

@@ -34,7 +34,7 @@ from torch.fx import GraphModule, Node
 from torchdelegate.errors import FormatError, OperatorNotFoundError, SerializationError
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
-from torchdelegate.serialize.tree_specs import with_plain_containers
+from torchdelegate.serialize.tree_specs import check_tree_specs, with_plain_containers
 from torchdelegate.torch_warnings import torch_internal_warnings_silenced
 
 _library = torch.library.Library("torchdelegate", "DEF")
@@ -194,23 +194,28 @@ def state_names(document: Any) -> dict[str, str]:
     return names
 
 
-def program_from_json(document: Any, tensors: Mapping[str, torch.Tensor], where: str) -> ExportedProgram:
+def program_from_json(
+    document: Any, tensors: Mapping[str, torch.Tensor], where: str, plain_types: dict[str, str] | None = None
+) -> ExportedProgram:
     """The program a :func:`program_to_json` document describes, reading ``tensors`` by name.
 
     The program holds the tensors themselves (parameters wrapped as Parameters, no copy). Input
     and output containers whose type this process has not registered are plain ones
-    (``tree_specs``); the document itself is not changed.
+    (``tree_specs``), each added to ``plain_types`` with the plain type it became; the document
+    itself is not changed.
     """
     check_graph_document(document, where)
     missing_operators = unregistered_operators(document)
     if missing_operators:
-        namespaces = sorted({target.split(".")[2] for target in missing_operators})
+        namespaces = sorted({_namespace(target) for target in missing_operators})
         raise OperatorNotFoundError(
             f"{where}: the graph calls {', '.join(missing_operators)}, which this process has not registered "
             f"(the file itself is sound); import the library that defines the "
             f"{', '.join(map(repr, namespaces))} operators before loading"
         )
-    document, _ = with_plain_containers(document, where)
+    document, replaced = with_plain_containers(document, where)
+    if plain_types is not None:
+        plain_types.update(replaced)
     names = state_names(document)
     missing = sorted(set(names) - set(tensors))
     if missing:
@@ -283,7 +288,8 @@ def check_graph_document(document: Any, where: str) -> None:
     A graph document comes from the file: every operator it names, as a node's target or as an
     argument (``as_operator``), must be one a saved graph may call; every node, value and
     keyword name must be an identifier, since torch.fx writes names into the source it runs;
-    custom objects (a class named by the file) are refused.
+    custom objects (a class named by the file) are refused, and so are tree specs whose
+    reading would import or call what they name (``check_tree_specs``).
     """
     for key, value in _walk(document):
         if key in ("target", "as_operator") and isinstance(value, str):
@@ -294,6 +300,7 @@ def check_graph_document(document: Any, where: str) -> None:
             raise FormatError(f"{where}: the graph names {value[:80]!r}, which is not an identifier")
         elif key == "class_fqn":
             raise FormatError(f"{where}: the graph holds a custom object of class {str(value)[:80]!r}; none may")
+    check_tree_specs(document, where)
 
 
 def unregistered_operators(document: Any) -> list[str]:
@@ -312,11 +319,19 @@ def unregistered_operators(document: Any) -> list[str]:
     if not unresolved:
         return []
     present = {name.split("::", 1)[0] for name in torch._C._dispatch_get_all_op_names()}
-    return sorted(target for target in unresolved if target.split(".")[2] not in present)
+    return sorted(target for target in unresolved if _namespace(target) not in present)
+
+
+def _namespace(target: str) -> str:
+    match = _OPERATOR_TARGET.fullmatch(target)
+    assert match is not None
+    return match.group(1)
 
 
 def _registered(target: str) -> bool:
-    namespace, name, overload = target.split(".")[2:]
+    match = _OPERATOR_TARGET.fullmatch(target)
+    assert match is not None
+    namespace, name, overload = match.groups()
     try:
         return isinstance(getattr(getattr(getattr(torch.ops, namespace), name), overload), OpOverload)
     except (AttributeError, RuntimeError):

@@ -22,14 +22,16 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE
+from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE, is_namedtuple_class
 
 from torchdelegate.errors import FormatError
 
 PLAIN_DICT, PLAIN_TUPLE = "builtins.dict", "builtins.tuple"
-_NAMEDTUPLE = "collections.namedtuple"
+_NAMEDTUPLE, _DEFAULTDICT = "collections.namedtuple", "collections.defaultdict"
 _PROTOCOL = 1  # the tree-spec JSON protocol torch writes (torch.utils._pytree.treespec_dumps)
 _SPEC_KEYS = ("in_spec", "out_spec")
+# What a defaultdict's saved default factory may be: torch's reader imports the module it names.
+_DEFAULT_FACTORIES = frozenset({"list", "dict", "set", "tuple", "int", "float", "str", "bool", "bytes", "frozenset"})
 
 
 def container_type_name(node: Mapping[str, Any]) -> str | None:
@@ -41,32 +43,77 @@ def container_type_name(node: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def is_registered(name: str) -> bool:
-    return name in SERIALIZED_TYPE_TO_PYTHON_TYPE
+def check_tree_specs(document: Any, where: str) -> None:
+    """Refuse (``FormatError``) a tree spec whose reading would import or call what the file names.
+
+    torch's reader imports the module of an enum named in a context and of a defaultdict's
+    default factory, and rebuilds a named tuple with whatever class its context names: a
+    saved spec may hold no enum, only a builtin type as a default factory, and only named
+    tuple classes as named tuples.
+    """
+    for spec in _module_call_specs(document):
+        for node in _nodes(_spec_root(spec, where)):
+            _check_node(node, where)
 
 
-def spec_types(spec: str, where: str) -> list[str]:
-    """Every container type a serialized tree spec names, in order met, each once."""
-    return _types(_spec_root(spec, where))
+def _check_node(node: Any, where: str) -> None:
+    if not isinstance(node, dict) or not isinstance(node.get("children_spec", []), list):
+        raise FormatError(f"{where}: a tree spec node is not an object with a list of children")
+    name, context = node.get("type"), node.get("context")
+    if name is not None and not isinstance(name, str):
+        raise FormatError(f"{where}: a tree spec names the type {name!r:.80}, which is not a string")
+    if _names_an_enum(_json(context) if isinstance(context, str) else context):
+        raise FormatError(f"{where}: a tree spec names an enum, which a saved graph may not (reading it imports)")
+    if name == _DEFAULTDICT:
+        factory = context if isinstance(context, dict) else {}
+        module, factory_name = factory.get("default_factory_module"), factory.get("default_factory_name")
+        if module != "builtins" or factory_name not in _DEFAULT_FACTORIES:
+            raise FormatError(
+                f"{where}: a tree spec makes {module!s:.80}.{factory_name!s:.80} a defaultdict's default factory; "
+                "a saved graph may name only a builtin type"
+            )
+    if name == _NAMEDTUPLE:
+        cls = SERIALIZED_TYPE_TO_PYTHON_TYPE.get(context) if isinstance(context, str) else None
+        if cls is not None and not is_namedtuple_class(cls):
+            raise FormatError(f"{where}: a tree spec rebuilds {context!r:.80} as a named tuple, which it is not")
 
 
-def _types(root: Any) -> list[str]:
-    found: dict[str, None] = {}
-    stack = [root]
+def unregistered_types(document: Any, where: str) -> list[str]:
+    """The container types a program document's specs name (any module call's) that this process
+    cannot rebuild, sorted."""
+    found = {
+        name
+        for spec in _module_call_specs(document)
+        for node in _nodes(_spec_root(spec, where))
+        if isinstance(node, dict) and not _registered(name := container_type_name(node))
+    }
+    return sorted(n for n in found if n is not None)
+
+
+def _names_an_enum(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if "__enum__" in item:
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _nodes(root: Any) -> Iterator[Any]:
+    """Every node of a spec, parents first; nothing for a protocol this module does not read."""
+    stack = [] if root is None else [root]
     while stack:
         node = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        name = container_type_name(node)
-        if name is not None:
-            found[name] = None
-        children = node.get("children_spec")
+        yield node
+        children = node.get("children_spec") if isinstance(node, dict) else None
         stack.extend(reversed(children) if isinstance(children, list) else ())
-    return list(found)
 
 
-def module_call_specs(document: Any) -> list[str]:
-    """The serialized tree specs of a program document's module call graph (inputs and outputs)."""
+def _module_call_specs(document: Any) -> list[str]:
     specs = (signature.get(key) for _, signature in _signatures(document) for key in _SPEC_KEYS)
     return [spec for spec in specs if isinstance(spec, str)]
 
@@ -104,12 +151,10 @@ def with_plain_containers(document: Any, where: str) -> tuple[Any, dict[str, str
     if not isinstance(module, dict) or not isinstance(entries := module.get("module_call_graph"), list):
         return document, {}
     fields = _namedtuple_fields(module)
-    replaced: dict[str, str] = {}
-    try:
-        rewritten = [_plain_entry(entry, fields, replaced, where) for entry in entries]
-    except RecursionError as error:
-        raise FormatError(f"{where}: a tree spec nests too deeply to read") from error
-    if not replaced:
+    replaced: dict[str, str] = {}  # in the root call: the method's own inputs and outputs
+    inside: dict[str, str] = {}  # in calls of sub-modules, which a caller never sees
+    rewritten = [_plain_entry(entry, fields, replaced if _is_root(entry) else inside, where) for entry in entries]
+    if not replaced and not inside:
         return document, {}
     return {**document, "graph_module": {**module, "module_call_graph": rewritten}}, dict(sorted(replaced.items()))
 
@@ -122,21 +167,41 @@ def _plain_entry(entry: Any, fields: Mapping[str, list[str]], replaced: dict[str
     for key in _SPEC_KEYS:
         spec = signature.get(key)
         root = _spec_root(spec, where) if isinstance(spec, str) else None
-        if root is not None and not all(map(is_registered, _types(root))):
-            plain[key] = json.dumps([_PROTOCOL, _plain_node(root, fields, replaced)])
+        nodes = _nodes(root)
+        if root is not None and not all(_registered(container_type_name(n)) for n in nodes if isinstance(n, dict)):
+            plain[key] = json.dumps([_PROTOCOL, _plain_tree(root, fields, replaced)])
     return {**entry, "signature": plain}
 
 
-def _plain_node(node: Any, fields: Mapping[str, list[str]], replaced: dict[str, str]) -> Any:
-    if not isinstance(node, dict):
-        return node
-    children = node.get("children_spec")
-    children = [_plain_node(child, fields, replaced) for child in children] if isinstance(children, list) else children
+def _plain_tree(root: Any, fields: Mapping[str, list[str]], replaced: dict[str, str]) -> Any:
+    """``root`` with every unregistered container made plain, children before their parents."""
+    built: list[Any] = []
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_built = stack.pop()
+        children = node.get("children_spec") if isinstance(node, dict) else None
+        if not isinstance(children, list):
+            built.append(node)
+        elif not children_built:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(children))
+        else:
+            start = len(built) - len(children)
+            node = _plain_node(node, built[start:], fields, replaced)
+            del built[start:]
+            built.append(node)
+    return built[0]
+
+
+def _plain_node(
+    node: dict[str, Any], children: list[Any], fields: Mapping[str, list[str]], replaced: dict[str, str]
+) -> Any:
     name = container_type_name(node)
-    if name is None or is_registered(name):
+    if _registered(name):
         return {**node, "children_spec": children}
-    keys = _field_names(node, name, fields, len(children) if isinstance(children, list) else -1)
-    replaced[name] = "tuple" if keys is None else "dict"
+    assert name is not None
+    keys = _field_names(node, name, fields, len(children))
+    replaced[name] = "tuple" if keys is None or replaced.get(name) == "tuple" else "dict"  # the weaker form
     if keys is None:
         return {"type": PLAIN_TUPLE, "context": "null", "children_spec": children}
     return {"type": PLAIN_DICT, "context": json.dumps(keys), "children_spec": children}
@@ -156,6 +221,15 @@ def _field_names(node: Mapping[str, Any], name: str, fields: Mapping[str, list[s
     if not all(isinstance(key, (str, int)) and not isinstance(key, bool) for key in candidates):
         return None
     return candidates if len(set(candidates)) == len(candidates) else None
+
+
+def _is_root(entry: Any) -> bool:
+    return isinstance(entry, dict) and entry.get("fqn") == ""
+
+
+def _registered(name: str | None) -> bool:
+    """Whether this process can rebuild the container ``name`` (a leaf, None, always)."""
+    return name is None or name in SERIALIZED_TYPE_TO_PYTHON_TYPE
 
 
 def _namedtuple_fields(module: Mapping[str, Any]) -> dict[str, list[str]]:
