@@ -135,6 +135,10 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
     assert result.returncode == 0
     for command in ("lower", "inspect", "run", "demo"):
         assert command in result.stdout
+    as_module = subprocess.run(
+        [sys.executable, "-m", "torchdelegate", "--version"], capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )
+    assert as_module.returncode == 0 and as_module.stdout.startswith("torchdelegate "), as_module.stderr
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,3 @@
+from torchdelegate.cli import entry_point
+
+entry_point()
