@@ -24,6 +24,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.errors import PartitionError, first_line
 from torchdelegate.lowered_module import LoweredBackendModule, delegates_held_by, delegates_named_data
+from torchdelegate.lowering.metadata_checks import drop_proven_checks
 from torchdelegate.lowering.structural_copy import (
     MutableStateCopies,
     copy_program,
@@ -73,8 +74,9 @@ def _decompose(
 
     torch decomposes through Python code that reads each parameter and buffer as an attribute,
     which fails for names that are not identifiers (a parameter registered as ``lambda``), so
-    such state is decomposed under a stand-in name and gets its own name back. An error of
-    torch's decomposition is raised as it is, with a note naming the method.
+    such state is decomposed under a stand-in name and gets its own name back. Metadata checks
+    the traced values prove are dropped (``metadata_checks``). An error of torch's
+    decomposition is raised as it is, with a note naming the method.
     """
     table = torch.export.default_decompositions()
     if node_filter is None:
@@ -91,6 +93,7 @@ def _decompose(
     except Exception as error:
         error.add_note(f"method {method!r}: torch's run_decompositions failed on the exported program")
         raise
+    drop_proven_checks(decomposed)  # a program of our own making: its checks no backend runs
     return with_state_names(decomposed, {v: k for k, v in stand_ins.items()}) if stand_ins else decomposed
 
 
