@@ -540,7 +540,8 @@ def output_types_section(results: Sequence[Result]) -> list[str]:
         "|---|---|---|---|",
     ]
     for r in typed:
-        plain = f"outputs equal eager's, as `{r.bare_structure.replace('|', '/')[:80]}`" if r.bare_structure else ""
+        structure = " ".join(r.bare_structure.split()).replace("|", "/")  # one table cell: one line
+        plain = f"outputs equal eager's, as `{structure}`" if structure else ""
         bare = f"`{r.bare_error.replace('|', '/')}`" if r.bare_error else plain
         lines.append(f"| {r.model} | {' then '.join(r.backends)} | {', '.join(r.imports)} | {bare} |")
     return lines
