@@ -344,14 +344,14 @@ def _archive_documents(path: Path) -> list[tuple[str, Any]]:
 
 def _unregistered(documents: list[tuple[str, Any]]) -> list[str]:
     """The container types and operators the documents name that this process has not registered."""
-    from torchdelegate.serialize.graph import unregistered_operators
+    from torchdelegate.serialize.graph import operators_named, unregistered_operators
     from torchdelegate.serialize.tree_specs import unregistered_types
 
     needs: dict[str, None] = {}
     for member, document in documents:
         try:
             needs.update(dict.fromkeys(unregistered_types(document, member)))
-            needs.update(dict.fromkeys(unregistered_operators(document)))
+            needs.update(dict.fromkeys(unregistered_operators(operators_named(document))))
         except Exception:  # noqa: BLE001 - only a hint: a document torch could not read either
             continue
     return list(needs)

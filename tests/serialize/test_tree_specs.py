@@ -140,15 +140,21 @@ def _document(out_spec: str) -> dict[str, Any]:
     return {"graph_module": {"module_call_graph": [{"fqn": "", "signature": signature}]}}
 
 
+def _plain(document: dict[str, Any], where: str) -> tuple[Any, dict[str, str]]:
+    """The document to deserialize, and the types of its root call made plain."""
+    replaced: dict[str, str] = {}
+    return with_plain_containers(document, where, replaced), replaced
+
+
 def test_the_document_read_is_not_changed() -> None:
     document = _document('[1, {"type": "somelib.Output", "context": "[\\"a\\"]", "children_spec": [' + LEAF + "]}]")
     before = copy.deepcopy(document)
-    plain, replaced = with_plain_containers(document, "test")
+    plain, replaced = _plain(document, "test")
     assert replaced == {"somelib.Output": "dict"}
     assert document == before
     assert '"type": "builtins.dict"' in plain["graph_module"]["module_call_graph"][0]["signature"]["out_spec"]
     registered = _document(f'[1, {{"type": "builtins.tuple", "context": "null", "children_spec": [{LEAF}]}}]')
-    assert with_plain_containers(registered, "test") == (registered, {})
+    assert _plain(registered, "test") == (registered, {})
 
 
 @pytest.mark.parametrize(
@@ -158,13 +164,13 @@ def test_the_document_read_is_not_changed() -> None:
 )
 def test_a_context_that_does_not_name_each_child_once_gives_a_tuple(context: str) -> None:
     spec = f'[1, {{"type": "somelib.Output", "context": "{context}", "children_spec": [{LEAF}, {LEAF}]}}]'
-    _, replaced = with_plain_containers(_document(spec), "test")
+    _, replaced = _plain(_document(spec), "test")
     assert replaced == {"somelib.Output": "tuple"}
 
 
 def test_a_spec_that_is_not_json_is_a_format_error() -> None:
     with pytest.raises(FormatError, match=r"^where: a tree spec is not JSON"):
-        with_plain_containers(_document("[1, {"), "where")
+        _plain(_document("[1, {"), "where")
 
 
 @pytest.mark.parametrize("depth", [450, 5000])
@@ -173,11 +179,11 @@ def test_a_deeply_nested_spec_is_read_or_refused_as_a_format_error(depth: int) -
     for _ in range(depth):
         spec = f'{{"type": "somelib.Output", "context": "null", "children_spec": [{spec}]}}'
     if depth < 490:  # as deep as JSON is read here: made plain without recursion
-        _, replaced = with_plain_containers(_document(f"[1, {spec}]"), "where")
+        _, replaced = _plain(_document(f"[1, {spec}]"), "where")
         assert replaced == {"somelib.Output": "tuple"}
         return
     with pytest.raises(FormatError, match=r"^where: a tree spec is not JSON \(RecursionError"):
-        with_plain_containers(_document(f"[1, {spec}]"), "where")
+        _plain(_document(f"[1, {spec}]"), "where")
 
 
 class Mapping2(torch.nn.Module):

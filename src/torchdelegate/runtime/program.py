@@ -284,11 +284,8 @@ class Program:
 
     def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
         where = f"{self._file.path}: method {name!r}"
-        plain_types: dict[str, str] = {}
-        program = program_from_json(graph, self._state, where, plain_types)
+        program = program_from_json(graph, self._state, where, self._plain_types)
         self._output_types[name] = output_type_name(graph)
-        for type_name, plain in plain_types.items():  # a type read as a tuple anywhere is a tuple
-            self._plain_types[type_name] = "tuple" if "tuple" in (plain, self._plain_types.get(type_name)) else plain
         digests = {r.name: r.data for r in self._file.state}
         reads = {s.target for s in program.graph_signature.input_specs if s.kind != InputKind.USER_INPUT}
         self._unverified[name] = [

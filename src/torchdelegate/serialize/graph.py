@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import operator
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from torch.fx import GraphModule, Node
 from torchdelegate.errors import FormatError, OperatorNotFoundError, SerializationError
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
-from torchdelegate.serialize.tree_specs import check_tree_specs, with_plain_containers
+from torchdelegate.serialize.tree_specs import with_plain_containers
 from torchdelegate.torch_warnings import torch_internal_warnings_silenced
 
 _library = torch.library.Library("torchdelegate", "DEF")
@@ -200,12 +200,11 @@ def program_from_json(
     """The program a :func:`program_to_json` document describes, reading ``tensors`` by name.
 
     The program holds the tensors themselves (parameters wrapped as Parameters, no copy). Input
-    and output containers whose type this process has not registered are plain ones
-    (``tree_specs``), each added to ``plain_types`` with the plain type it became; the document
-    itself is not changed.
+    and output containers whose type this process has not registered are plain ones, each added
+    to ``plain_types`` with the plain type it became (``tree_specs.with_plain_containers``, which
+    also refuses specs whose reading would import); the document itself is not changed.
     """
-    check_graph_document(document, where)
-    missing_operators = unregistered_operators(document)
+    missing_operators = unregistered_operators(check_graph_document(document, where))
     if missing_operators:
         namespaces = sorted({_namespace(target) for target in missing_operators})
         raise OperatorNotFoundError(
@@ -213,9 +212,7 @@ def program_from_json(
             f"(the file itself is sound); import the library that defines the "
             f"{', '.join(map(repr, namespaces))} operators before loading"
         )
-    document, replaced = with_plain_containers(document, where)
-    if plain_types is not None:
-        plain_types.update(replaced)
+    document = with_plain_containers(document, where, {} if plain_types is None else plain_types)
     names = state_names(document)
     missing = sorted(set(names) - set(tensors))
     if missing:
@@ -280,41 +277,45 @@ _EXPRESSION_FUNCTIONS = frozenset(
 
 # Keys whose string values torch.fx writes into the Python source it generates and runs.
 _NAME_KEYS = frozenset({"name", "as_name"})
+_OPERATOR_KEYS = frozenset({"target", "as_operator"})  # a node's operator, and one passed as an argument
 
 
-def check_graph_document(document: Any, where: str) -> None:
-    """Refuse any operator, name or symbolic expression a saved graph may not contain (a ``FormatError``).
+def check_graph_document(document: Any, where: str) -> set[str]:
+    """Refuse any operator, name or symbolic expression a saved graph may not contain (a ``FormatError``);
+    the operators it names.
 
     A graph document comes from the file: every operator it names, as a node's target or as an
     argument (``as_operator``), must be one a saved graph may call; every node, value and
     keyword name must be an identifier, since torch.fx writes names into the source it runs;
-    custom objects (a class named by the file) are refused, and so are tree specs whose
-    reading would import or call what they name (``check_tree_specs``).
+    custom objects (a class named by the file) are refused.
     """
+    operators = set()
     for key, value in _walk(document):
-        if key in ("target", "as_operator") and isinstance(value, str):
+        if key in _OPERATOR_KEYS and isinstance(value, str):
             _check_target(value, where)
+            operators.add(value)
         elif key == "expr_str":
             _check_expression(value, where)
         elif key in _NAME_KEYS and isinstance(value, str) and value and not value.isidentifier():
             raise FormatError(f"{where}: the graph names {value[:80]!r}, which is not an identifier")
         elif key == "class_fqn":
             raise FormatError(f"{where}: the graph holds a custom object of class {str(value)[:80]!r}; none may")
-    check_tree_specs(document, where)
+    return operators
 
 
-def unregistered_operators(document: Any) -> list[str]:
-    """The operators a graph document calls whose whole namespace this process lacks, sorted: the
-    library that registers them is not imported, or not installed.
+def operators_named(document: Any) -> set[str]:
+    """Every operator a graph document names, as a node's target or as an argument, unchecked."""
+    return {value for key, value in _walk(document) if key in _OPERATOR_KEYS and isinstance(value, str)}
+
+
+def unregistered_operators(operators: Iterable[str]) -> list[str]:
+    """Those of ``operators`` whose whole namespace this process lacks, sorted: the library that
+    registers them is not imported, or not installed.
 
     An unknown name in a namespace this process has (``aten.rel4``) is not a missing library but
     a damaged file, or one from a newer torch; torch's deserializer reports those.
     """
-    named = {
-        value
-        for key, value in _walk(document)
-        if key in ("target", "as_operator") and isinstance(value, str) and _OPERATOR_TARGET.fullmatch(value)
-    }
+    named = {target for target in operators if _OPERATOR_TARGET.fullmatch(target)}
     unresolved = [t for t in named if not t.startswith("torch.ops.higher_order.") and not _registered(t)]
     if not unresolved:
         return []

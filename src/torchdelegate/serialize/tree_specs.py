@@ -52,8 +52,15 @@ def check_tree_specs(document: Any, where: str) -> None:
     tuple classes as named tuples.
     """
     for spec in _module_call_specs(document):
-        for node in _nodes(_spec_root(spec, where)):
-            _check_node(node, where)
+        _checked_root(spec, where)
+
+
+def _checked_root(spec: str, where: str) -> Any:
+    """The root node of a serialized tree spec, every node of it checked (:func:`check_tree_specs`)."""
+    root = _spec_root(spec, where)
+    for node in _nodes(root):
+        _check_node(node, where)
+    return root
 
 
 def _check_node(node: Any, where: str) -> None:
@@ -81,13 +88,13 @@ def _check_node(node: Any, where: str) -> None:
 def unregistered_types(document: Any, where: str) -> list[str]:
     """The container types a program document's specs name (any module call's) that this process
     cannot rebuild, sorted."""
-    found = {
-        name
-        for spec in _module_call_specs(document)
-        for node in _nodes(_spec_root(spec, where))
-        if isinstance(node, dict) and not _registered(name := container_type_name(node))
-    }
-    return sorted(n for n in found if n is not None)
+    return sorted({name for spec in _module_call_specs(document) for name in _unregistered(_spec_root(spec, where))})
+
+
+def _unregistered(root: Any) -> list[str]:
+    """The container types a spec names that this process cannot rebuild."""
+    names = (container_type_name(node) for node in _nodes(root) if isinstance(node, dict))
+    return [name for name in names if not _registered(name) and name is not None]
 
 
 def _names_an_enum(value: Any) -> bool:
@@ -140,23 +147,23 @@ def _signatures(document: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
             yield entry.get("fqn"), signature
 
 
-def with_plain_containers(document: Any, where: str) -> tuple[Any, dict[str, str]]:
-    """``document`` with each container type this process has not registered made plain.
+def with_plain_containers(document: Any, where: str, plain_types: dict[str, str]) -> Any:
+    """``document`` with its tree specs checked (:func:`check_tree_specs`) and each container type
+    this process has not registered made plain; ``document`` itself when there is none.
 
-    Returns the document to deserialize (``document`` itself, unchanged, when every type is
-    registered) and each replaced type's name with the plain type it became (``"dict"`` or
-    ``"tuple"``), sorted by name.
+    Each type replaced in the root call (the method's own inputs and outputs) is added to
+    ``plain_types`` with the plain type it became, ``"dict"`` or ``"tuple"``; a type read as a
+    tuple anywhere stays a tuple there. The document is not changed.
     """
     module = document.get("graph_module") if isinstance(document, dict) else None
     if not isinstance(module, dict) or not isinstance(entries := module.get("module_call_graph"), list):
-        return document, {}
+        return document
     fields = _namedtuple_fields(module)
-    replaced: dict[str, str] = {}  # in the root call: the method's own inputs and outputs
-    inside: dict[str, str] = {}  # in calls of sub-modules, which a caller never sees
-    rewritten = [_plain_entry(entry, fields, replaced if _is_root(entry) else inside, where) for entry in entries]
-    if not replaced and not inside:
-        return document, {}
-    return {**document, "graph_module": {**module, "module_call_graph": rewritten}}, dict(sorted(replaced.items()))
+    inside: dict[str, str] = {}  # replaced in calls of sub-modules, which a caller never sees
+    rewritten = [_plain_entry(entry, fields, plain_types if _is_root(entry) else inside, where) for entry in entries]
+    if all(new is old for new, old in zip(rewritten, entries, strict=True)):
+        return document
+    return {**document, "graph_module": {**module, "module_call_graph": rewritten}}
 
 
 def _plain_entry(entry: Any, fields: Mapping[str, list[str]], replaced: dict[str, str], where: str) -> Any:
@@ -166,11 +173,10 @@ def _plain_entry(entry: Any, fields: Mapping[str, list[str]], replaced: dict[str
     plain = dict(signature)
     for key in _SPEC_KEYS:
         spec = signature.get(key)
-        root = _spec_root(spec, where) if isinstance(spec, str) else None
-        nodes = _nodes(root)
-        if root is not None and not all(_registered(container_type_name(n)) for n in nodes if isinstance(n, dict)):
+        root = _checked_root(spec, where) if isinstance(spec, str) else None
+        if _unregistered(root):
             plain[key] = json.dumps([_PROTOCOL, _plain_tree(root, fields, replaced)])
-    return {**entry, "signature": plain}
+    return {**entry, "signature": plain} if plain != signature else entry
 
 
 def _plain_tree(root: Any, fields: Mapping[str, list[str]], replaced: dict[str, str]) -> Any:
