@@ -22,60 +22,27 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from zoo.models import DECODER_CONFIG, ENCODER, T5, from_config, tokens  # noqa: E402
+
 import torchdelegate as td  # noqa: E402
 from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
 from torchdelegate.backends.reference import ReferencePartitioner  # noqa: E402
 
-VOCAB = 128
 OUTPUTS_MODULE = "transformers.modeling_outputs"
 # A process in which ``import transformers`` raises ImportError, as on a machine without it.
 WITHOUT_TRANSFORMERS = "import sys\nsys.modules['transformers'] = None\n"
 
-
-def _tokens(length: int) -> torch.Tensor:
-    return torch.randint(3, VOCAB, (1, length))
-
-
-def _bert() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    config = transformers.BertConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB
-    )
-    return transformers.BertModel(config), {"input_ids": _tokens(8)}
-
-
-def _llama() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        use_cache=False,
-    )
-    return transformers.LlamaForCausalLM(config), {"input_ids": _tokens(8)}
-
-
-def _t5() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    config = transformers.T5Config(
-        d_model=32,
-        d_ff=64,
-        d_kv=16,
-        num_layers=1,
-        num_decoder_layers=1,
-        num_heads=2,
-        vocab_size=VOCAB,
-        decoder_start_token_id=0,
-        use_cache=False,
-    )
-    return transformers.T5ForConditionalGeneration(config), {"input_ids": _tokens(8), "decoder_input_ids": _tokens(5)}
-
-
-# method name -> model: an encoder, a decoder-only LM, an encoder-decoder
-ARCHITECTURES: dict[str, Callable[[], tuple[torch.nn.Module, dict[str, torch.Tensor]]]] = {
-    "encode": _bert,
-    "generate": _llama,
-    "translate": _t5,
+# method name -> a model returning its ModelOutput as it is, from the zoo's tiny configs, and the
+# lengths of its token inputs: an encoder, a decoder-only LM, an encoder-decoder
+ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any], dict[str, int]]] = {
+    "encode": ("BertModel", "BertConfig", ENCODER, {"input_ids": 8}),
+    "generate": ("LlamaForCausalLM", "LlamaConfig", {**DECODER_CONFIG, "use_cache": False}, {"input_ids": 8}),
+    "translate": (
+        "T5ForConditionalGeneration",
+        "T5Config",
+        {**T5, "use_cache": False},
+        {"input_ids": 8, "decoder_input_ids": 5},
+    ),
 }
 
 
@@ -92,10 +59,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     one program file of all three methods lowered from Python with onnxruntime then reference."""
     result = Built(tmp_path_factory.mktemp("library-types"))
     programs = {}
-    for method, build in ARCHITECTURES.items():
+    for method, (model_class, config_class, config, lengths) in ARCHITECTURES.items():
         torch.manual_seed(0)
-        model, inputs = build()
-        model.eval()
+        model = from_config(model_class, config_class, **config)
+        inputs = {name: tokens(length=length) for name, length in lengths.items()}
         with torch.no_grad():
             result.eager[method] = model(**inputs)
         programs[method] = torch.export.export(model, (), inputs)

@@ -266,18 +266,20 @@ def seq2seq(model: nn.Module) -> Case:
     return forward(Field(model, "logits", use_cache=False), tokens(), decoder_input_ids=tokens(length=5))
 
 
+T5 = dict(
+    d_model=32,
+    d_ff=64,
+    d_kv=16,
+    num_layers=1,
+    num_decoder_layers=1,
+    num_heads=2,
+    vocab_size=VOCAB,
+    decoder_start_token_id=0,
+)
+
+
 def t5() -> Case:
-    config = dict(
-        d_model=32,
-        d_ff=64,
-        d_kv=16,
-        num_layers=1,
-        num_decoder_layers=1,
-        num_heads=2,
-        vocab_size=VOCAB,
-        decoder_start_token_id=0,
-    )
-    return seq2seq(from_config("T5ForConditionalGeneration", "T5Config", **config))
+    return seq2seq(from_config("T5ForConditionalGeneration", "T5Config", **T5))
 
 
 BART = dict(
