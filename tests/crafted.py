@@ -19,6 +19,12 @@ from torchdelegate.backends.blob import pack, unpack
 from torchdelegate.serialize.container import HEADER
 
 
+def manifest_bytes(data: bytes) -> bytes:
+    """A program file's manifest, as its header delimits it."""
+    length = HEADER.unpack_from(data)[3]
+    return data[HEADER.size : HEADER.size + length]
+
+
 def with_manifest(original: bytes, manifest: bytes) -> bytes:
     """A program file with a new manifest (and a correct checksum), its data area moved after it."""
     magic, version, reserved, _, data_offset, _ = HEADER.unpack_from(original)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from crafted import with_manifest
+from crafted import manifest_bytes, with_manifest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from models import TwoLinears, export
@@ -180,8 +180,8 @@ def test_flipped_manifest_bytes_are_refused(small_file: bytes, tmp_path: Path) -
 
 
 def test_a_flipped_blob_byte_is_refused_on_first_use(small_file: bytes, tmp_path: Path) -> None:
-    magic, version, reserved, length, data_offset, digest = HEADER.unpack_from(small_file)
-    manifest = json.loads(small_file[HEADER.size : HEADER.size + length])
+    data_offset = HEADER.unpack_from(small_file)[4]
+    manifest = json.loads(manifest_bytes(small_file))
     blob = next(s for s in manifest["segments"] if s["length"] > 1000)
     data = bytearray(small_file)
     data[data_offset + blob["offset"] + 10] ^= 0xFF
@@ -204,14 +204,10 @@ def test_random_bytes_are_refused(tmp_path: Path) -> None:
 
 def test_a_manifest_that_names_a_python_function_is_refused(small_file: bytes, tmp_path: Path) -> None:
     """A checksum proves integrity, not good intent: the loader still refuses what a graph may not call."""
-    magic, version, reserved, length, data_offset, digest = HEADER.unpack_from(small_file)
-    text = small_file[HEADER.size : HEADER.size + length].replace(
-        b'"torch.ops.torchdelegate.delegate_call.default"', b'"torch.ops.aten.from_file.default"'
-    )
+    manifest = manifest_bytes(small_file)
+    text = manifest.replace(b'"torch.ops.torchdelegate.delegate_call.default"', b'"torch.ops.aten.from_file.default"')
     _refused(with_manifest(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
-    text = small_file[HEADER.size : HEADER.size + length].replace(
-        b'"torch.ops.torchdelegate.delegate_call.default"', b'"builtins.eval"'
-    )
+    text = manifest.replace(b'"torch.ops.torchdelegate.delegate_call.default"', b'"builtins.eval"')
     _refused(with_manifest(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
 
 
@@ -242,17 +238,12 @@ def test_struct_layout_is_64_bytes() -> None:
     assert HEADER.size == 64 == struct.calcsize("<8sIIQQ32s")
 
 
-def _manifest(data: bytes) -> bytes:
-    _, _, _, length, _, _ = HEADER.unpack_from(data)
-    return data[HEADER.size : HEADER.size + length]
-
-
 def test_a_symbolic_size_that_would_take_forever_to_evaluate_is_refused(tmp_path: Path) -> None:
     batch = torch.export.Dim("batch", min=2, max=64)
     program = torch.export.export(TwoLinears(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
     td.to_edge(program).to_backend(ReferencePartitioner()).save(tmp_path / "d.tdp")
     data = (tmp_path / "d.tdp").read_bytes()
-    manifest = _manifest(data)
+    manifest = manifest_bytes(data)
     symbol = re.search(rb"Symbol\('s\d+', positive=True, integer=True\)", manifest)
     assert symbol is not None
     hostile = manifest.replace(symbol.group(0), b"9**9**9**9", 1)
@@ -260,7 +251,7 @@ def test_a_symbolic_size_that_would_take_forever_to_evaluate_is_refused(tmp_path
 
 
 def test_a_graph_that_reads_state_the_file_lacks_is_refused_at_load(small_file: bytes, tmp_path: Path) -> None:
-    manifest = json.loads(_manifest(small_file))
+    manifest = json.loads(manifest_bytes(small_file))
     manifest["methods"][0]["graph"]["graph_module"]["signature"]["input_specs"].insert(
         0, {"buffer": {"arg": {"name": "b_extra"}, "buffer_name": "extra", "persistent": True}}
     )
@@ -328,14 +319,9 @@ def test_a_program_needing_more_alignment_than_the_data_file_has_gets_it(tmp_pat
         assert np.frombuffer(loaded.named_data.get_data("table"), np.uint8).ctypes.data % 4096 == 0
 
 
-def _manifest_of(data: bytes) -> dict:
-    length = HEADER.unpack_from(data)[3]
-    return json.loads(data[HEADER.size : HEADER.size + length])
-
-
 def _with_graph_nodes(small_file: bytes, edit: object) -> bytes:
     """``small_file`` whose method graph ``edit(graph)`` changed, resealed (checksums valid)."""
-    manifest = _manifest_of(small_file)
+    manifest = json.loads(manifest_bytes(small_file))
     edit(manifest["methods"][0]["graph"]["graph_module"]["graph"])  # type: ignore[operator]
     return with_manifest(small_file, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
 

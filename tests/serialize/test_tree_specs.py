@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 import torch
 import torch.utils._pytree as pytree
-from crafted import with_manifest
+from crafted import manifest_bytes, with_manifest
 
 import torchdelegate as td
 from torchdelegate.backends.reference import ReferencePartitioner
 from torchdelegate.errors import FormatError
-from torchdelegate.serialize.container import HEADER
 from torchdelegate.serialize.tree_specs import output_type_name, with_plain_containers
 
 
@@ -229,15 +228,10 @@ def test_a_spec_whose_reading_would_import_or_call_what_it_names_is_refused(
     x = torch.randn(3)
     td.to_edge({"forward": torch.export.export(Mapping2(), (x,))}).save(tmp_path / "m.tdp")
     data = (tmp_path / "m.tdp").read_bytes()
-    manifest = json.loads(_manifest(data))
+    manifest = json.loads(manifest_bytes(data))
     signature = manifest["methods"][0]["graph"]["graph_module"]["module_call_graph"][0]["signature"]
     signature["out_spec"] = f"[1, {node.replace('LEAF', LEAF)}]"
     (tmp_path / "crafted.tdp").write_bytes(with_manifest(data, json.dumps(manifest).encode()))
     with pytest.raises(FormatError, match=re.escape(message)):
         td.load(tmp_path / "crafted.tdp")
     assert not planted.exists()
-
-
-def _manifest(data: bytes) -> bytes:
-    _, _, _, length, _, _ = HEADER.unpack_from(data)
-    return data[HEADER.size : HEADER.size + length]
