@@ -2,7 +2,8 @@
 # pinned torch, run the tests. make demo: the same set-up, then `torchdelegate demo`: a small
 # language model lowered to ONNX Runtime, saved, loaded and generating tokens checked against eager.
 # make bench: torchdelegate against ExecuTorch on this machine (benchmarks/compare.py); ExecuTorch
-# lives in its own .venv-executorch, never a dependency of the package. About 40 minutes.
+# lives in its own .venv-executorch, never a dependency of the package; then benchmarks/llm.py, a 200M-parameter
+# Llama on both sides (--size large for 1.1B). About an hour.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -36,6 +37,7 @@ $(EXECUTORCH_STAMP): benchmarks/executorch-constraints.txt
 
 bench: $(STAMP) $(EXECUTORCH_STAMP)
 	$(PY) benchmarks/compare.py
+	$(PY) benchmarks/llm.py --size base
 
 # make soak: the differential property test over many more random programs (about 0.85 s each here).
 SOAK_EXAMPLES ?= 5000

@@ -20,7 +20,10 @@ def rss_bytes() -> int:
 
 
 class PeakRss:
-    """Samples resident memory in a thread; ``growth`` is the peak above the start."""
+    """Samples resident memory in a thread every ``interval`` seconds; ``growth`` is the peak above the start."""
+
+    def __init__(self, interval: float = 0.0005) -> None:
+        self.interval = interval
 
     def __enter__(self) -> PeakRss:
         self.start = self.peak = rss_bytes()
@@ -30,7 +33,7 @@ class PeakRss:
         return self
 
     def _sample(self) -> None:
-        while not self._stop.wait(0.0005):
+        while not self._stop.wait(self.interval):
             self.peak = max(self.peak, rss_bytes())
 
     def __exit__(self, *exc: object) -> None:

@@ -105,3 +105,52 @@ def test_the_results_page_has_tables_targets_and_plots(tmp_path: Path) -> None:
     for image in ("2000-01-01-lowering.png", "2000-01-01-runtime.png"):
         assert f"({image})" in text and (tmp_path / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "2000-01-01.json").read_text()) == data
+
+
+def _llm_run(ours_decode_ms: float, ours_rss: float) -> dict:
+    weights = 800_000_000
+
+    def lowered(lower_peak: float, file_ratio: float) -> dict:
+        return {
+            "weights": weights,
+            "export_s": 20.0,
+            "lower_save_s": 60.0,
+            "peak_growth": {"export": 0.1 * weights, "lower": lower_peak * weights, "save": 0.05 * weights},
+            "lower_save_peak_growth": lower_peak * weights,
+            "file_bytes": int(file_ratio * weights),
+        }
+
+    def ran(decode_ms: float, rss: float) -> list[dict]:
+        figures = {"load_first_prefill_ms": 100.0, "warm_prefill_ms": 40.0, "decode_ms": decode_ms}
+        return [{**figures, "rss_growth": rss * weights, "pss_growth": rss * weights, "peak_growth": rss * weights}] * 3
+
+    return {
+        "date": "2000-01-01",
+        "command": "llm.py",
+        "size": "base",
+        "strict": True,
+        "machine": dict.fromkeys(["cpu", "cores", "memory", "os", "python", "torch", "onnxruntime", "executorch"], "x")
+        | {"executorch torch": "x"},
+        "lower": {"torchdelegate": lowered(0.2, 1.0006), "executorch": lowered(2.0, 1.0005)},
+        "run": {"torchdelegate": ran(ours_decode_ms, ours_rss), "executorch": ran(20.0, 1.87)},
+    }
+
+
+def test_the_llm_page_compares_every_row_and_checks_the_issues_figures(tmp_path: Path) -> None:
+    from llm import targets as llm_targets
+    from llm import write_page
+
+    met = dict((name, ok) for name, _, ok in llm_targets(_llm_run(ours_decode_ms=17.0, ours_rss=1.1)))
+    assert met["decode ≤ 0.9 × ExecuTorch's"] and met["RSS growth after running both methods ≤ 1.2 × weights"]
+    assert not met["warm prefill ≤ 0.8 × ExecuTorch's"]  # 40 ms on both sides
+    missed = dict((name, ok) for name, _, ok in llm_targets(_llm_run(ours_decode_ms=19.0, ours_rss=3.7)))
+    assert (
+        not missed["decode ≤ 0.9 × ExecuTorch's"]
+        and not missed["RSS growth after running both methods ≤ 1.2 × weights"]
+    )
+    page = write_page(_llm_run(17.0, 1.1), tmp_path)
+    text = page.read_text()
+    assert page.name == "2000-01-01-llm-base.md"
+    assert "| decode, one token (ms, median of 40) | 17.0 | 20.0 | 0.85 |" in text
+    assert "| file ÷ weights | 1.0006 | 1.0005 | 1.00 |" in text
+    assert (tmp_path / "2000-01-01-llm-base.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -107,3 +107,32 @@ def test_compile_specs_in_a_file_cannot_name_a_path_or_a_library(victim: Path, k
     with pytest.raises(ValueError, match=f"unknown compile spec '{key}'"):
         OnnxRuntimeBackend.init(memoryview(delegate.processed_bytes), [td.CompileSpec(key, b"out.onnx")], named_data)
     assert not (victim / "out.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("location", "secret.txt"), ("offset", "1024"), ("length", "16"), ("basepath", "/")]
+)
+def test_a_supplied_initializer_reads_all_of_its_named_data_and_nothing_else(
+    victim: Path, field: str, value: str
+) -> None:
+    """A weight the backend supplies may not be pointed at a file, at another place in its named data, or past it."""
+    import onnx
+
+    from torchdelegate.backends.blob import pack
+
+    def pointed_elsewhere(blob: bytes) -> bytes:
+        header, payload = unpack(memoryview(blob), 1, "onnxruntime")
+        model = onnx.ModelProto.FromString(bytes(payload))
+        (weight,) = [t for t in model.graph.initializer if t.name in header["initializers"]][:1]
+        fields = {e.key: e.value for e in weight.external_data} | {field: value}
+        del weight.external_data[:]
+        for key, text in fields.items():
+            weight.external_data.add(key=key, value=text)
+        return pack(header, model.SerializeToString())
+
+    program = td.to_edge(export(torch.nn.Linear(32, 32), torch.randn(2, 32))).to_backend(OnnxRuntimePartitioner())
+    (delegate,) = td.lowered_modules(program.exported_program())
+    delegate.processed_bytes = pointed_elsewhere(delegate.processed_bytes)
+    program.save(victim / "x.tdp")
+    with td.load(victim / "x.tdp") as loaded, pytest.raises(td.FormatError, match="must be read from all of named"):
+        loaded.run("forward", torch.randn(2, 32))

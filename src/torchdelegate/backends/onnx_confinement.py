@@ -12,7 +12,7 @@ functions' operators, and carry no ``ort_config``. Anything else is a ``FormatEr
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torchdelegate.errors import FormatError
@@ -21,12 +21,13 @@ STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 _REFUSAL = "the blob was not written by this backend; do not run the file"
 
 
-def confined_model(onnx: Any, model_bytes: bytes, supplied: Collection[str], where: str) -> bytes:
+def confined_model(onnx: Any, model_bytes: bytes, supplied: Mapping[str, tuple[str, int]], where: str) -> bytes:
     """The model, re-serialized from what was checked; a ``FormatError`` if it would make ONNX
     Runtime read a file, load code or take settings from it.
 
-    ``supplied`` names the top-level initializers the backend gives the session itself; they
-    alone may be stored outside the model. ``onnx`` is the imported ``onnx`` package. Handing
+    ``supplied`` names the top-level initializers the backend gives the session itself, each with
+    the in-memory file it is read from and that file's length; they alone may be stored outside
+    the model, each as the whole of its own file. ``onnx`` is the imported ``onnx`` package. Handing
     ONNX Runtime the re-serialized bytes (with the ONNX format forced) means it parses exactly
     the model that was checked, never another format hidden in the same bytes.
     """
@@ -47,9 +48,11 @@ def confined_model(onnx: Any, model_bytes: bytes, supplied: Collection[str], whe
     external = onnx.TensorProto.EXTERNAL
     for place, tensor, top_level in _tensors(model):
         if tensor.data_location == external or len(tensor.external_data):
+            fields = {e.key: e.value for e in tensor.external_data}
+            location = fields.get("location", "")
             if top_level and tensor.name in supplied:
+                _check_supplied(tensor.name, fields, supplied[tensor.name], where)
                 continue
-            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
             raise FormatError(
                 f"{where}: {place} {tensor.name!r} says its bytes are outside the model, at {location!r}; only "
                 f"initializers the backend supplies from named data may be; {_REFUSAL}"
@@ -61,6 +64,19 @@ def confined_model(onnx: Any, model_bytes: bytes, supplied: Collection[str], whe
                 f"the model's own functions define; {_REFUSAL}"
             )
     return bytes(model.SerializeToString())
+
+
+def _check_supplied(name: str, fields: dict[str, str], file: tuple[str, int], where: str) -> None:
+    """A supplied initializer reads all of its own in-memory file and nothing else."""
+    location, length = file
+    expected = {"location": location, "offset": "0", "length": str(length)}
+    unknown = sorted(set(fields) - set(expected) - {"checksum"})
+    wrong = [key for key in ("location", "offset", "length") if fields.get(key, expected[key]) != expected[key]]
+    if unknown or wrong or "location" not in fields:
+        raise FormatError(
+            f"{where}: initializer {name!r} must be read from all of named data {location!r} ({length} bytes), "
+            f"but its external data says {fields}; {_REFUSAL}"
+        )
 
 
 def _graphs(model: Any) -> Iterator[tuple[str, Any, bool]]:

@@ -7,9 +7,9 @@ The blob is a small JSON header (each initializer's key, dtype and shape) and th
 model, whose initializers of 1 KiB or more are external references (smaller ones, such as
 the axes of a reshape, stay inside: ONNX Runtime reads them while loading the model).
 
-At run time each delegate is one ``InferenceSession``. Its initializers are handed over as
-``OrtValue``s created once per key, dtype and shape and per program over the named data (views of the
-mapped file: no copy), and shared by every session of the program. Session options come
+At run time each delegate is one ``InferenceSession``. Each external initializer names its
+named data as its file, which ONNX Runtime reads in place (a view of the mapped file: no copy,
+shared by every session of the program). Session options come
 from compile specs: ``intra_op_num_threads`` (an integer), ``graph_optimization_level``
 (``disable``, ``basic``, ``extended``, ``all``), ``disable_prepacking`` (``1`` keeps one
 copy of each weight; by default ONNX Runtime packs weights per session for speed).
@@ -29,9 +29,7 @@ import contextlib
 import importlib
 import logging
 import operator
-import threading
 import warnings
-import weakref
 from collections.abc import Iterator
 from functools import cache
 from types import ModuleType
@@ -154,12 +152,15 @@ class _FusionError(_Refused):
 def _accepted_blob(
     program: ExportedProgram, fuse: bool, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
 ) -> bytes:
-    """The blob, once ONNX Runtime has loaded it as ``init`` will; only then do its weights join ``store``."""
+    """The blob, once ONNX Runtime has loaded it as ``init`` will; only then do its weights join ``store``.
+
+    The check packs no weights: a packed copy of every weight would double the lowering's memory.
+    """
     attempt = NamedDataStore()
     blob = _exported_blob(program, fuse, attempt, where)
     output = attempt.get_named_data_store_output()
     try:
-        _Session(memoryview(blob), compile_specs, NamedDataMap(output))
+        _Session(memoryview(blob), compile_specs, NamedDataMap(output), prepacking=False)
     except Exception as e:  # any refusal is reported with the partition it concerns
         raise _Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
     store.merge(output)
@@ -173,11 +174,13 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     try:
         with _quiet_exporter():
             exportable, _ = with_identifier_state_names(program)  # initializers are keyed by content, not name
-            onnx_program = torch.onnx.export(exportable, (), dynamo=True, optimize=True, verbose=False)
+            onnx_program = torch.onnx.export(exportable, (), dynamo=True, optimize=False, verbose=False)
+            assert onnx_program is not None
+            model = onnx_program.model
+            _read_weights_in_place(ir, model)
+            _optimize(model)
     except Exception as e:
         raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
-    assert onnx_program is not None
-    model = onnx_program.model
     fusions = _fuse(model) if fuse else {}
     initializers = {}
     for name, value in sorted(model.graph.initializers.items()):
@@ -205,6 +208,55 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         "fusions": fusions,
     }
     return pack(header, ir.to_proto(model).SerializeToString())
+
+
+def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
+    """Each product with a transposed float weight, ``MatMul(x, Transpose(w))``, becomes
+    ``FusedMatMul(x, w, transB=1)``: the optimizer would fold the transpose into a transposed
+    copy of ``w`` (ONNX Runtime too, at every session), where ONNX Runtime's kernel reads ``w``
+    as it is.
+    """
+    fused = False
+    for node in list(model.graph):
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+            continue
+        transpose = node.inputs[1].producer() if node.inputs[1] is not None else None
+        if transpose is None or transpose.op_type != "Transpose" or transpose.domain not in ("", "ai.onnx"):
+            continue
+        weight = transpose.inputs[0]
+        perm = transpose.attributes.get("perm")
+        tensor = weight.const_value if weight is not None and weight.is_initializer() else None
+        if (
+            tensor is None
+            or tensor.dtype != ir.DataType.FLOAT
+            or len(tensor.shape) != 2
+            or tensor.nbytes < _SMALLEST_SHARED
+        ):
+            continue
+        if perm is not None and list(perm.as_ints()) != [1, 0]:
+            continue
+        product = ir.node(
+            "FusedMatMul", [node.inputs[0], weight], {"transA": 0, "transB": 1, "alpha": 1.0}, domain="com.microsoft"
+        )
+        model.graph.insert_before(node, product)
+        old, new = node.outputs[0], product.outputs[0]
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        new.shape, new.type, name, old.name = old.shape, old.type, old.name, None
+        new.name = name
+        model.graph.remove(node, safe=True)
+        if not transpose.outputs[0].uses():
+            model.graph.remove(transpose, safe=True)
+        fused = True
+    if fused:
+        model.opset_imports.setdefault("com.microsoft", 1)
+
+
+def _optimize(model: Any) -> None:
+    """What the exporter's ``optimize=True`` does: constant folding, clean-up and ONNX's own fusions."""
+    optimizer = _require("onnxscript.optimizer")
+    onnx_fusions = _require("onnxscript.rewriter.onnx_fusions")
+    optimizer.optimize_ir(model)
+    onnx_fusions.fuse(model)
 
 
 def _root_cause(error: BaseException) -> str:
@@ -238,34 +290,12 @@ def _strip_debug_metadata(ir: ModuleType, model: Any) -> None:
         value.metadata_props.clear()
 
 
-# One OrtValue per named-data key, dtype and shape per program, shared by all its sessions: equal
-# bytes may be read as several tensors (arange(32) as (32,) and as (1, 32)), each a view of one copy.
-_shared_values: weakref.WeakKeyDictionary[NamedDataMap, dict[tuple[str, str, tuple[int, ...]], Any]] = (
-    weakref.WeakKeyDictionary()
-)
-_shared_lock = threading.Lock()
-
-
-def _ort_value(named_data: NamedDataMap, key: str, dtype: str, shape: list[int]) -> Any:
-    ort = _require("onnxruntime")
-    with _shared_lock:
-        values = _shared_values.setdefault(named_data, {})
-        value = values.get(identity := (key, dtype, tuple(shape)))
-        if value is None:
-            view = named_data.get_data(key)
-            storage = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)
-            array = np.frombuffer(view, dtype=storage).reshape(shape) if len(view) else np.zeros(shape, storage)
-            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, _ONNX_TYPES[dtype])
-            values[identity] = value
-    return value
-
-
 class _Options:
     """The backend's compile specs, parsed and checked: an unknown key or a bad value is a ``ValueError``."""
 
     _KEYS = ("disable_prepacking", "fusions", "graph_optimization_level", "intra_op_num_threads")
 
-    def __init__(self, compile_specs: list[CompileSpec]) -> None:
+    def __init__(self, compile_specs: list[CompileSpec], prepacking: bool | None = None) -> None:
         values = {spec.key: spec.value.decode("utf-8", "replace") for spec in compile_specs}
         unknown = sorted(set(values) - set(self._KEYS))
         if unknown:
@@ -275,7 +305,7 @@ class _Options:
         if self.level not in _OPTIMIZATION_LEVELS:
             raise ValueError(f"graph_optimization_level {self.level!r}: use one of {sorted(_OPTIMIZATION_LEVELS)}")
         self.fusions = _flag(values, "fusions", True)
-        self.prepacking = not _flag(values, "disable_prepacking", False)
+        self.prepacking = not _flag(values, "disable_prepacking", False) and prepacking is not False
 
     def session_options(self) -> Any:
         ort = _require("onnxruntime")
@@ -308,7 +338,14 @@ def _flag(values: dict[str, str], key: str, default: bool) -> bool:
 class _Session:
     """One delegate's InferenceSession, its initializers shared through named data."""
 
-    def __init__(self, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
+    def __init__(
+        self,
+        processed: memoryview,
+        compile_specs: list[CompileSpec],
+        named_data: NamedDataMap,
+        prepacking: bool | None = None,
+    ) -> None:
+        """``prepacking``: ``False`` whatever the compile specs say (a session only checked, never run)."""
         ort = _require("onnxruntime")
         header, model = unpack(processed, BLOB_VERSION, "onnxruntime")
         try:
@@ -318,13 +355,17 @@ class _Session:
             raise FormatError(f"onnxruntime blob: not a blob of this backend ({e})") from None
         if not isinstance(initializers, dict):
             raise FormatError("onnxruntime blob: its initializers are not a table")
-        model_bytes = confined_model(_require("onnx"), bytes(model), initializers.keys(), "onnxruntime blob")
-        options = _Options(compile_specs).session_options()
-        names = sorted(initializers)
-        values = [_ort_value(named_data, *(initializers[n][f] for f in ("key", "dtype", "shape"))) for n in names]
-        if names:
-            options.add_external_initializers(names, values)
-        self._values = values  # the session reads them: keep them alive as long as it lives
+        files = _external_files(initializers, named_data)
+        supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
+        model_bytes = confined_model(_require("onnx"), bytes(model), supplied, "onnxruntime blob")
+        options = _Options(compile_specs, prepacking=prepacking).session_options()
+        if files:
+            # The model's external tensors are read from named data in place: no copy, whatever their number.
+            options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
+            options.add_external_initializers_from_files_in_memory(
+                list(files), list(files.values()), [len(view) for view in files.values()]
+            )
+        self._files = files  # the session reads them: keep them alive as long as it lives
         # Settings come from compile specs only, never from the model's metadata (ORT_LOAD_CONFIG_FROM_MODEL).
         self._session = ort.InferenceSession(
             model_bytes, options, providers=["CPUExecutionProvider"], read_config_from_model=0
@@ -337,6 +378,17 @@ class _Session:
             raise ValueError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
         feed = {name: _as_numpy(value) for name, value in zip(self._inputs, inputs, strict=True)}
         return [torch.from_numpy(array) for array in self._run(self._outputs, feed, None)]
+
+
+def _external_files(initializers: dict[str, Any], named_data: NamedDataMap) -> dict[str, memoryview]:
+    """The named data the model's external tensors name as their files, by key, sorted."""
+    keys = set()
+    for name, entry in initializers.items():
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if not isinstance(key, str):
+            raise FormatError(f"onnxruntime blob: initializer {name!r} names no named-data key")
+        keys.add(key)
+    return {key: named_data.get_data(key) for key in sorted(keys)}
 
 
 def _as_numpy(value: Any) -> np.ndarray:

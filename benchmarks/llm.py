@@ -1,0 +1,207 @@
+"""A Llama-architecture LLM, prefill + decode, lowered and run by torchdelegate and by ExecuTorch.
+
+``make bench`` runs this after ``compare.py``. The model is a transformers ``LlamaForCausalLM``
+with random weights over a static KV cache (transformers' exportable wrapper), exported as
+``prefill`` (32 tokens) and ``decode`` (one token): ``--size base`` is 200M parameters (766 MB
+fp32), ``--size large`` TinyLlama's shape (1.1B parameters, 4.4 GB). torchdelegate lowers to
+ONNX Runtime, then the reference backend; ExecuTorch 1.5.1 to XNNPACK (in ``.venv-executorch``).
+
+Every measurement is a fresh process of its side (``llm_side.py``): one lowering per side, then
+``--rounds`` alternating rounds of loading and running both files. Writes
+``benchmarks/results/<date>-llm-<size>.md`` with its JSON and a plot, and prints the page.
+
+    python benchmarks/llm.py [--size base|large] [--rounds 3] [--non-strict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from compare import EXECUTORCH_PYTHON, machine
+
+HERE = Path(__file__).resolve().parent
+SIDES = {
+    "torchdelegate": [sys.executable, str(HERE / "llm_side.py")],
+    "executorch": [str(EXECUTORCH_PYTHON), str(HERE / "llm_side.py")],
+}
+NAMES = {"torchdelegate": "torchdelegate (onnxruntime, then reference)", "executorch": "ExecuTorch + XNNPACK"}
+SUFFIX = {"torchdelegate": ".tdp", "executorch": ".pte"}
+
+
+def measure(command: list[str]) -> dict[str, Any]:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=7200, cwd=HERE)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def collect(size: str, rounds: int, strict: bool, directory: Path) -> dict[str, Any]:
+    """Each side's lowering, then ``rounds`` alternating runs of the two files."""
+    data: dict[str, Any] = {"lower": {}, "run": {side: [] for side in SIDES}}
+    for side, command in SIDES.items():
+        path = directory / f"{side}{SUFFIX[side]}"
+        extra = [] if strict else ["--non-strict"]
+        data["lower"][side] = {
+            **measure([*command, "lower", "--side", side, "--size", size, "--out", str(path), *extra])
+        }
+        data["lower"][side]["path"] = str(path)
+        print(f"  lowered {side}: {data['lower'][side]['lower_save_s']:.0f} s", file=sys.stderr, flush=True)
+    for index in range(rounds):
+        for side, command in SIDES.items():
+            path = data["lower"][side]["path"]
+            data["run"][side].append(measure([*command, "run", "--side", side, "--size", size, "--file", path]))
+        print(f"  run round {index + 1}/{rounds} done", file=sys.stderr, flush=True)
+    for figures in data["lower"].values():
+        figures.pop("path")
+    return data
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+def rows(data: dict[str, Any]) -> list[tuple[str, float, float, str]]:
+    """(row, ours, ExecuTorch's, unit) for the table; memory as multiples of the weights."""
+    weights = data["lower"]["torchdelegate"]["weights"]
+    lower, run = data["lower"], data["run"]
+
+    def both(figure: Any) -> tuple[float, float]:
+        return figure("torchdelegate"), figure("executorch")
+
+    table = [
+        ("lowering + save (s)", *both(lambda s: lower[s]["lower_save_s"]), "s"),
+        ("peak RSS growth during export ÷ weights", *both(lambda s: lower[s]["peak_growth"]["export"] / weights), "×"),
+        (
+            "peak RSS growth during lower + save ÷ weights",
+            *both(lambda s: lower[s]["lower_save_peak_growth"] / weights),
+            "×",
+        ),
+        (
+            "peak RSS growth during export + lower + save ÷ weights",
+            *both(lambda s: max(lower[s]["peak_growth"].values()) / weights),
+            "×",
+        ),
+        ("file ÷ weights", *both(lambda s: lower[s]["file_bytes"] / weights), "×"),
+        ("fresh process: load + first prefill (ms)", *both(lambda s: _median(run[s], "load_first_prefill_ms")), "ms"),
+        ("warm prefill, 32 tokens (ms)", *both(lambda s: _median(run[s], "warm_prefill_ms")), "ms"),
+        ("decode, one token (ms, median of 40)", *both(lambda s: _median(run[s], "decode_ms")), "ms"),
+        (
+            "RSS growth after loading and running both methods ÷ weights",
+            *both(lambda s: _median(run[s], "rss_growth") / weights),
+            "×",
+        ),
+        (
+            "PSS growth after loading and running both methods ÷ weights",
+            *both(lambda s: _median(run[s], "pss_growth") / weights),
+            "×",
+        ),
+    ]
+    return table
+
+
+def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """The issue's figures: (target, measured, met)."""
+    table = {name: (ours, theirs) for name, ours, theirs, _ in rows(data)}
+    lower_peak = table["peak RSS growth during lower + save ÷ weights"][0]
+    resident = table["RSS growth after loading and running both methods ÷ weights"][0]
+    cold = table["fresh process: load + first prefill (ms)"]
+    decode = table["decode, one token (ms, median of 40)"]
+    prefill = table["warm prefill, 32 tokens (ms)"]
+    file_ratio = table["file ÷ weights"][0]
+    return [
+        ("peak RSS growth during lower + save ≤ 0.25 × weights", f"{lower_peak:.2f}", lower_peak <= 0.25),
+        ("RSS growth after running both methods ≤ 1.2 × weights", f"{resident:.2f}", resident <= 1.2),
+        ("load + first prefill ≤ 2 × ExecuTorch's", f"{cold[0] / cold[1]:.2f} ×", cold[0] <= 2 * cold[1]),
+        ("decode ≤ 0.9 × ExecuTorch's", f"{decode[0] / decode[1]:.2f} ×", decode[0] <= 0.9 * decode[1]),
+        ("warm prefill ≤ 0.8 × ExecuTorch's", f"{prefill[0] / prefill[1]:.2f} ×", prefill[0] <= 0.8 * prefill[1]),
+        ("file ≤ 1.01 × weights", f"{file_ratio:.4f}", file_ratio <= 1.01),
+    ]
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Each row as ours ÷ ExecuTorch's (log scale): left of 1 is better."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = rows(data)
+    figure, axes = plt.subplots(figsize=(9, 0.45 * len(table) + 1.2))
+    ratios = [ours / theirs if theirs else float("nan") for _, ours, theirs, _ in table]
+    axes.barh([name for name, *_ in table], ratios, color=["tab:green" if r <= 1 else "tab:red" for r in ratios])
+    axes.axvline(1.0, color="black", linewidth=1)
+    axes.set_xscale("log")
+    axes.invert_yaxis()
+    axes.set_xlabel("torchdelegate ÷ ExecuTorch + XNNPACK (lower is better)")
+    axes.set_title(f"Llama {data['size']}: {data['lower']['torchdelegate']['weights'] / 1e6:.0f} MB of weights")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_page(data: dict[str, Any], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = f"{data['date']}-llm-{data['size']}"
+    (directory / f"{stem}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    plot(data, directory / f"{stem}.png")
+    m = data["machine"]
+    lines = [
+        f"# An LLM lowered and run by torchdelegate and ExecuTorch — {data['date']}, size {data['size']}",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}. Python {m['python']}, torch "
+        f"{m['torch']}, onnxruntime {m['onnxruntime']}; ExecuTorch {m['executorch']} (torch {m['executorch torch']}).",
+        "",
+        f"Written by `{data['command']}`; the data is in `{stem}.json`. One lowering per side, then "
+        f"{len(data['run']['torchdelegate'])} alternating rounds of a fresh process per side loading its file and "
+        f"running both methods; run figures are medians over rounds. Export is "
+        f"{'strict (dynamo), as transformers exports' if data['strict'] else 'non-strict'}; growth during lower + "
+        "save is counted from after export (its garbage collected).",
+        "",
+        "| | " + " | ".join(NAMES.values()) + " | ours ÷ theirs |",
+        "|---|---|---|---|",
+    ]
+    for name, ours, theirs, unit in rows(data):
+        digits = ".4f" if name.startswith("file") else (".2f" if unit == "×" else ".1f")
+        lines.append(f"| {name} | {ours:{digits}} | {theirs:{digits}} | {ours / theirs:.2f} |")
+    lines += [
+        "",
+        "## Targets",
+        "",
+        "| target | measured | met |",
+        "|---|---|---|",
+        *(f"| {target} | {value} | {'yes' if met else '**no**'} |" for target, value, met in targets(data)),
+        "",
+        f"![ours ÷ ExecuTorch's]({stem}.png)",
+        "",
+    ]
+    page = directory / f"{stem}.md"
+    page.write_text("\n".join(lines))
+    return page
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["base", "large"], default="base")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating load + run rounds")
+    parser.add_argument("--non-strict", dest="strict", action="store_false", help="export without dynamo")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    if not EXECUTORCH_PYTHON.exists():
+        sys.exit(f"{EXECUTORCH_PYTHON} is missing: `make bench` creates it")
+    data: dict[str, Any] = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv)}
+    data |= {"size": args.size, "strict": args.strict, "machine": machine()}
+    with tempfile.TemporaryDirectory() as directory:
+        data |= collect(args.size, args.rounds, args.strict, Path(directory))
+    print(write_page(data, args.out).read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""One side of benchmarks/llm.py, one phase, in this fresh process; prints its figures as JSON.
+
+Runs in our environment (``--side torchdelegate``) or in ``.venv-executorch`` (``--side executorch``):
+it imports torch, transformers and the side's own framework only.
+
+    lower --side S --size Z --out F    build the Llama, export prefill + decode, lower, save
+    run   --side S --size Z --file F   load both methods, a first prefill, warm prefills, decodes
+
+Resident memory is read from /proc (RSS from statm, PSS from smaps_rollup); each stage's peak is
+sampled by :class:`instruments.PeakRss`. Growth is counted from the moment before export (lower)
+or before loading (run), after torch and the side's framework are imported and warmed up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from instruments import PeakRss, rss_bytes, warm_up_torch
+
+PROMPT = 32  # tokens of the prefill
+CACHE = 128  # the static KV cache's length
+DECODES = 40
+_SAMPLING = 0.005  # seconds between resident-memory samples
+WARM_PREFILLS = 5
+# hidden, layers, heads, KV heads, MLP, vocabulary: untied head, fp32.
+SIZES = {
+    "base": (1024, 12, 16, 4, 2816, 32000),  # 200M parameters
+    "large": (2048, 22, 32, 4, 5632, 32000),  # TinyLlama's shape, 1.1B parameters
+}
+
+
+def pss_bytes() -> int:
+    """This process's proportional set size: shared pages count by the share."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/smaps_rollup has no Pss line")
+
+
+def llama(size: str) -> torch.nn.Module:
+    """The model, random weights, built in place: its parameters are allocated once."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, layers, heads, kv_heads, mlp, vocabulary = SIZES[size]
+    config = LlamaConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=mlp,
+        vocab_size=vocabulary,
+        max_position_embeddings=2 * CACHE,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def static_cache_module(model: torch.nn.Module) -> torch.nn.Module:
+    """transformers' exportable wrapper: the model over a static KV cache held as buffers."""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    model.generation_config.use_cache = True
+    model.generation_config.cache_implementation = "static"
+    return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=CACHE).model
+
+
+def method_inputs() -> dict[str, dict[str, torch.Tensor]]:
+    ids = torch.randint(0, 32000, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    return {
+        "prefill": {"input_ids": ids, "cache_position": torch.arange(PROMPT)},
+        "decode": {"input_ids": ids[:, :1], "cache_position": torch.tensor([PROMPT])},
+    }
+
+
+def export(module: torch.nn.Module, strict: bool) -> dict[str, Any]:
+    """prefill and decode; ``strict`` (dynamo) as transformers' exporter does."""
+    with torch.no_grad():
+        return {m: torch.export.export(module, (), x, strict=strict) for m, x in method_inputs().items()}
+
+
+def lower_torchdelegate(programs: dict[str, Any], path: Path, stages: dict[str, float]) -> None:
+    import torchdelegate as td
+    from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    with PeakRss(_SAMPLING) as peak:
+        lowered = td.to_edge_transform_and_lower(
+            programs, partitioner=[OnnxRuntimePartitioner(), ReferencePartitioner()]
+        )
+    stages["lower"] = peak.peak
+    with PeakRss(_SAMPLING) as peak:
+        lowered.save(path)
+    stages["save"] = peak.peak
+
+
+def lower_executorch(programs: dict[str, Any], path: Path, stages: dict[str, float]) -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    with PeakRss(_SAMPLING) as peak:
+        edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+        program = edge.to_executorch()
+    stages["lower"] = peak.peak
+    with PeakRss(_SAMPLING) as peak:
+        path.write_bytes(program.buffer)
+    stages["save"] = peak.peak
+
+
+def lower(args: argparse.Namespace) -> dict[str, Any]:
+    warm_up_torch(256)
+    model = llama(args.size)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    module = static_cache_module(model)
+    base = rss_bytes()
+    stages: dict[str, float] = {}
+    started = time.perf_counter()
+    with PeakRss(_SAMPLING) as peak:
+        programs = export(module, args.strict)
+    stages["export"] = peak.peak
+    gc.collect()  # strict export leaves garbage that holds a copy of the weights until collected
+    exported = time.perf_counter()
+    after_export = rss_bytes()
+    (lower_torchdelegate if args.side == "torchdelegate" else lower_executorch)(programs, args.out, stages)
+    done = time.perf_counter()
+    return {
+        "weights": weights,
+        "export_s": exported - started,
+        "lower_save_s": done - exported,
+        "peak_growth": {stage: value - base for stage, value in stages.items()},
+        "lower_save_peak_growth": max(stages["lower"], stages["save"]) - after_export,
+        "file_bytes": args.out.stat().st_size,
+    }
+
+
+class _Methods:
+    """A loaded program's two methods, called with the keyword inputs of ``method_inputs``."""
+
+    def __init__(self, side: str, path: Path) -> None:
+        self.side = side
+        if side == "torchdelegate":
+            import torchdelegate as td
+
+            self.program = td.load(path)
+        else:
+            from executorch.runtime import Runtime
+
+            program = Runtime.get().load_program(path)
+            self.program = {m: program.load_method(m) for m in ("prefill", "decode")}
+
+    def __call__(self, method: str, inputs: dict[str, torch.Tensor]) -> Any:
+        if self.side == "torchdelegate":
+            return self.program.run(method, **inputs)
+        return self.program[method].execute([inputs["input_ids"], inputs["cache_position"]])
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    warm_up_torch(256)
+    if args.side == "torchdelegate":
+        import onnxruntime  # noqa: F401  (its import is not the program's cost)
+
+        import torchdelegate  # noqa: F401
+    else:
+        import executorch.runtime  # noqa: F401
+    inputs = method_inputs()
+    base_rss, base_pss = rss_bytes(), pss_bytes()
+    with torch.no_grad(), PeakRss(_SAMPLING) as peak:
+        started = time.perf_counter()
+        methods = _Methods(args.side, args.file)
+        methods("prefill", inputs["prefill"])
+        first = time.perf_counter() - started
+        warm = []
+        for _ in range(WARM_PREFILLS):
+            start = time.perf_counter()
+            methods("prefill", inputs["prefill"])
+            warm.append(time.perf_counter() - start)
+        decode = []
+        for step in range(DECODES):
+            position = torch.tensor([PROMPT + step % (CACHE - PROMPT)])
+            start = time.perf_counter()
+            methods("decode", {"input_ids": inputs["decode"]["input_ids"], "cache_position": position})
+            decode.append(time.perf_counter() - start)
+    return {
+        "load_first_prefill_ms": first * 1e3,
+        "warm_prefill_ms": statistics.median(warm) * 1e3,
+        "decode_ms": statistics.median(decode) * 1e3,
+        "rss_growth": rss_bytes() - base_rss,
+        "pss_growth": pss_bytes() - base_pss,
+        "peak_growth": peak.peak - base_rss,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", choices=["lower", "run"])
+    parser.add_argument("--side", choices=["torchdelegate", "executorch"], required=True)
+    parser.add_argument("--size", choices=sorted(SIZES), default="base")
+    parser.add_argument(
+        "--non-strict", dest="strict", action="store_false", help="lower: export without dynamo (strict=False)"
+    )
+    parser.add_argument("--out", type=Path, help="lower: the file to write")
+    parser.add_argument("--file", type=Path, help="run: the file to load")
+    args = parser.parse_args()
+    figures = lower(args) if args.phase == "lower" else run(args)
+    print(json.dumps({"side": args.side, "size": args.size, "phase": args.phase, "pid": os.getpid(), **figures}))
+
+
+if __name__ == "__main__":
+    main()
