@@ -251,3 +251,33 @@ def test_equal_bytes_read_in_two_shapes_run_as_both(tmp_path: Path) -> None:
     lowered.save(tmp_path / "equal.tdp")
     with td.load(tmp_path / "equal.tdp") as program:
         torch.testing.assert_close(program.run("forward", x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_lowering_and_saving_hold_no_copy_of_the_weights(tmp_path: Path) -> None:
+    """The exporter's transposed weights, the acceptance session's packed ones: none is made."""
+    import threading
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)]).eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # 64 MiB
+    programs = {m: torch.export.export(model, (torch.randn(n, 3, 1024),)) for m, n in (("one", 1), ("four", 4))}
+    edge = td.to_edge(programs)
+    base = peak = _anonymous_bytes()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.002):
+            peak = max(peak, _anonymous_bytes())
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        edge.to_backend(OnnxRuntimePartitioner()).save(tmp_path / "m.tdp")
+    finally:
+        done.set()
+        sampler.join()
+    assert peak - base < 0.25 * weights, f"{(peak - base) / weights:.2f} x the weights held while lowering"
+    with td.load(tmp_path / "m.tdp") as program, torch.no_grad():
+        x = torch.randn(4, 3, 1024)
+        torch.testing.assert_close(program.run("four", x), model(x), atol=1e-4, rtol=1e-4)
