@@ -19,14 +19,34 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class PeakRss:
-    """Samples resident memory in a thread every ``interval`` seconds; ``growth`` is the peak above the start."""
+def pss_bytes() -> int:
+    """This process's proportional set size now: a page shared with other processes counts by its share."""
+    return _status_bytes("/proc/self/smaps_rollup", "Pss:")
 
-    def __init__(self, interval: float = 0.0005) -> None:
+
+def anonymous_bytes() -> int:
+    """This process's resident memory backed by no file: copies, unlike the pages of a mapped file."""
+    return _status_bytes("/proc/self/status", "RssAnon:")
+
+
+def _status_bytes(path: str, field: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{path} has no {field} line")
+
+
+class PeakRss:
+    """Samples ``reading`` (resident memory by default) in a thread every ``interval`` seconds;
+    ``growth`` is the peak above the start."""
+
+    def __init__(self, interval: float = 0.0005, reading: Callable[[], int] = rss_bytes) -> None:
         self.interval = interval
+        self.reading = reading
 
     def __enter__(self) -> PeakRss:
-        self.start = self.peak = rss_bytes()
+        self.start = self.peak = self.reading()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -34,12 +54,12 @@ class PeakRss:
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, rss_bytes())
+            self.peak = max(self.peak, self.reading())
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
+        self.peak = max(self.peak, self.reading())
 
     @property
     def growth(self) -> int:

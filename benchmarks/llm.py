@@ -19,13 +19,13 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from compare import EXECUTORCH_PYTHON, machine
+from compare import EXECUTORCH_PYTHON, machine, measure
+from results import machine_line, targets_table
 
 HERE = Path(__file__).resolve().parent
 SIDES = {
@@ -34,13 +34,6 @@ SIDES = {
 }
 NAMES = {"torchdelegate": "torchdelegate (onnxruntime, then reference)", "executorch": "ExecuTorch + XNNPACK"}
 SUFFIX = {"torchdelegate": ".tdp", "executorch": ".pte"}
-
-
-def measure(command: list[str]) -> dict[str, Any]:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=7200, cwd=HERE)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def collect(size: str, rounds: int, strict: bool, directory: Path) -> dict[str, Any]:
@@ -152,12 +145,10 @@ def write_page(data: dict[str, Any], directory: Path) -> Path:
     stem = f"{data['date']}-llm-{data['size']}"
     (directory / f"{stem}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     plot(data, directory / f"{stem}.png")
-    m = data["machine"]
     lines = [
         f"# An LLM lowered and run by torchdelegate and ExecuTorch — {data['date']}, size {data['size']}",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}. Python {m['python']}, torch "
-        f"{m['torch']}, onnxruntime {m['onnxruntime']}; ExecuTorch {m['executorch']} (torch {m['executorch torch']}).",
+        machine_line(data["machine"]),
         "",
         f"Written by `{data['command']}`; the data is in `{stem}.json`. One lowering per side, then "
         f"{len(data['run']['torchdelegate'])} alternating rounds of a fresh process per side loading its file and "
@@ -175,9 +166,7 @@ def write_page(data: dict[str, Any], directory: Path) -> Path:
         "",
         "## Targets",
         "",
-        "| target | measured | met |",
-        "|---|---|---|",
-        *(f"| {target} | {value} | {'yes' if met else '**no**'} |" for target, value, met in targets(data)),
+        *targets_table(targets(data)),
         "",
         f"![ours ÷ ExecuTorch's]({stem}.png)",
         "",

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from instruments import PeakRss, rss_bytes, warm_up_torch
+from instruments import PeakRss, pss_bytes, rss_bytes, warm_up_torch
+from workloads import weight_bytes
 
 PROMPT = 32  # tokens of the prefill
 CACHE = 128  # the static KV cache's length
@@ -35,15 +36,6 @@ SIZES = {
     "base": (1024, 12, 16, 4, 2816, 32000),  # 200M parameters
     "large": (2048, 22, 32, 4, 5632, 32000),  # TinyLlama's shape, 1.1B parameters
 }
-
-
-def pss_bytes() -> int:
-    """This process's proportional set size: shared pages count by the share."""
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/self/smaps_rollup has no Pss line")
 
 
 def llama(size: str) -> torch.nn.Module:
@@ -119,7 +111,7 @@ def lower_executorch(programs: dict[str, Any], path: Path, stages: dict[str, flo
 def lower(args: argparse.Namespace) -> dict[str, Any]:
     warm_up_torch(256)
     model = llama(args.size)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights = weight_bytes(model)
     module = static_cache_module(model)
     base = rss_bytes()
     stages: dict[str, float] = {}

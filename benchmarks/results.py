@@ -202,19 +202,31 @@ def plot(data: dict[str, Any], directory: Path, stem: str) -> list[str]:
     return [lowering_png, rest_png]
 
 
+def machine_line(m: dict[str, str]) -> str:
+    """The machine and versions a run was measured on, as one line of a page."""
+    return (
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}. Python {m['python']}, "
+        f"torch {m['torch']}, onnxruntime {m['onnxruntime']}; ExecuTorch {m['executorch']} "
+        f"(torch {m['executorch torch']}) in its own environment."
+    )
+
+
+def targets_table(rows: list[tuple[str, str, bool]]) -> list[str]:
+    """(target, measured, met) rows as a Markdown table, a miss in bold."""
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    return lines + [f"| {target} | {value} | {'yes' if met else '**no**'} |" for target, value, met in rows]
+
+
 def write_results(data: dict[str, Any], directory: Path) -> Path:
     """``<date>.md``, ``<date>.json`` and the plots in ``directory``; the page's path."""
     directory.mkdir(parents=True, exist_ok=True)
     stem = data["date"]
     (directory / f"{stem}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     lowering_png, rest_png = plot(data, directory, stem)
-    m = data["machine"]
     lines = [
         f"# torchdelegate and ExecuTorch side by side — {stem}",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}. Python {m['python']}, "
-        f"torch {m['torch']}, onnxruntime {m['onnxruntime']}; ExecuTorch {m['executorch']} "
-        f"(torch {m['executorch torch']}) in its own environment.",
+        machine_line(data["machine"]),
         "",
         f"Written by `{data['command']}` (`make bench`); the data is in `{stem}.json`. Each measurement "
         "ran in a fresh process of its side; sides alternated. Figures are medians, [min–max] over "
@@ -222,9 +234,7 @@ def write_results(data: dict[str, Any], directory: Path) -> Path:
         "",
         "## Targets",
         "",
-        "| target | measured | met |",
-        "|---|---|---|",
-        *(f"| {target} | {value} | {'yes' if met else '**no**'} |" for target, value, met in targets(data)),
+        *targets_table(targets(data)),
         "",
         "## Lowering cost against graph size",
         "",

@@ -446,9 +446,9 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         for record in file.methods:
             bound = program.method(record.name)
             parameters = ", ".join(bound.signature())
-            returns = "" if bound.output_type in _PLAIN_OUTPUTS else f" -> {bound.output_type}"
-            if bound.output_type in program.plain_types:
-                returns += f" (read as a {program.plain_types[bound.output_type]} here)"
+            output_type, plain = _output_type(bound.output_type, program.plain_types)
+            returns = f" -> {output_type}" if output_type else ""
+            returns += f" (read as a {plain} here)" if plain else ""
             delegates = ", ".join(f"#{i} {file.delegates[i].backend_id}" for i in record.delegates) or "none"
             print(f"  {record.name}({parameters}){returns}  delegates: {delegates}", file=out)
         print("delegates:", file=out)
@@ -530,18 +530,26 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 _PLAIN_OUTPUTS = (None, "builtins.tuple", "builtins.list", "builtins.dict")
 
 
+def _output_type(output_type: str | None, plain_types: dict[str, str]) -> tuple[str | None, str | None]:
+    """A method's output container worth naming (not a plain tuple, list or dict), and the plain
+    type it is read as when this process has not registered it."""
+    if output_type in _PLAIN_OUTPUTS:
+        return None, None
+    return output_type, plain_types.get(output_type or "")
+
+
 def _container_phrase(output_type: str | None, plain_types: dict[str, str]) -> str:
     """How the outputs came back, when it is more than a tuple: ", a T (returned as a dict)"."""
-    if output_type in _PLAIN_OUTPUTS:
+    named, plain = _output_type(output_type, plain_types)
+    if named is None:
         return ""
-    plain = plain_types.get(output_type)
-    return f", a {output_type}" + (f" (returned as a {plain}: not registered in this process)" if plain else "")
+    return f", a {named}" + (f" (returned as a {plain}: not registered in this process)" if plain else "")
 
 
 def _output_names(paths: list[tuple[Any, ...]]) -> list[str]:
     """Each output's place in the method's output structure (``logits``, ``past_key_values.0.1``);
     none for a flat tuple, whose places are the outputs' numbers."""
-    if all(len(path) <= 1 and hasattr(path[0] if path else 0, "idx") for path in paths):
+    if all(len(path) == 1 and isinstance(path[0], torch.utils._pytree.SequenceKey) for path in paths):
         return [""] * len(paths)
     names = []
     for path in paths:

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from backends import every_op
+from instruments import PeakRss, anonymous_bytes
 from models import decoder_methods
 from programs import eager_generation, fresh_decoder, program_generation
+from workloads import weight_bytes
 
 import torchdelegate as td
 from torchdelegate import CompileSpec
@@ -35,24 +37,18 @@ def test_two_methods_share_each_weight_in_the_file_and_in_memory(tmp_path: Path)
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def _anonymous_bytes() -> int:
-    """Resident memory not backed by a file: copies, unlike pages of a mapped file."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
-
-
 def test_sessions_read_the_weights_in_the_mapped_file_without_copying_them(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).eval()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # 32 MiB
+    weights = weight_bytes(model)  # 32 MiB
     inputs = {"one": torch.randn(1, 1024), "four": torch.randn(4, 1024)}
     programs = {method: torch.export.export(model, (x,)) for method, x in inputs.items()}
     specs = [CompileSpec("disable_prepacking", b"1")]
     td.to_edge(programs).to_backend(OnnxRuntimePartitioner(compile_specs=specs)).save(tmp_path / "m.tdp")
-    before = _anonymous_bytes()
+    before = anonymous_bytes()
     with td.load(tmp_path / "m.tdp") as program:
         outputs = {method: program.run(method, x) for method, x in inputs.items()}
-        grown = _anonymous_bytes() - before
+        grown = anonymous_bytes() - before
     assert grown < 0.25 * weights, f"{grown / weights:.2f} x the weights copied by two sessions"
     with torch.no_grad():
         for method, x in inputs.items():
@@ -255,29 +251,14 @@ def test_equal_bytes_read_in_two_shapes_run_as_both(tmp_path: Path) -> None:
 
 def test_lowering_and_saving_hold_no_copy_of_the_weights(tmp_path: Path) -> None:
     """The exporter's transposed weights, the acceptance session's packed ones: none is made."""
-    import threading
-
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)]).eval()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # 64 MiB
+    weights = weight_bytes(model)  # 64 MiB
     programs = {m: torch.export.export(model, (torch.randn(n, 3, 1024),)) for m, n in (("one", 1), ("four", 4))}
     edge = td.to_edge(programs)
-    base = peak = _anonymous_bytes()
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.wait(0.002):
-            peak = max(peak, _anonymous_bytes())
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with PeakRss(0.002, anonymous_bytes) as peak:
         edge.to_backend(OnnxRuntimePartitioner()).save(tmp_path / "m.tdp")
-    finally:
-        done.set()
-        sampler.join()
-    assert peak - base < 0.25 * weights, f"{(peak - base) / weights:.2f} x the weights held while lowering"
+    assert peak.growth < 0.25 * weights, f"{peak.growth / weights:.2f} x the weights held while lowering"
     with td.load(tmp_path / "m.tdp") as program, torch.no_grad():
         x = torch.randn(4, 3, 1024)
         torch.testing.assert_close(program.run("four", x), model(x), atol=1e-4, rtol=1e-4)

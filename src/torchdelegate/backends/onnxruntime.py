@@ -160,7 +160,7 @@ def _accepted_blob(
     blob = _exported_blob(program, fuse, attempt, where)
     output = attempt.get_named_data_store_output()
     try:
-        _Session(memoryview(blob), compile_specs, NamedDataMap(output), prepacking=False)
+        _Session(memoryview(blob), compile_specs, NamedDataMap(output), pack_weights=False)
     except Exception as e:  # any refusal is reported with the partition it concerns
         raise _Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
     store.merge(output)
@@ -216,39 +216,39 @@ def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
     copy of ``w`` (ONNX Runtime too, at every session), where ONNX Runtime's kernel reads ``w``
     as it is.
     """
-    fused = False
     for node in list(model.graph):
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        transpose = _weight_transpose(ir, node)
+        if transpose is None:
             continue
-        transpose = node.inputs[1].producer() if node.inputs[1] is not None else None
-        if transpose is None or transpose.op_type != "Transpose" or transpose.domain not in ("", "ai.onnx"):
-            continue
-        weight = transpose.inputs[0]
-        perm = transpose.attributes.get("perm")
-        tensor = weight.const_value if weight is not None and weight.is_initializer() else None
-        if (
-            tensor is None
-            or tensor.dtype != ir.DataType.FLOAT
-            or len(tensor.shape) != 2
-            or tensor.nbytes < _SMALLEST_SHARED
-        ):
-            continue
-        if perm is not None and list(perm.as_ints()) != [1, 0]:
-            continue
-        product = ir.node(
-            "FusedMatMul", [node.inputs[0], weight], {"transA": 0, "transB": 1, "alpha": 1.0}, domain="com.microsoft"
-        )
+        attributes = {"transA": 0, "transB": 1, "alpha": 1.0}
+        product = ir.node("FusedMatMul", [node.inputs[0], transpose.inputs[0]], attributes, domain="com.microsoft")
         model.graph.insert_before(node, product)
         old, new = node.outputs[0], product.outputs[0]
         old.replace_all_uses_with(new, replace_graph_outputs=True)
-        new.shape, new.type, name, old.name = old.shape, old.type, old.name, None
-        new.name = name
+        name, old.name = old.name, None  # two values may not hold one name at once
+        new.name, new.shape, new.type = name, old.shape, old.type
         model.graph.remove(node, safe=True)
         if not transpose.outputs[0].uses():
             model.graph.remove(transpose, safe=True)
-        fused = True
-    if fused:
         model.opset_imports.setdefault("com.microsoft", 1)
+
+
+def _weight_transpose(ir: ModuleType, node: Any) -> Any:
+    """The ``Transpose`` of a 2-D float weight (an initializer of 1 KiB or more) whose result
+    ``node``, a ``MatMul``, multiplies by; None if it is not such a product."""
+    standard = ("", "ai.onnx")
+    if node.op_type != "MatMul" or node.domain not in standard or len(node.inputs) != 2 or node.inputs[1] is None:
+        return None
+    transpose = node.inputs[1].producer()
+    if transpose is None or transpose.op_type != "Transpose" or transpose.domain not in standard:
+        return None
+    weight, perm = transpose.inputs[0], transpose.attributes.get("perm")
+    tensor = weight.const_value if weight is not None and weight.is_initializer() else None
+    if tensor is None or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
+        return None
+    if tensor.nbytes < _SMALLEST_SHARED or (perm is not None and list(perm.as_ints()) != [1, 0]):
+        return None
+    return transpose
 
 
 def _optimize(model: Any) -> None:
@@ -295,7 +295,7 @@ class _Options:
 
     _KEYS = ("disable_prepacking", "fusions", "graph_optimization_level", "intra_op_num_threads")
 
-    def __init__(self, compile_specs: list[CompileSpec], prepacking: bool | None = None) -> None:
+    def __init__(self, compile_specs: list[CompileSpec]) -> None:
         values = {spec.key: spec.value.decode("utf-8", "replace") for spec in compile_specs}
         unknown = sorted(set(values) - set(self._KEYS))
         if unknown:
@@ -305,14 +305,15 @@ class _Options:
         if self.level not in _OPTIMIZATION_LEVELS:
             raise ValueError(f"graph_optimization_level {self.level!r}: use one of {sorted(_OPTIMIZATION_LEVELS)}")
         self.fusions = _flag(values, "fusions", True)
-        self.prepacking = not _flag(values, "disable_prepacking", False) and prepacking is not False
+        self.prepacking = not _flag(values, "disable_prepacking", False)
 
-    def session_options(self) -> Any:
+    def session_options(self, pack_weights: bool = True) -> Any:
+        """``pack_weights=False``: no packed copies, whatever the specs say (a session only checked)."""
         ort = _require("onnxruntime")
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION_LEVELS[self.level])
-        options.add_session_config_entry("session.disable_prepacking", "0" if self.prepacking else "1")
+        options.add_session_config_entry("session.disable_prepacking", "0" if self.prepacking and pack_weights else "1")
         options.add_session_config_entry("session.load_model_format", "ONNX")  # never ORT's own format
         return options
 
@@ -343,9 +344,8 @@ class _Session:
         processed: memoryview,
         compile_specs: list[CompileSpec],
         named_data: NamedDataMap,
-        prepacking: bool | None = None,
+        pack_weights: bool = True,
     ) -> None:
-        """``prepacking``: ``False`` whatever the compile specs say (a session only checked, never run)."""
         ort = _require("onnxruntime")
         header, model = unpack(processed, BLOB_VERSION, "onnxruntime")
         try:
@@ -358,7 +358,7 @@ class _Session:
         files = _external_files(initializers, named_data)
         supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
         model_bytes = confined_model(_require("onnx"), bytes(model), supplied, "onnxruntime blob")
-        options = _Options(compile_specs, prepacking=prepacking).session_options()
+        options = _Options(compile_specs).session_options(pack_weights)
         if files:
             # The model's external tensors are read from named data in place: no copy, whatever their number.
             options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")

@@ -315,12 +315,12 @@ def unregistered_operators(operators: Iterable[str]) -> list[str]:
     An unknown name in a namespace this process has (``aten.rel4``) is not a missing library but
     a damaged file, or one from a newer torch; torch's deserializer reports those.
     """
-    named = {target for target in operators if _OPERATOR_TARGET.fullmatch(target)}
-    unresolved = [t for t in named if not t.startswith("torch.ops.higher_order.") and not _registered(t)]
+    parsed = {target: match.groups() for target in operators if (match := _OPERATOR_TARGET.fullmatch(target))}
+    unresolved = {t: parts for t, parts in parsed.items() if parts[0] != "higher_order" and not _registered(*parts)}
     if not unresolved:
         return []
     present = {name.split("::", 1)[0] for name in torch._C._dispatch_get_all_op_names()}
-    return sorted(target for target in unresolved if _namespace(target) not in present)
+    return sorted(target for target, (namespace, _, _) in unresolved.items() if namespace not in present)
 
 
 def _namespace(target: str) -> str:
@@ -329,10 +329,7 @@ def _namespace(target: str) -> str:
     return match.group(1)
 
 
-def _registered(target: str) -> bool:
-    match = _OPERATOR_TARGET.fullmatch(target)
-    assert match is not None
-    namespace, name, overload = match.groups()
+def _registered(namespace: str, name: str, overload: str) -> bool:
     try:
         return isinstance(getattr(getattr(getattr(torch.ops, namespace), name), overload), OpOverload)
     except (AttributeError, RuntimeError):

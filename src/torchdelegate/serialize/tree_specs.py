@@ -131,7 +131,9 @@ def output_type_name(document: Any) -> str | None:
     None when the program returns a single value.
     """
     for fqn, signature in _signatures(document):
-        spec = _json(signature.get("out_spec")) if fqn == "" else None
+        if fqn != "":
+            continue
+        spec = _json(signature.get("out_spec"))
         if isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], dict):
             return container_type_name(spec[1])
     return None
