@@ -68,13 +68,13 @@ def test_lower_inspect_and_run_a_model_onnx_runtime_takes_part_of(exported: Path
     assert "onnxruntime: 2 blob(s)" in inspected.stdout
     assert "onnxruntime_0" in inspected.stdout and "cumprod" in inspected.stdout
 
-    ran = _command("run", "out/model.tdp", "--input", "x.npy", "--save", "y.npz", cwd=exported)
+    ran = _command("run", "out/model.tdp", "--input", "x.npy", "--save", "outputs/y.npz", cwd=exported)
     assert ran.returncode == 0, ran.stderr
     assert "output_0: float32[2, 4]" in ran.stdout
     model = CumprodBetweenLinears()
     model.load_state_dict(torch.load(exported / "weights.pt"))
     expected = model(torch.from_numpy(np.load(exported / "x.npy"))).detach().numpy()
-    np.testing.assert_allclose(np.load(exported / "y.npz")["output_0"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.load(exported / "outputs/y.npz")["output_0"], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_two_methods_lowered_together_store_their_shared_weights_once(exported: Path) -> None:

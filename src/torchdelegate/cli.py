@@ -291,17 +291,12 @@ def _import(module: str) -> None:
 
 
 def _loaded(path: Path, external_data: Path | None, trust: Sequence[str]) -> Any:
-    """``load`` for the commands: a torch.export.save file or a missing operator library says what to do."""
+    """``load`` for the commands: a missing operator library says how to import it here."""
     from torchdelegate.errors import OperatorNotFoundError
     from torchdelegate.runtime.program import load
 
     try:
         return load(path, external_data_path=external_data, trusted_backends=trust)
-    except FormatError as error:
-        if zipfile.is_zipfile(path):
-            hint = f"it looks like a torch.export.save file: lower it first (torchdelegate lower forward={path} ...)"
-            raise CommandError(f"{error}; {hint}") from error
-        raise
     except OperatorNotFoundError as error:
         raise CommandError(f"{error} (with this command: --import MODULE)") from error
 
@@ -506,6 +501,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     args_in, kwargs_in = _inputs(args.inputs)
+    if args.save:
+        args.save.parent.mkdir(parents=True, exist_ok=True)  # as lower does for -o: known before the run
     with _loaded(args.file, args.external_data, args.trust) as program:
         method = args.method or _default_method(program.method_names)
         if method not in program.method_names:

@@ -237,3 +237,18 @@ def test_an_operator_whose_library_is_not_loaded_is_named_not_called_damage(tmp_
         "the graph calls torch.ops.td_unloaded.twice.default, which this process has not registered (the file "
         "itself is sound); import the library that defines the 'td_unloaded' operators before loading"
     )
+
+
+def test_a_torch_export_file_says_to_lower_it_and_a_call_without_a_method_name_says_which_to_give(
+    tmp_path: Path,
+) -> None:
+    x = torch.randn(2, 4)
+    torch.export.save(export(TwoLinears(), x), tmp_path / "model.pt2")
+    with pytest.raises(td.FormatError, match="looks like a torch.export.save file: lower it first"):
+        td.load(tmp_path / "model.pt2")
+    td.to_edge(export(TwoLinears(), x)).to_backend(ReferencePartitioner()).save(tmp_path / "m.tdp")
+    with (
+        td.load(tmp_path / "m.tdp") as program,
+        pytest.raises(TypeError, match=r"run\(METHOD.*\['forward'\]; got a Tensor"),
+    ):
+        program.run(x)

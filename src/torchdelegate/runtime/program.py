@@ -190,6 +190,11 @@ class Program:
         return list(self._file.delegates)
 
     def method(self, name: str) -> BoundMethod:
+        if not isinstance(name, str):
+            raise TypeError(
+                f"the method's name comes first: run(METHOD, *inputs), METHOD one of {self.method_names}; "
+                f"got a {type(name).__name__}"
+            )
         try:
             return self._bound[name]
         except KeyError:

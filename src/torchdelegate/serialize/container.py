@@ -37,6 +37,9 @@ MAX_ALIGNMENT = 1 << 16
 MAX_MANIFEST_BYTES = 1 << 30
 
 
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
+
+
 class ChangedDataError(ValueError):
     """A segment's bytes no longer have the digest they were added with."""
 
@@ -169,7 +172,13 @@ class Container:
             raise self._error(f"{size} bytes is too short for a {self.kind} file (its header alone is 64 bytes)")
         found, version, reserved, manifest_length, data_offset, digest = HEADER.unpack(header)
         if found != magic:
-            raise self._error(f"not a torchdelegate {self.kind} file (magic bytes {found!r} at offset 0)")
+            hint = ""
+            if found.startswith(_ZIP_MAGIC):
+                hint = (
+                    "; it looks like a torch.export.save file: lower it first "
+                    f"(torchdelegate.to_edge_transform_and_lower, or torchdelegate lower forward={self.path} ...)"
+                )
+            raise self._error(f"not a torchdelegate {self.kind} file (magic bytes {found!r} at offset 0){hint}")
         if version != FORMAT_VERSION:
             raise self._error(
                 f"format version {version} at offset 8; this torchdelegate reads version {FORMAT_VERSION} "
