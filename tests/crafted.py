@@ -43,6 +43,20 @@ def lowered_with_blob(partitioner: td.Partitioner, rewrite: Callable[[bytes], by
     return path
 
 
+def _onnx_blob_header(blob: bytes) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The header of a one-partition onnxruntime blob, its model's inputs and outputs."""
+    from torchdelegate.backends.onnxruntime import BLOB_VERSION
+
+    header, _ = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
+    (branch,) = header["branches"]
+    return header, branch["inputs"], branch["outputs"]
+
+
+def _onnx_blob_header_with(header: dict[str, Any], inputs: list[str], outputs: list[str]) -> dict[str, Any]:
+    """The header of a crafted model with these inputs and outputs, which reads no named data."""
+    return dict(header, initializers={}, branches=[{"inputs": inputs, "outputs": outputs}])
+
+
 def onnx_reading(location: str, *, where: str = "initializer", length: int = 16) -> Callable[[bytes], bytes]:
     """An onnxruntime blob whose model returns ``length`` bytes of the file at ``location``.
 
@@ -52,21 +66,21 @@ def onnx_reading(location: str, *, where: str = "initializer", length: int = 16)
     from onnx import TensorProto, helper
 
     def rewrite(blob: bytes) -> bytes:
-        header, _ = unpack(memoryview(blob), 1, "onnxruntime")
+        header, inputs, outputs = _onnx_blob_header(blob)
         stolen = TensorProto(name="stolen", data_type=TensorProto.UINT8, dims=[length])
         stolen.data_location = TensorProto.EXTERNAL
         stolen.external_data.add(key="location", value=location)
         stolen.external_data.add(key="length", value=str(length))
         initializers: list[Any] = []
         if where == "initializer":
-            nodes = [helper.make_node("Identity", ["stolen"], [header["outputs"][0]])]
+            nodes = [helper.make_node("Identity", ["stolen"], [outputs[0]])]
             initializers = [stolen]
         elif where == "constant":
-            nodes = [helper.make_node("Constant", [], [header["outputs"][0]], value=stolen)]
+            nodes = [helper.make_node("Constant", [], [outputs[0]], value=stolen)]
         elif where == "function":
             body = [helper.make_node("Constant", [], ["inner"], value=stolen)]
             steal = helper.make_function("local", "Steal", [], ["inner"], body, [helper.make_opsetid("", 18)])
-            nodes = [helper.make_node("Steal", [], [header["outputs"][0]], domain="local")]
+            nodes = [helper.make_node("Steal", [], [outputs[0]], domain="local")]
         else:
             branch = helper.make_graph(
                 [helper.make_node("Constant", [], ["inner"], value=stolen)],
@@ -77,19 +91,18 @@ def onnx_reading(location: str, *, where: str = "initializer", length: int = 16)
             always = helper.make_tensor("always", TensorProto.BOOL, [], [True])
             nodes = [
                 helper.make_node("Constant", [], ["cond"], value=always),
-                helper.make_node("If", ["cond"], [header["outputs"][0]], then_branch=branch, else_branch=branch),
+                helper.make_node("If", ["cond"], [outputs[0]], then_branch=branch, else_branch=branch),
             ]
         graph = helper.make_graph(
             nodes,
             "crafted",
-            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in header["inputs"]],
-            [helper.make_tensor_value_info(header["outputs"][0], TensorProto.UINT8, [length])],
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in inputs],
+            [helper.make_tensor_value_info(outputs[0], TensorProto.UINT8, [length])],
             initializers,
         )
         opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("local", 1)] if where == "function" else [])
         model = helper.make_model(graph, opset_imports=opsets, functions=[steal] if where == "function" else [])
-        header = dict(header, initializers={}, outputs=header["outputs"][:1])
-        return pack(header, model.SerializeToString())
+        return pack(_onnx_blob_header_with(header, inputs, outputs[:1]), model.SerializeToString())
 
     return rewrite
 
@@ -99,16 +112,16 @@ def onnx_calling(domain: str, op_type: str) -> Callable[[bytes], bytes]:
     from onnx import TensorProto, helper
 
     def rewrite(blob: bytes) -> bytes:
-        header, _ = unpack(memoryview(blob), 1, "onnxruntime")
+        header, inputs, outputs = _onnx_blob_header(blob)
         graph = helper.make_graph(
-            [helper.make_node(op_type, header["inputs"][:1], header["outputs"][:1], domain=domain)],
+            [helper.make_node(op_type, inputs[:1], outputs[:1], domain=domain)],
             "crafted",
-            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in header["inputs"]],
-            [helper.make_tensor_value_info(header["outputs"][0], TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in inputs],
+            [helper.make_tensor_value_info(outputs[0], TensorProto.FLOAT, None)],
         )
         opsets = [helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
         model = helper.make_model(graph, opset_imports=opsets)
-        return pack(dict(header, initializers={}, outputs=header["outputs"][:1]), model.SerializeToString())
+        return pack(_onnx_blob_header_with(header, inputs, outputs[:1]), model.SerializeToString())
 
     return rewrite
 

@@ -209,6 +209,19 @@ class SharedDataBackend(BackendDetails):
         """The blob of one partition; its weights go to ``store`` (``where`` names it in errors)."""
 
     @classmethod
+    def link_partitions(
+        cls, blobs: list[bytes], compile_specs: list[list[CompileSpec]], store: NamedDataStore
+    ) -> list[bytes]:
+        """The blobs of every partition of every method of one lowering, once all are compiled: a
+        backend may rewrite them to share more than weights through ``store`` (the default keeps them).
+
+        ONNX Runtime's, say, makes the partitions that run with the same options branches of one
+        model, so one session packs each weight once for every method.
+        """
+        del compile_specs, store
+        return blobs
+
+    @classmethod
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
         store = NamedDataStore()
         blob = cls.compile_partition(edge_program, compile_specs, store, "sub-program")
@@ -228,6 +241,11 @@ class SharedDataBackend(BackendDetails):
                 where = f"method {method!r}, partition {index}"
                 results[method].append(PreprocessResult(cls.compile_partition(program, specs, store, where)))
                 partition_compiled(cls.backend_id, where)
+        flat = [result for method_results in results.values() for result in method_results]
+        flat_specs = [specs for method in results for specs in compile_specs[method]]
+        blobs = cls.link_partitions([result.processed_bytes for result in flat], flat_specs, store)
+        for result, blob in zip(flat, blobs, strict=True):
+            result.processed_bytes = blob
         output = store.get_named_data_store_output()
         for method_results in results.values():
             for result in method_results:

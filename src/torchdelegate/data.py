@@ -8,8 +8,9 @@ At run time a backend reads the data through a :class:`NamedDataMap`, as zero-co
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -124,6 +125,7 @@ class NamedDataStore:
         self._digests: list[bytes] = []
         self._entries: dict[str, DataEntry] = {}
         self._owners: dict[str, str] = {}
+        self._map: NamedDataMap | None = None
 
     def add_named_data(self, key: str, data: bytes | bytearray | memoryview | torch.Tensor, alignment: int = 1) -> None:
         """Store ``data`` under ``key``. Tensors are kept as views (no copy: they must not change
@@ -190,6 +192,13 @@ class NamedDataStore:
     def get_named_data_store_output(self) -> NamedDataStoreOutput:
         return NamedDataStoreOutput(tuple(self._buffers), dict(self._entries), tuple(self._digests), dict(self._owners))
 
+    def data_map(self) -> NamedDataMap:
+        """The run-time view of what the store holds, one map until a key is added: the delegates
+        of one lowering share what a backend keeps per map (one session for several delegates)."""
+        if self._map is None or len(self._map) != len(self._entries):
+            self._map = NamedDataMap(self.get_named_data_store_output())
+        return self._map
+
 
 class NamedDataMap:
     """The run-time view of named data: ``get_data(key)`` is a zero-copy, read-only view."""
@@ -206,6 +215,24 @@ class NamedDataMap:
                 "(did the backend's preprocess add it to its data store?)"
             ) from None
         return memoryview(self._output.buffers[entry.buffer_index]).toreadonly()
+
+    @contextlib.contextmanager
+    def reading(self, keys: Iterable[str]) -> Iterator[dict[str, memoryview]]:
+        """The views of ``keys``, for a backend that hands them all to its runtime at once.
+
+        A map over a file checks their checksums while the block runs, on another thread, so
+        the runtime's loading overlaps the check, and raises the check's ``FormatError`` when
+        the block ends; nothing made from the views in the block may outlive that error. Data
+        held in memory, as here, needs no check.
+        """
+        yield {key: self.get_data(key) for key in keys}
+
+    def release_pages(self, key: str) -> None:
+        """A hint that ``key``'s bytes need not stay in memory now: a backend that made its own
+        form of them (packed weights) says so once it has. A map over a file lets the OS drop
+        them from the process's resident memory (they are read from the file again if touched);
+        data held in memory, as here, stays."""
+        del key
 
     def keys(self) -> Iterator[str]:
         return iter(self._output.entries)

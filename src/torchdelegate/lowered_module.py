@@ -104,7 +104,8 @@ class LoweredBackendModule(torch.nn.Module):
         return named if named is not None else NamedDataStoreOutput()
 
     def _named_data_map(self) -> NamedDataMap:
-        return NamedDataMap(self.named_data)
+        named = self._named_data
+        return named.data_map() if isinstance(named, NamedDataStore) else NamedDataMap(self.named_data)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LoweredBackendModule:
         # The blob and sub-program are immutable: share them; the copy inits its own handle.

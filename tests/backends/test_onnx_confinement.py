@@ -18,7 +18,7 @@ import torchdelegate as td
 from torchdelegate.backends.blob import unpack
 
 ort = pytest.importorskip("onnxruntime")
-from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.onnxruntime import BLOB_VERSION, OnnxRuntimePartitioner  # noqa: E402
 
 SECRET = b"the loader's secret bytes"
 
@@ -44,7 +44,7 @@ def _crafted(victim: Path, location: str, where: str = "initializer") -> Path:
 def test_the_crafted_model_reads_the_file_when_onnx_runtime_is_given_it_unchecked(victim: Path) -> None:
     """The attack is real: ONNX Runtime alone returns the file's bytes."""
     crafted = onnx_reading("secret.txt", length=16)(td.lowered_modules(_lowered())[0].processed_bytes)
-    _, model = unpack(memoryview(crafted), 1, "onnxruntime")
+    _, model = unpack(memoryview(crafted), BLOB_VERSION, "onnxruntime")
     session = ort.InferenceSession(bytes(model), providers=["CPUExecutionProvider"])
     (stolen,) = session.run(None, {session.get_inputs()[0].name: torch.randn(2, 4).numpy()})
     assert stolen.tobytes() == SECRET[:16]
@@ -84,7 +84,7 @@ def test_session_settings_in_the_model_are_refused(victim: Path) -> None:
     def with_settings(blob: bytes) -> bytes:
         from torchdelegate.backends.blob import pack
 
-        header, payload = unpack(memoryview(blob), 1, "onnxruntime")
+        header, payload = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
         model = onnx.ModelProto.FromString(bytes(payload))
         model.metadata_props.add(key="ort_config", value='{"session_options": {"optimized_model_filepath": "x"}}')
         return pack(header, model.SerializeToString())
@@ -121,7 +121,7 @@ def test_a_supplied_initializer_reads_all_of_its_named_data_and_nothing_else(
     from torchdelegate.backends.blob import pack
 
     def pointed_elsewhere(blob: bytes) -> bytes:
-        header, payload = unpack(memoryview(blob), 1, "onnxruntime")
+        header, payload = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
         model = onnx.ModelProto.FromString(bytes(payload))
         (weight,) = [t for t in model.graph.initializer if t.name in header["initializers"]][:1]
         fields = {e.key: e.value for e in weight.external_data} | {field: value}

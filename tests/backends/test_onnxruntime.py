@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from backends import every_op
-from instruments import PeakRss, anonymous_bytes
+from instruments import PeakRss, anonymous_bytes, rss_bytes
 from models import decoder_methods
 from programs import eager_generation, fresh_decoder, program_generation
 from workloads import weight_bytes
@@ -53,6 +53,114 @@ def test_sessions_read_the_weights_in_the_mapped_file_without_copying_them(tmp_p
     with torch.no_grad():
         for method, x in inputs.items():
             torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_the_methods_share_one_session_and_one_packed_copy_of_the_weights(tmp_path: Path) -> None:
+    """ONNX Runtime packs weights per session: both methods' partitions are branches of one model,
+    so a program holds one packed copy, and lets go of the pages of the file it packed from."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)])  # layers of a 1B LLM's size
+    weights = weight_bytes(model.eval())  # 64 MiB
+    inputs = {"prefill": torch.randn(1, 16, 2048), "decode": torch.randn(1, 1, 2048)}
+    programs = {method: torch.export.export(model, (x,)) for method, x in inputs.items()}
+    td.to_edge(programs).to_backend(OnnxRuntimePartitioner()).save(tmp_path / "m.tdp")
+    before, resident = anonymous_bytes(), rss_bytes()
+    with td.load(tmp_path / "m.tdp") as program:
+        outputs = {method: program.run(method, x) for method, x in inputs.items()}
+        grown, resident = anonymous_bytes() - before, rss_bytes() - resident
+    assert grown < 1.5 * weights, f"{grown / weights:.2f} x the weights packed for two methods (two sessions: 2 x)"
+    assert resident < 1.4 * weights, f"{resident / weights:.2f} x the weights resident after running both"
+    with torch.no_grad():
+        for method, x in inputs.items():
+            torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_corrupt_weight_is_refused_though_onnx_runtime_reads_it_while_it_is_checked(tmp_path: Path) -> None:
+    import json
+
+    from torchdelegate.serialize.container import HEADER
+
+    model = torch.nn.Linear(64, 64).eval()
+    x = torch.randn(2, 64)
+    td.to_edge(torch.export.export(model, (x,))).to_backend(OnnxRuntimePartitioner()).save(tmp_path / "m.tdp")
+    data = bytearray((tmp_path / "m.tdp").read_bytes())
+    _, _, _, length, data_offset, _ = HEADER.unpack_from(data)
+    manifest = json.loads(data[HEADER.size : HEADER.size + length])
+    weight = max(manifest["segments"], key=lambda segment: segment["length"])  # the 16 KiB weight
+    data[data_offset + weight["offset"]] ^= 0xFF
+    (tmp_path / "bad.tdp").write_bytes(bytes(data))
+    with td.load(tmp_path / "bad.tdp") as program:
+        for _ in range(2):
+            with pytest.raises(td.FormatError, match="checksum mismatch"):
+                program.run("forward", x)
+
+
+class _Branchy(torch.nn.Module):
+    """Two ONNX Runtime partitions around an op left to the reference backend, with outputs of
+    several dtypes and ranks: three methods make six branches of one model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.first(x)
+        g = torch.sin(h)  # the reference backend's
+        y = self.second(g)
+        return y, y.argmax(-1), h.sum() > 0, g
+
+
+class _AllButSine(OnnxRuntimePartitioner):
+    def supports(self, node: torch.fx.Node) -> bool:
+        return node.target is not torch.ops.aten.sin.default and super().supports(node)
+
+
+def test_every_partition_of_every_method_is_a_branch_of_one_model(tmp_path: Path) -> None:
+    from torchdelegate.backends.blob import unpack
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    torch.manual_seed(0)
+    model = _Branchy().eval()
+    inputs = {"one": torch.randn(1, 16), "three": torch.randn(3, 16), "five": torch.randn(5, 16)}
+    programs = {method: torch.export.export(model, (x,)) for method, x in inputs.items()}
+    lowered = td.to_edge(programs).to_backend([_AllButSine(), ReferencePartitioner()])
+    onnx_delegates = [d for ds in lowered.delegates().values() for d in ds if d.backend_id == "onnxruntime"]
+    assert len(onnx_delegates) == 6
+    headers = [
+        unpack(memoryview(d.processed_bytes), ort_backend.BLOB_VERSION, "onnxruntime")[0] for d in onnx_delegates
+    ]
+    assert len({header["model"] for header in headers}) == 1
+    assert sorted(header["branch"] for header in headers) == list(range(6))
+    lowered.save(tmp_path / "b.tdp")
+    with torch.no_grad(), td.load(tmp_path / "b.tdp") as program:
+        for method, x in inputs.items():
+            expected = model(x)
+            for got in (program.run(method, x), lowered.exported_program(method).module()(x)):
+                for value, reference in zip(got, expected, strict=True):
+                    torch.testing.assert_close(value, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_partitions_that_cannot_be_branches_of_one_model_keep_a_session_each() -> None:
+    """Two models importing different versions of ONNX are not combined: a warning, and each blob as it was."""
+    import onnx
+
+    from torchdelegate.backends.blob import pack, unpack
+
+    model = torch.nn.Linear(8, 8).eval()
+    store = td.NamedDataStore()
+    blobs = []
+    for x in (torch.randn(1, 8), torch.randn(2, 8)):
+        result = OnnxRuntimeBackend.preprocess(td.to_edge(torch.export.export(model, (x,))).exported_program(), [])
+        store.merge(result.data_store_output)
+        blobs.append(result.processed_bytes)
+    header, payload = unpack(memoryview(blobs[1]), ort_backend.BLOB_VERSION, "onnxruntime")
+    older = onnx.ModelProto.FromString(bytes(payload))
+    for opset in older.opset_import:
+        if opset.domain == "":
+            opset.version -= 1
+    blobs[1] = pack(header, older.SerializeToString())
+    with pytest.warns(UserWarning, match="2 partitions keep one session each: the partitions import operator domain"):
+        assert OnnxRuntimeBackend.link_partitions(blobs, [[], []], store) == blobs
 
 
 def test_min_partition_size_leaves_small_groups_to_the_next_partitioner() -> None:

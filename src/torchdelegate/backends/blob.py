@@ -33,15 +33,18 @@ def pack(header: dict[str, Any], payload: bytes) -> bytes:
     return len(text).to_bytes(8, "little") + text + payload
 
 
-def unpack(processed: memoryview, version: int, backend: str) -> tuple[dict[str, Any], memoryview]:
-    """The header and payload of a blob :func:`pack` wrote; a ``FormatError`` if it is not one."""
+def unpack(
+    processed: memoryview, version: int, backend: str, older: tuple[int, ...] = ()
+) -> tuple[dict[str, Any], memoryview]:
+    """The header and payload of a blob :func:`pack` wrote; a ``FormatError`` if it is not one, or
+    if its ``version`` is neither ``version`` nor one of the ``older`` ones the backend still reads."""
     size = int.from_bytes(processed[:8], "little")
     try:
         header = json.loads(bytes(processed[8 : 8 + size]))
         found = header["version"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise FormatError(f"{backend} blob: not a blob of this backend ({e})") from None
-    if found != version:
+    if found != version and found not in older:
         raise FormatError(f"{backend} blob: version {found!r}; this torchdelegate reads {version}")
     return header, processed[8 + size :]
 

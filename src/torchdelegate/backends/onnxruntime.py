@@ -3,16 +3,21 @@
 Ahead of time each partition is exported with torch's ONNX exporter (dynamo, onnxscript);
 every initializer leaves the model and becomes named data keyed by the SHA-256 of its
 bytes, so a weight that ``prefill`` and ``decode`` (or two partitions) use is stored once.
-The blob is a small JSON header (each initializer's key, dtype and shape) and the ONNX
-model, whose initializers of 1 KiB or more are external references (smaller ones, such as
-the axes of a reshape, stay inside: ONNX Runtime reads them while loading the model).
+A model is a small JSON header (each initializer's key, dtype and shape; each branch's
+inputs and outputs) and the ONNX model, whose initializers of 1 KiB or more are external
+references (smaller ones, such as the axes of a reshape, stay inside: ONNX Runtime reads
+them while loading the model).
 
-At run time each delegate is one ``InferenceSession``. Each external initializer names its
-named data as its file, which ONNX Runtime reads in place (a view of the mapped file: no copy,
-shared by every session of the program). Session options come
-from compile specs: ``intra_op_num_threads`` (an integer), ``graph_optimization_level``
-(``disable``, ``basic``, ``extended``, ``all``), ``disable_prepacking`` (``1`` keeps one
-copy of each weight; by default ONNX Runtime packs weights per session for speed).
+Once every partition of every method is compiled, those with equal compile specs become
+the branches of one model (``onnx_branches``), stored once as named data that their blobs
+name: ONNX Runtime packs weights per session, so one session packs each weight once for
+every method. At run time the delegates of a program share that model's one
+``InferenceSession``. Each external initializer names its named data as its file, which
+ONNX Runtime reads in place (a view of the mapped file: no copy); once the session has
+packed them, their pages leave the process's resident memory. Session options come from
+compile specs: ``intra_op_num_threads`` (an integer), ``graph_optimization_level``
+(``disable``, ``basic``, ``extended``, ``all``), ``disable_prepacking`` (``1`` reads the
+weights as they are; by default ONNX Runtime packs them for speed).
 
 Ahead of time, the exported model is rewritten with onnxscript's fusions for ONNX Runtime
 (attention, skip + layer normalization, bias + GELU, rotary embeddings, ...) into the
@@ -26,14 +31,17 @@ Needs ``pip install torchdelegate[onnxruntime]``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import logging
 import operator
+import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from functools import cache
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -43,6 +51,7 @@ from torch.fx import Node
 from torchdelegate.backend import SharedDataBackend
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, table_keys, unpack
 from torchdelegate.backends.linear import recompose_linear
+from torchdelegate.backends.onnx_branches import SELECTOR, CombineError, combined_model
 from torchdelegate.backends.onnx_confinement import confined_model
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError, first_line
@@ -53,7 +62,7 @@ from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.torch_warnings import loggers_quieted
 
-BLOB_VERSION = 1
+BLOB_VERSION = 2
 _UNSUPPORTED_DTYPES = frozenset(
     {torch.bfloat16, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2}
 )
@@ -94,13 +103,38 @@ class OnnxRuntimeBackend(SharedDataBackend):
         return _export(program, compile_specs, store, where)
 
     @classmethod
+    def link_partitions(
+        cls, blobs: list[bytes], compile_specs: list[list[CompileSpec]], store: NamedDataStore
+    ) -> list[bytes]:
+        """Partitions with equal compile specs become branches of one model, run by one session."""
+        groups: dict[tuple[tuple[str, bytes], ...], list[int]] = {}
+        for index, specs in enumerate(compile_specs):
+            groups.setdefault(tuple(sorted((s.key, bytes(s.value)) for s in specs)), []).append(index)
+        linked = list(blobs)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            try:
+                blobs_of_model = _linked([blobs[i] for i in members], compile_specs[members[0]], store)
+            except _Refused as e:
+                warnings.warn(f"onnxruntime: {len(members)} partitions keep one session each: {e}", stacklevel=2)
+                continue
+            for index, blob in zip(members, blobs_of_model, strict=True):
+                linked[index] = blob
+        return linked
+
+    @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
-        initializers = unpack(processed, BLOB_VERSION, "onnxruntime")[0].get("initializers")
+        header = unpack(processed, BLOB_VERSION, "onnxruntime", older=(1,))[0]
+        if "model" in header:
+            keys = header.get("keys")
+            return [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+        initializers = header.get("initializers")
         return table_keys(list(initializers.values()) if isinstance(initializers, dict) else None)
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
-        return _Session(processed, compile_specs, named_data)
+        return _handle(processed, compile_specs, named_data)
 
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
@@ -160,7 +194,7 @@ def _accepted_blob(
     blob = _exported_blob(program, fuse, attempt, where)
     output = attempt.get_named_data_store_output()
     try:
-        _Session(memoryview(blob), compile_specs, NamedDataMap(output), pack_weights=False)
+        _Model(*unpack(memoryview(blob), BLOB_VERSION, "onnxruntime"), compile_specs, NamedDataMap(output), False)
     except Exception as e:  # any refusal is reported with the partition it concerns
         raise _Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
     store.merge(output)
@@ -200,14 +234,54 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
             location=key, offset=0, length=array.nbytes, dtype=tensor.dtype, shape=tensor.shape, name=name
         )
     _strip_debug_metadata(ir, model)
+    branch = {"inputs": [v.name for v in model.graph.inputs], "outputs": [v.name for v in model.graph.outputs]}
     header = {
         "version": BLOB_VERSION,
         "initializers": initializers,
-        "inputs": [v.name for v in model.graph.inputs],
-        "outputs": [v.name for v in model.graph.outputs],
+        "selector": None,
+        "branches": [branch],
+        "branch": 0,
         "fusions": fusions,
     }
     return pack(header, ir.to_proto(model).SerializeToString())
+
+
+def _linked(blobs: list[bytes], compile_specs: list[CompileSpec], store: NamedDataStore) -> list[bytes]:
+    """The partitions' blobs as branches of one model, stored as named data that each blob names.
+
+    The combined model is loaded into ONNX Runtime (packing nothing) before it is accepted; a
+    ``_Refused`` if it cannot be made or loaded.
+    """
+    onnx = _require("onnx")
+    parts = [unpack(memoryview(blob), BLOB_VERSION, "onnxruntime") for blob in blobs]
+    table: dict[str, dict[str, Any]] = {}
+    external = []
+    for header, _ in parts:
+        names = {}
+        for name, entry in header["initializers"].items():
+            shared = f"{entry['key']}.{entry['dtype']}.{'x'.join(map(str, entry['shape']))}"
+            names[name], table[shared] = shared, entry
+        external.append(names)
+    try:
+        model, branches = combined_model(onnx, [bytes(payload) for _, payload in parts], external)
+    except CombineError as e:
+        raise _Refused(str(e)) from e
+    header = {
+        "version": BLOB_VERSION,
+        "initializers": dict(sorted(table.items())),
+        "selector": SELECTOR,
+        "branches": [{"inputs": branch.inputs, "outputs": branch.outputs} for branch in branches],
+    }
+    onnx_bytes = model.SerializeToString()
+    try:
+        named_data = NamedDataMap(store.get_named_data_store_output())
+        _Model(header, memoryview(onnx_bytes), compile_specs, named_data, pack_weights=False)
+    except Exception as e:
+        raise _Refused(f"ONNX Runtime refused the combined model ({first_line(e)})") from e
+    key = store.add_by_content(pack(header, onnx_bytes))
+    keys = sorted({key, *(entry["key"] for entry in table.values())})
+    linked = {"version": BLOB_VERSION, "model": key, "keys": keys}
+    return [pack(linked | {"branch": i, "fusions": h.get("fusions", {})}, b"") for i, (h, _) in enumerate(parts)]
 
 
 def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
@@ -336,59 +410,194 @@ def _flag(values: dict[str, str], key: str, default: bool) -> bool:
     return text == "1"
 
 
-class _Session:
-    """One delegate's InferenceSession, its initializers shared through named data."""
+def _handle(processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> _Delegate:
+    """A delegate's branch of its model's session: the one every blob naming that model shares."""
+    header, payload = unpack(processed, BLOB_VERSION, "onnxruntime", older=(1,))
+    if header["version"] == 1:  # one partition's model: inputs and outputs in the header
+        header = {
+            "initializers": header.get("initializers"),
+            "selector": None,
+            "branch": 0,
+            "branches": [{"inputs": header.get("inputs"), "outputs": header.get("outputs")}],
+        }
+    branch = header.get("branch")
+    key = header.get("model")
+    if key is None:
+        model = _Model(header, payload, compile_specs, named_data)
+    elif isinstance(key, str):
+        model = _shared_model(key, compile_specs, named_data)
+    else:
+        raise FormatError(f"onnxruntime blob: its model is named by {key!r:.80}, not a named-data key")
+    if type(branch) is not int or not 0 <= branch < len(model.branches):
+        raise FormatError(f"onnxruntime blob: branch {branch!r:.80} of a model with {len(model.branches)} branches")
+    return _Delegate(model, branch)
+
+
+_SHARED_MODELS: weakref.WeakKeyDictionary[NamedDataMap, weakref.WeakValueDictionary[Any, _Model]]
+_SHARED_MODELS = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_model(key: str, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> _Model:
+    """The session of the model stored as named data ``key``: one per named data and options, while used."""
+    options = tuple(sorted((spec.key, bytes(spec.value)) for spec in compile_specs))
+    with _SHARED_LOCK:
+        models = _SHARED_MODELS.setdefault(named_data, weakref.WeakValueDictionary())
+        model = models.get((key, options))
+        if model is None:
+            header, payload = unpack(named_data.get_data(key), BLOB_VERSION, "onnxruntime model")
+            model = models[(key, options)] = _Model(header, payload, compile_specs, named_data)
+        return model
+
+
+class _Model:
+    """One InferenceSession over a model of one or several branches, its initializers read in place from named data."""
 
     def __init__(
         self,
-        processed: memoryview,
+        header: dict[str, Any],
+        model: memoryview,
         compile_specs: list[CompileSpec],
         named_data: NamedDataMap,
         pack_weights: bool = True,
     ) -> None:
         ort = _require("onnxruntime")
-        header, model = unpack(processed, BLOB_VERSION, "onnxruntime")
-        try:
-            initializers = header["initializers"]
-            self._inputs, self._outputs = list(header["inputs"]), list(header["outputs"])
-        except (KeyError, TypeError) as e:
-            raise FormatError(f"onnxruntime blob: not a blob of this backend ({e})") from None
+        initializers, self._selector = header.get("initializers"), header.get("selector")
+        self.branches = _branches(header.get("branches"))
         if not isinstance(initializers, dict):
             raise FormatError("onnxruntime blob: its initializers are not a table")
-        files = _external_files(initializers, named_data)
-        supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
-        model_bytes = confined_model(_require("onnx"), bytes(model), supplied, "onnxruntime blob")
-        options = _Options(compile_specs).session_options(pack_weights)
-        if files:
-            # The model's external tensors are read from named data in place: no copy, whatever their number.
-            options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
-            options.add_external_initializers_from_files_in_memory(
-                list(files), list(files.values()), [len(view) for view in files.values()]
-            )
+        if not (self._selector is None and len(self.branches) == 1 or isinstance(self._selector, str)):
+            count, selector = len(self.branches), self._selector
+            raise FormatError(f"onnxruntime blob: {count} branches and the selector {selector!r:.80}")
+        settings = _Options(compile_specs)
+        with named_data.reading(_external_keys(initializers)) as files:  # checksums checked meanwhile
+            supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
+            model_bytes = confined_model(_require("onnx"), bytes(model), supplied, "onnxruntime blob")
+            self._session = _session(ort, model_bytes, settings.session_options(pack_weights), files)
         self._files = files  # the session reads them: keep them alive as long as it lives
-        # Settings come from compile specs only, never from the model's metadata (ORT_LOAD_CONFIG_FROM_MODEL).
-        self._session = ort.InferenceSession(
-            model_bytes, options, providers=["CPUExecutionProvider"], read_config_from_model=0
-        )
+        if pack_weights and settings.prepacking:
+            for key in files:  # ONNX Runtime reads its packed copies now; the rest come back when read
+                named_data.release_pages(key)
+        _return_freed_memory()
         # The binding's run, without the Python wrapper's per-call checks of names we already know.
         self._run = self._session._sess.run
+        self._unread = _unread_inputs(self._session, self._selector)
+
+    def run(self, branch: int, inputs: list[Any]) -> list[torch.Tensor]:
+        names, outputs = self.branches[branch]
+        feed = dict(self._unread)
+        feed.update((name, _as_numpy(value)) for name, value in zip(names, inputs, strict=True))
+        if self._selector is not None:
+            feed[self._selector] = np.array(branch, dtype=np.int64)
+        return [torch.from_numpy(array) for array in self._run(outputs, feed, None)]
+
+
+class _Delegate:
+    """One delegate: a branch of a model's session."""
+
+    def __init__(self, model: _Model, branch: int) -> None:
+        self.model, self.branch = model, branch
+        self._arity = len(model.branches[branch][0])
 
     def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:
-        if len(inputs) != len(self._inputs):
-            raise ValueError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
-        feed = {name: _as_numpy(value) for name, value in zip(self._inputs, inputs, strict=True)}
-        return [torch.from_numpy(array) for array in self._run(self._outputs, feed, None)]
+        if len(inputs) != self._arity:
+            raise ValueError(f"expected {self._arity} inputs, got {len(inputs)}")
+        return self.model.run(self.branch, inputs)
 
 
-def _external_files(initializers: dict[str, Any], named_data: NamedDataMap) -> dict[str, memoryview]:
-    """The named data the model's external tensors name as their files, by key, sorted."""
+def _branches(table: Any) -> list[tuple[list[str], list[str]]]:
+    """Each branch's input and output names, checked to be lists of names."""
+    branches = []
+    for entry in table if isinstance(table, list) and table else [None]:
+        inputs, outputs = (entry.get(field) if isinstance(entry, dict) else None for field in ("inputs", "outputs"))
+        if not (_names(inputs) and _names(outputs)):
+            raise FormatError(f"onnxruntime blob: a branch is not lists of input and output names: {entry!r:.200}")
+        branches.append((inputs, outputs))
+    return branches
+
+
+def _names(value: Any) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and all(isinstance(name, str) for name in value)
+
+
+_NUMPY_TYPES = {
+    f"tensor({name})": dtype
+    for name, dtype in (
+        ("float", np.float32),
+        ("double", np.float64),
+        ("float16", np.float16),
+        ("bool", np.bool_),
+        ("int8", np.int8),
+        ("int16", np.int16),
+        ("int32", np.int32),
+        ("int64", np.int64),
+        ("uint8", np.uint8),
+        ("uint16", np.uint16),
+        ("uint32", np.uint32),
+        ("uint64", np.uint64),
+    )
+}
+
+
+def _unread_inputs(session: Any, selector: str | None) -> dict[str, np.ndarray]:
+    """A value for every input of a model of several branches, for the branches a call does not take.
+
+    ``If`` never reads them; zeros of a size that is never touched (a symbolic size is 0).
+    """
+    if selector is None:
+        return {}
+    unread = {}
+    for value in session.get_inputs():
+        if value.name == selector:
+            continue
+        dtype = _NUMPY_TYPES.get(value.type)
+        if dtype is None:
+            raise FormatError(f"onnxruntime blob: input {value.name!r} is a {value.type}, which no delegate can feed")
+        unread[value.name] = np.zeros([d if isinstance(d, int) else 0 for d in value.shape], dtype)
+    return unread
+
+
+@cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's
+    except (OSError, AttributeError):
+        return None
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap memory a session's creation freed back to the system.
+
+    Packing weights frees weight-sized temporaries, which glibc keeps in the process (its
+    threshold for mapping large blocks on their own rises as they are freed): without this a
+    program of two methods stays resident at about 1.5 times its weights instead of one.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _external_keys(initializers: dict[str, Any]) -> list[str]:
+    """The named data the model's external tensors name as their files, sorted."""
     keys = set()
     for name, entry in initializers.items():
         key = entry.get("key") if isinstance(entry, dict) else None
         if not isinstance(key, str):
             raise FormatError(f"onnxruntime blob: initializer {name!r} names no named-data key")
         keys.add(key)
-    return {key: named_data.get_data(key) for key in sorted(keys)}
+    return sorted(keys)
+
+
+def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memoryview]) -> Any:
+    """An InferenceSession of ``model`` whose external tensors are read in place from ``files``."""
+    if files:
+        # No copy, whatever their number: the session reads the views it is given.
+        options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
+        options.add_external_initializers_from_files_in_memory(
+            list(files), list(files.values()), [len(view) for view in files.values()]
+        )
+    # Settings come from compile specs only, never from the model's metadata (ORT_LOAD_CONFIG_FROM_MODEL).
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"], read_config_from_model=0)
 
 
 def _as_numpy(value: Any) -> np.ndarray:

@@ -15,6 +15,7 @@ calls in progress, then destroys every delegate handle exactly once; later calls
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -46,10 +47,40 @@ class FileNamedDataMap(NamedDataMap):
         self._digests = {record.key: record.data for record in file.named_data}
 
     def get_data(self, key: str) -> memoryview:
+        return self._file.data(self._digest(key), f"named data {key!r}").toreadonly()
+
+    def _digest(self, key: str) -> str:
         digest = self._digests.get(key)
         if digest is None:
             raise KeyError(f"no named data {key!r} in {self._file.path} ({len(self._digests)} keys are stored)")
-        return self._file.data(digest, f"named data {key!r}").toreadonly()
+        return digest
+
+    @contextlib.contextmanager
+    def reading(self, keys: Iterable[str]) -> Iterator[dict[str, memoryview]]:
+        keys = list(keys)
+        views = {key: self._file.data(self._digest(key), f"named data {key!r}", verify=False) for key in keys}
+        failed: list[FormatError] = []
+
+        def check() -> None:
+            try:
+                for key in keys:
+                    self.get_data(key)
+            except FormatError as e:
+                failed.append(e)
+
+        checking = threading.Thread(target=check, name="torchdelegate-checksums", daemon=True)
+        checking.start()
+        try:
+            yield {key: view.toreadonly() for key, view in views.items()}
+        finally:
+            checking.join()
+            if failed:
+                raise failed[0]
+
+    def release_pages(self, key: str) -> None:
+        digest = self._digests.get(key)
+        if digest is not None:
+            self._file.release_pages(digest)
 
     def keys(self) -> Iterator[str]:
         return iter(sorted(self._digests))

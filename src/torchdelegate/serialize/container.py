@@ -242,6 +242,20 @@ class Container:
             self._verified[number] = True
         return view
 
+    def release_pages(self, number: int) -> None:
+        """Let the OS drop the pages that lie wholly inside segment ``number`` from this process's
+        resident memory; they are read from the file again when next touched.
+
+        Only for a segment nothing has written: the mapping is private, so a page written
+        through it would go back to the file's bytes. The program's mutable state is a copy,
+        and named data is handed out read-only.
+        """
+        start, length, _, _ = self.segments[number]
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
+        if self._mapping is not None and end > first and hasattr(mmap, "MADV_DONTNEED"):
+            self._mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
+
     def verify_all(self) -> None:
         """Check every segment's checksum now."""
         for number in range(len(self.segments)):

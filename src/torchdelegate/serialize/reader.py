@@ -247,6 +247,11 @@ class ProgramFile:
         container, number = self._location(digest, what)
         return container.segment(number, what, verify=verify)
 
+    def release_pages(self, digest: str) -> None:
+        """Let the OS drop the segment's pages from memory (see :meth:`Container.release_pages`)."""
+        container, number = self._location(digest, "released data")
+        container.release_pages(number)
+
     def close(self) -> None:
         self.container.close()
         if self.external is not None:
