@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import io
 import shutil
+import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +76,7 @@ class InductorBackend(SharedDataBackend):
                 )
             except Exception as e:
                 raise PreprocessError(f"inductor: {where}: AOTInductor failed to compile: {e}") from e
-            compiled = package.read_bytes()
+            compiled = _compact_package(package, Path(directory))
         return pack({"version": BLOB_VERSION, "tensors": tensors}, compiled)
 
     @classmethod
@@ -94,6 +96,28 @@ class InductorBackend(SharedDataBackend):
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         return handle(inputs)
+
+
+def _compact_package(package: Path, scratch: Path) -> bytes:
+    """The package's bytes with its libraries stripped of what loading never reads (debug
+    information, the static symbol table) and every entry compressed.
+
+    The weights are named data, so a package holds code, and three quarters of a compiled
+    library is debug information: a small graph's package goes from 1.5 MB to about 0.13 MB.
+    Without ``strip`` (binutils) the libraries are kept whole.
+    """
+    strip = shutil.which("strip")
+    compact = io.BytesIO()
+    with zipfile.ZipFile(package) as original, zipfile.ZipFile(compact, "w", zipfile.ZIP_DEFLATED) as out:
+        for entry in original.infolist():
+            data = original.read(entry)
+            if strip is not None and entry.filename.endswith(".so"):
+                library = scratch / "library.so"
+                library.write_bytes(data)
+                if subprocess.run([strip, "--strip-unneeded", str(library)], capture_output=True).returncode == 0:
+                    data = library.read_bytes()
+            out.writestr(entry.filename, data)
+    return compact.getvalue()
 
 
 def _size(value: Any) -> int:
