@@ -114,9 +114,12 @@ def _compact_package(package: Path, scratch: Path) -> bytes:
             if strip is not None and entry.filename.endswith(".so"):
                 library = scratch / "library.so"
                 library.write_bytes(data)
-                if subprocess.run([strip, "--strip-unneeded", str(library)], capture_output=True).returncode == 0:
+                stripped = subprocess.run([strip, "--strip-unneeded", str(library)], capture_output=True, timeout=600)
+                if stripped.returncode == 0:
                     data = library.read_bytes()
-            out.writestr(entry.filename, data)
+            compact_entry = zipfile.ZipInfo(entry.filename, date_time=entry.date_time)  # as compiled: no clock
+            compact_entry.external_attr = entry.external_attr
+            out.writestr(compact_entry, data, compress_type=zipfile.ZIP_DEFLATED)
     return compact.getvalue()
 
 

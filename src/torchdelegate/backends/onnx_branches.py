@@ -20,7 +20,7 @@ branch that runs reads, and fetches the selected branch's outputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,8 @@ class Branch:
 
 
 class CombineError(ValueError):
-    """The models cannot be branches of one model (their operator sets or functions disagree)."""
+    """The models cannot be branches of one model (their operator sets or functions disagree, or
+    one returns something other than a tensor)."""
 
 
 def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[str, str]]) -> tuple[Any, list[Branch]]:
@@ -54,10 +55,10 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
     shared: dict[str, Any] = {}
     branches = []
     for index, (proto, names) in enumerate(zip(protos, external, strict=True)):
-        graph.input.extend(_renamed_inputs(proto.graph, index))
+        graph.input.extend(_renamed(value, _prefixed(index, value.name)) for value in proto.graph.input)
         for tensor in proto.graph.initializer:
             if tensor.name in names and names[tensor.name] not in shared:
-                shared[names[tensor.name]] = _renamed_tensor(tensor, names[tensor.name])
+                shared[names[tensor.name]] = _renamed(tensor, names[tensor.name])
         nodes, outputs = _branch(onnx, proto.graph, index, names)
         graph.node.extend(nodes)
         graph.output.extend(outputs)
@@ -110,17 +111,10 @@ def _scalar(onnx: Any, name: str, value: int) -> Any:
     return onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [], [value])
 
 
-def _renamed_inputs(graph: Any, index: int) -> Iterator[Any]:
-    for value in graph.input:
-        renamed = type(value)()
-        renamed.CopyFrom(value)
-        renamed.name = _prefixed(index, value.name)
-        yield renamed
-
-
-def _renamed_tensor(tensor: Any, name: str) -> Any:
-    renamed = type(tensor)()
-    renamed.CopyFrom(tensor)
+def _renamed(proto: Any, name: str) -> Any:
+    """A copy of a named proto (a graph input, an initializer) under ``name``."""
+    renamed = type(proto)()
+    renamed.CopyFrom(proto)
     renamed.name = name
     return renamed
 
@@ -204,7 +198,7 @@ def _opsets(onnx: Any, protos: list[Any]) -> list[Any]:
                 )
             versions[opset.domain] = opset.version
     if not versions[""]:
-        versions[""] = 13  # If and Less on int64, for models that import no standard operator
+        versions[""] = 13  # If, and Equal on int64, for models that import no standard operator
     return [onnx.helper.make_opsetid(domain, version) for domain, version in sorted(versions.items())]
 
 

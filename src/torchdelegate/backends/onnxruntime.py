@@ -8,8 +8,8 @@ inputs and outputs) and the ONNX model, whose initializers of 1 KiB or more are 
 references (smaller ones, such as the axes of a reshape, stay inside: ONNX Runtime reads
 them while loading the model).
 
-Once every partition of every method is compiled, those with equal compile specs become
-the branches of one model (``onnx_branches``), stored once as named data that their blobs
+Once every partition of every method is compiled, those with equal session settings that
+read weights in common become the branches of one model (``onnx_branches``), stored once as named data that their blobs
 name: ONNX Runtime packs weights per session, so one session packs each weight once for
 every method. At run time the delegates of a program share that model's one
 ``InferenceSession``. Each external initializer names its named data as its file, which
@@ -35,6 +35,7 @@ import ctypes
 import importlib
 import logging
 import operator
+import sys
 import threading
 import warnings
 import weakref
@@ -106,18 +107,16 @@ class OnnxRuntimeBackend(SharedDataBackend):
     def link_partitions(
         cls, blobs: list[bytes], compile_specs: list[list[CompileSpec]], store: NamedDataStore
     ) -> list[bytes]:
-        """Partitions with equal compile specs become branches of one model, run by one session."""
-        groups: dict[tuple[tuple[str, bytes], ...], list[int]] = {}
-        for index, specs in enumerate(compile_specs):
-            groups.setdefault(tuple(sorted((s.key, bytes(s.value)) for s in specs)), []).append(index)
+        """Partitions that run with the same session settings and read weights in common become
+        branches of one model, run by one session."""
         linked = list(blobs)
-        for members in groups.values():
+        for members in _sharing_groups(blobs, compile_specs):
             if len(members) < 2:
                 continue
             try:
                 blobs_of_model = _linked([blobs[i] for i in members], compile_specs[members[0]], store)
             except _Refused as e:
-                warnings.warn(f"onnxruntime: {len(members)} partitions keep one session each: {e}", stacklevel=2)
+                warnings.warn(f"onnxruntime: {len(members)} partitions keep one session each: {e}", stacklevel=3)
                 continue
             for index, blob in zip(members, blobs_of_model, strict=True):
                 linked[index] = blob
@@ -128,7 +127,9 @@ class OnnxRuntimeBackend(SharedDataBackend):
         header = unpack(processed, BLOB_VERSION, "onnxruntime", older=(1,))[0]
         if "model" in header:
             keys = header.get("keys")
-            return [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+            listed = [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+            model = header["model"]
+            return sorted({*listed, model}) if isinstance(model, str) else listed
         initializers = header.get("initializers")
         return table_keys(list(initializers.values()) if isinstance(initializers, dict) else None)
 
@@ -246,6 +247,29 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     return pack(header, ir.to_proto(model).SerializeToString())
 
 
+def _sharing_groups(blobs: list[bytes], compile_specs: list[list[CompileSpec]]) -> list[list[int]]:
+    """The partitions that may share a session, as lists of indices: equal session settings, and
+    connected by the weights they read. Every call of a model runs each branch's selection, so
+    partitions that share nothing are not made to pay for one another."""
+    parent = list(range(len(blobs)))
+
+    def root(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    first_reader: dict[tuple[Any, str], int] = {}
+    for index, (blob, specs) in enumerate(zip(blobs, compile_specs, strict=True)):
+        settings = _Options(specs).session_settings()
+        for entry in unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")[0]["initializers"].values():
+            parent[root(index)] = root(first_reader.setdefault((settings, entry["key"]), index))
+    groups: dict[int, list[int]] = {}
+    for index in range(len(blobs)):
+        groups.setdefault(root(index), []).append(index)
+    return list(groups.values())
+
+
 def _linked(blobs: list[bytes], compile_specs: list[CompileSpec], store: NamedDataStore) -> list[bytes]:
     """The partitions' blobs as branches of one model, stored as named data that each blob names.
 
@@ -266,6 +290,8 @@ def _linked(blobs: list[bytes], compile_specs: list[CompileSpec], store: NamedDa
         model, branches = combined_model(onnx, [bytes(payload) for _, payload in parts], external)
     except CombineError as e:
         raise _Refused(str(e)) from e
+    except Exception as e:  # a model this combination does not foresee: the partitions stay apart
+        raise _Refused(f"they cannot be combined ({type(e).__name__}: {first_line(e)})") from e
     header = {
         "version": BLOB_VERSION,
         "initializers": dict(sorted(table.items())),
@@ -381,6 +407,10 @@ class _Options:
         self.fusions = _flag(values, "fusions", True)
         self.prepacking = not _flag(values, "disable_prepacking", False)
 
+    def session_settings(self) -> tuple[int, str, bool]:
+        """What a session is made with: delegates whose specs give equal settings may share one."""
+        return self.threads, self.level, self.prepacking
+
     def session_options(self, pack_weights: bool = True) -> Any:
         """``pack_weights=False``: no packed copies, whatever the specs say (a session only checked)."""
         ort = _require("onnxruntime")
@@ -440,13 +470,15 @@ _SHARED_LOCK = threading.Lock()
 
 def _shared_model(key: str, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> _Model:
     """The session of the model stored as named data ``key``: one per named data and options, while used."""
-    options = tuple(sorted((spec.key, bytes(spec.value)) for spec in compile_specs))
+    settings = _Options(compile_specs).session_settings()
+    if key not in named_data:
+        raise FormatError(f"onnxruntime blob: its model, named data {key!r:.80}, is not in the program")
     with _SHARED_LOCK:
         models = _SHARED_MODELS.setdefault(named_data, weakref.WeakValueDictionary())
-        model = models.get((key, options))
+        model = models.get((key, settings))
         if model is None:
             header, payload = unpack(named_data.get_data(key), BLOB_VERSION, "onnxruntime model")
-            model = models[(key, options)] = _Model(header, payload, compile_specs, named_data)
+            model = models[(key, settings)] = _Model(header, payload, compile_specs, named_data)
         return model
 
 
@@ -481,6 +513,7 @@ class _Model:
         _return_freed_memory()
         # The binding's run, without the Python wrapper's per-call checks of names we already know.
         self._run = self._session._sess.run
+        _check_names(self._session, self.branches, self._selector)
         self._unread = _unread_inputs(self._session, self._selector)
 
     def run(self, branch: int, inputs: list[Any]) -> list[torch.Tensor]:
@@ -518,6 +551,18 @@ def _branches(table: Any) -> list[tuple[list[str], list[str]]]:
 
 def _names(value: Any) -> TypeGuard[list[str]]:
     return isinstance(value, list) and all(isinstance(name, str) for name in value)
+
+
+def _check_names(session: Any, branches: list[tuple[list[str], list[str]]], selector: str | None) -> None:
+    """Every name the header gives is one of the model's inputs or outputs: a ``FormatError`` now, not at a call."""
+    inputs, outputs = {v.name for v in session.get_inputs()}, {v.name for v in session.get_outputs()}
+    missing = [name for names, _ in branches for name in names if name not in inputs]
+    missing += [name for _, names in branches for name in names if name not in outputs]
+    missing += [selector] if selector is not None and selector not in inputs else []
+    if missing:
+        raise FormatError(
+            f"onnxruntime blob: its header names {missing[0]!r:.80}, which the model neither takes nor returns"
+        )
 
 
 _NUMPY_TYPES = {
@@ -559,9 +604,11 @@ def _unread_inputs(session: Any, selector: str | None) -> dict[str, np.ndarray]:
 
 @cache
 def _malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        return ctypes.CDLL(None).malloc_trim  # glibc's
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None).malloc_trim  # glibc's; musl has none
+    except Exception:
         return None
 
 

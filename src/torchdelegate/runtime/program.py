@@ -45,6 +45,7 @@ class FileNamedDataMap(NamedDataMap):
         super().__init__()
         self._file = file
         self._digests = {record.key: record.data for record in file.named_data}
+        self._state_segments = frozenset(record.data for record in file.state if record.data is not None)
 
     def get_data(self, key: str) -> memoryview:
         return self._file.data(self._digest(key), f"named data {key!r}").toreadonly()
@@ -59,13 +60,13 @@ class FileNamedDataMap(NamedDataMap):
     def reading(self, keys: Iterable[str]) -> Iterator[dict[str, memoryview]]:
         keys = list(keys)
         views = {key: self._file.data(self._digest(key), f"named data {key!r}", verify=False) for key in keys}
-        failed: list[FormatError] = []
+        failed: list[BaseException] = []
 
         def check() -> None:
             try:
                 for key in keys:
                     self.get_data(key)
-            except FormatError as e:
+            except BaseException as e:  # whatever stops the check stops the block: no unchecked bytes run
                 failed.append(e)
 
         checking = threading.Thread(target=check, name="torchdelegate-checksums", daemon=True)
@@ -79,7 +80,7 @@ class FileNamedDataMap(NamedDataMap):
 
     def release_pages(self, key: str) -> None:
         digest = self._digests.get(key)
-        if digest is not None:
+        if digest is not None and digest not in self._state_segments:  # state tensors may be written
             self._file.release_pages(digest)
 
     def keys(self) -> Iterator[str]:
