@@ -463,22 +463,34 @@ def _handle(processed: memoryview, compile_specs: list[CompileSpec], named_data:
     return _Delegate(model, branch)
 
 
-_SHARED_MODELS: weakref.WeakKeyDictionary[NamedDataMap, weakref.WeakValueDictionary[Any, _Model]]
-_SHARED_MODELS = weakref.WeakKeyDictionary()
-_SHARED_LOCK = threading.Lock()
+class _ProgramModels:
+    """The models of one loaded program's named data: each one's session while a delegate uses it,
+    and a lock per model, so two delegates never build one session twice and other models need not wait."""
+
+    def __init__(self) -> None:
+        self.sessions: weakref.WeakValueDictionary[Any, _Model] = weakref.WeakValueDictionary()
+        self.building: dict[Any, threading.Lock] = {}
+
+
+_PROGRAM_MODELS: weakref.WeakKeyDictionary[NamedDataMap, _ProgramModels] = weakref.WeakKeyDictionary()
+_PROGRAM_MODELS_LOCK = threading.Lock()
 
 
 def _shared_model(key: str, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> _Model:
-    """The session of the model stored as named data ``key``: one per named data and options, while used."""
+    """The session of the model stored as named data ``key``: one per named data and settings, while used."""
     settings = _Options(compile_specs).session_settings()
     if key not in named_data:
         raise FormatError(f"onnxruntime blob: its model, named data {key!r:.80}, is not in the program")
-    with _SHARED_LOCK:
-        models = _SHARED_MODELS.setdefault(named_data, weakref.WeakValueDictionary())
-        model = models.get((key, settings))
+    with _PROGRAM_MODELS_LOCK:
+        models = _PROGRAM_MODELS.setdefault(named_data, _ProgramModels())
+        building = models.building.setdefault((key, settings), threading.Lock())
+    with building:
+        model = models.sessions.get((key, settings))
         if model is None:
             header, payload = unpack(named_data.get_data(key), BLOB_VERSION, "onnxruntime model")
-            model = models[(key, settings)] = _Model(header, payload, compile_specs, named_data)
+            model = _Model(header, payload, compile_specs, named_data)
+            with _PROGRAM_MODELS_LOCK:
+                models.sessions[(key, settings)] = model
         return model
 
 
