@@ -29,6 +29,18 @@ def anonymous_bytes() -> int:
     return _status_bytes("/proc/self/status", "RssAnon:")
 
 
+def reset_peak_rss() -> None:
+    """Start :func:`peak_rss_bytes` afresh from the resident memory now (Linux's ``clear_refs``)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_bytes() -> int:
+    """The kernel's record of this process's peak resident memory (since start or the last reset):
+    exact, unlike a sampler, however briefly the peak lasted."""
+    return _status_bytes("/proc/self/status", "VmHWM:")
+
+
 def _status_bytes(path: str, field: str) -> int:
     with open(path) as f:
         for line in f:

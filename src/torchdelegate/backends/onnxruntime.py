@@ -514,14 +514,13 @@ class _Model:
             count, selector = len(self.branches), self._selector
             raise FormatError(f"onnxruntime blob: {count} branches and the selector {selector!r:.80}")
         settings = _Options(compile_specs)
+        packing = pack_weights and settings.prepacking
         with named_data.reading(_external_keys(initializers)) as files:  # checksums checked meanwhile
             supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
             model_bytes = confined_model(_require("onnx"), bytes(model), supplied, "onnxruntime blob")
-            self._session = _session(ort, model_bytes, settings.session_options(pack_weights), files)
+            with _pages_released_while_packing(named_data, list(files) if packing else []):
+                self._session = _session(ort, model_bytes, settings.session_options(pack_weights), files)
         self._files = files  # the session reads them: keep them alive as long as it lives
-        if pack_weights and settings.prepacking:
-            for key in files:  # ONNX Runtime reads its packed copies now; the rest come back when read
-                named_data.release_pages(key)
         _return_freed_memory()
         # The binding's run, without the Python wrapper's per-call checks of names we already know.
         self._run = self._session._sess.run
@@ -612,6 +611,41 @@ def _unread_inputs(session: Any, selector: str | None) -> dict[str, np.ndarray]:
             raise FormatError(f"onnxruntime blob: input {value.name!r} is a {value.type}, which no delegate can feed")
         unread[value.name] = np.zeros([d if isinstance(d, int) else 0 for d in value.shape], dtype)
     return unread
+
+
+_RELEASE_INTERVAL = 0.02  # seconds between releases of the pages a packing session has read
+_TRIMS_EVERY = 10  # releases between two returns of the heap (a walk of all of it)
+
+
+@contextlib.contextmanager
+def _pages_released_while_packing(named_data: NamedDataMap, keys: list[str]) -> Iterator[None]:
+    """While ONNX Runtime packs the weights ``keys`` name (reading each once), and when it is done,
+    let the pages it has read go, so the process never holds the file's pages and the packed copy
+    together: the first call's peak stays near the packed copy's size, not twice it. A page read
+    again comes back from the file."""
+    if not keys:
+        yield
+        return
+    done = threading.Event()
+
+    def release() -> None:
+        sweeps = 0
+        while not done.wait(_RELEASE_INTERVAL):
+            for key in keys:
+                named_data.release_pages(key)
+            sweeps += 1
+            if sweeps % _TRIMS_EVERY == 0:  # each reading kernel packs its own copy; all but one are dropped
+                _return_freed_memory()
+
+    releasing = threading.Thread(target=release, name="torchdelegate-release-pages", daemon=True)
+    releasing.start()
+    try:
+        yield
+    finally:
+        done.set()
+        releasing.join()
+        for key in keys:  # the packed copies are read now; the rest come back when read
+            named_data.release_pages(key)
 
 
 @cache
