@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from compare import EXECUTORCH_PYTHON, machine, measure
-from results import machine_line, targets_table
+from results import machine_line, targets_table, written
 
 HERE = Path(__file__).resolve().parent
 SIDES = {
@@ -143,7 +142,6 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def write_page(data: dict[str, Any], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"{data['date']}-llm-{data['size']}"
-    (directory / f"{stem}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     plot(data, directory / f"{stem}.png")
     lines = [
         f"# An LLM lowered and run by torchdelegate and ExecuTorch — {data['date']}, size {data['size']}",
@@ -171,9 +169,7 @@ def write_page(data: dict[str, Any], directory: Path) -> Path:
         f"![ours ÷ ExecuTorch's]({stem}.png)",
         "",
     ]
-    page = directory / f"{stem}.md"
-    page.write_text("\n".join(lines))
-    return page
+    return written(directory, stem, data, lines)
 
 
 def main() -> None:

@@ -217,11 +217,18 @@ def targets_table(rows: list[tuple[str, str, bool]]) -> list[str]:
     return lines + [f"| {target} | {value} | {'yes' if met else '**no**'} |" for target, value, met in rows]
 
 
+def written(directory: Path, stem: str, data: dict[str, Any], lines: list[str]) -> Path:
+    """``<stem>.json`` (the data) and ``<stem>.md`` (the page's lines) in ``directory``; the page's path."""
+    (directory / f"{stem}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    page = directory / f"{stem}.md"
+    page.write_text("\n".join(lines))
+    return page
+
+
 def write_results(data: dict[str, Any], directory: Path) -> Path:
     """``<date>.md``, ``<date>.json`` and the plots in ``directory``; the page's path."""
     directory.mkdir(parents=True, exist_ok=True)
     stem = data["date"]
-    (directory / f"{stem}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     lowering_png, rest_png = plot(data, directory, stem)
     lines = [
         f"# torchdelegate and ExecuTorch side by side — {stem}",
@@ -276,6 +283,4 @@ def write_results(data: dict[str, Any], directory: Path) -> Path:
         f"![decode latency, memory, file size and lowering memory]({rest_png})",
         "",
     ]
-    page = directory / f"{stem}.md"
-    page.write_text("\n".join(lines))
-    return page
+    return written(directory, stem, data, lines)

@@ -7,6 +7,7 @@ saves through `save`, so the container, manifest and checksums are all valid: on
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,14 @@ def manifest_bytes(data: bytes) -> bytes:
     """A program file's manifest, as its header delimits it."""
     length = HEADER.unpack_from(data)[3]
     return data[HEADER.size : HEADER.size + length]
+
+
+def with_a_segment_byte_flipped(original: bytes, choose: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> bytes:
+    """A program file whose segment ``choose(segments)`` (manifest entries) has its first byte flipped."""
+    data = bytearray(original)
+    segment = choose(json.loads(manifest_bytes(original))["segments"])
+    data[HEADER.unpack_from(original)[4] + segment["offset"]] ^= 0xFF
+    return bytes(data)
 
 
 def with_manifest(original: bytes, manifest: bytes) -> bytes:

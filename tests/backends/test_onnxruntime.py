@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from backends import every_op
+from crafted import with_a_segment_byte_flipped
 from instruments import PeakRss, anonymous_bytes, peak_rss_bytes, reset_peak_rss, rss_bytes
 from models import decoder_methods
 from programs import eager_generation, fresh_decoder, program_generation
@@ -87,19 +88,12 @@ def test_the_methods_share_one_session_and_one_packed_copy_of_the_weights(tmp_pa
 
 
 def test_a_corrupt_weight_is_refused_though_onnx_runtime_reads_it_while_it_is_checked(tmp_path: Path) -> None:
-    import json
-
-    from torchdelegate.serialize.container import HEADER
-
     model = torch.nn.Linear(64, 64).eval()
     x = torch.randn(2, 64)
     td.to_edge(torch.export.export(model, (x,))).to_backend(OnnxRuntimePartitioner()).save(tmp_path / "m.tdp")
-    data = bytearray((tmp_path / "m.tdp").read_bytes())
-    _, _, _, length, data_offset, _ = HEADER.unpack_from(data)
-    manifest = json.loads(data[HEADER.size : HEADER.size + length])
-    weight = max(manifest["segments"], key=lambda segment: segment["length"])  # the 16 KiB weight
-    data[data_offset + weight["offset"]] ^= 0xFF
-    (tmp_path / "bad.tdp").write_bytes(bytes(data))
+    original = (tmp_path / "m.tdp").read_bytes()
+    largest = with_a_segment_byte_flipped(original, lambda segments: max(segments, key=lambda s: s["length"]))
+    (tmp_path / "bad.tdp").write_bytes(largest)  # the 16 KiB weight
     with td.load(tmp_path / "bad.tdp") as program:
         for _ in range(2):
             with pytest.raises(td.FormatError, match="checksum mismatch"):

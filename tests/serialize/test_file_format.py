@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from crafted import manifest_bytes, with_manifest
+from crafted import manifest_bytes, with_a_segment_byte_flipped, with_manifest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from models import TwoLinears, export
@@ -263,12 +263,8 @@ def test_a_corrupt_weight_never_runs_however_often_it_is_called(tmp_path: Path) 
     model = TwoLinears()
     x = torch.randn(2, 4)
     td.to_edge(export(model, x)).save(tmp_path / "plain.tdp")  # no delegates: weights are the program's state
-    data = bytearray((tmp_path / "plain.tdp").read_bytes())
-    _, _, _, length, data_offset, _ = HEADER.unpack_from(data)
-    manifest = json.loads(data[HEADER.size : HEADER.size + length])
-    weight = manifest["segments"][0]
-    data[data_offset + weight["offset"]] ^= 0xFF
-    (tmp_path / "bad.tdp").write_bytes(bytes(data))
+    flipped = with_a_segment_byte_flipped((tmp_path / "plain.tdp").read_bytes(), lambda segments: segments[0])
+    (tmp_path / "bad.tdp").write_bytes(flipped)
     with td.load(tmp_path / "bad.tdp") as program:
         for _ in range(3):
             with pytest.raises(td.FormatError, match="checksum mismatch"):

@@ -55,14 +55,15 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
     shared: dict[str, Any] = {}
     branches = []
     for index, (proto, names) in enumerate(zip(protos, external, strict=True)):
-        graph.input.extend(_renamed(value, _prefixed(index, value.name)) for value in proto.graph.input)
+        inputs = [_renamed(value, _prefixed(index, value.name)) for value in proto.graph.input]
+        graph.input.extend(inputs)
         for tensor in proto.graph.initializer:
             if tensor.name in names and names[tensor.name] not in shared:
                 shared[names[tensor.name]] = _renamed(tensor, names[tensor.name])
         nodes, outputs = _branch(onnx, proto.graph, index, names)
         graph.node.extend(nodes)
         graph.output.extend(outputs)
-        branches.append(Branch([_prefixed(index, v.name) for v in proto.graph.input], [v.name for v in outputs]))
+        branches.append(Branch([v.name for v in inputs], [v.name for v in outputs]))
     graph.initializer.extend(shared[name] for name in sorted(shared))
     model = onnx.helper.make_model(graph, opset_imports=_opsets(onnx, protos), producer_name="torchdelegate")
     model.ir_version = max(proto.ir_version for proto in protos)

@@ -109,12 +109,13 @@ class OnnxRuntimeBackend(SharedDataBackend):
     ) -> list[bytes]:
         """Partitions that run with the same session settings and read weights in common become
         branches of one model, run by one session."""
+        parts = [unpack(memoryview(blob), BLOB_VERSION, "onnxruntime") for blob in blobs]
         linked = list(blobs)
-        for members in _sharing_groups(blobs, compile_specs):
+        for members in _sharing_groups([header for header, _ in parts], compile_specs):
             if len(members) < 2:
                 continue
             try:
-                blobs_of_model = _linked([blobs[i] for i in members], compile_specs[members[0]], store)
+                blobs_of_model = _linked([parts[i] for i in members], compile_specs[members[0]], store)
             except _Refused as e:
                 warnings.warn(f"onnxruntime: {len(members)} partitions keep one session each: {e}", stacklevel=3)
                 continue
@@ -247,11 +248,11 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     return pack(header, ir.to_proto(model).SerializeToString())
 
 
-def _sharing_groups(blobs: list[bytes], compile_specs: list[list[CompileSpec]]) -> list[list[int]]:
+def _sharing_groups(headers: list[dict[str, Any]], compile_specs: list[list[CompileSpec]]) -> list[list[int]]:
     """The partitions that may share a session, as lists of indices: equal session settings, and
     connected by the weights they read. Every call of a model runs each branch's selection, so
     partitions that share nothing are not made to pay for one another."""
-    parent = list(range(len(blobs)))
+    parent = list(range(len(headers)))
 
     def root(index: int) -> int:
         while parent[index] != index:
@@ -260,24 +261,25 @@ def _sharing_groups(blobs: list[bytes], compile_specs: list[list[CompileSpec]]) 
         return index
 
     first_reader: dict[tuple[Any, str], int] = {}
-    for index, (blob, specs) in enumerate(zip(blobs, compile_specs, strict=True)):
+    for index, (header, specs) in enumerate(zip(headers, compile_specs, strict=True)):
         settings = _Options(specs).session_settings()
-        for entry in unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")[0]["initializers"].values():
+        for entry in header["initializers"].values():
             parent[root(index)] = root(first_reader.setdefault((settings, entry["key"]), index))
     groups: dict[int, list[int]] = {}
-    for index in range(len(blobs)):
+    for index in range(len(headers)):
         groups.setdefault(root(index), []).append(index)
     return list(groups.values())
 
 
-def _linked(blobs: list[bytes], compile_specs: list[CompileSpec], store: NamedDataStore) -> list[bytes]:
-    """The partitions' blobs as branches of one model, stored as named data that each blob names.
+def _linked(
+    parts: list[tuple[dict[str, Any], memoryview]], compile_specs: list[CompileSpec], store: NamedDataStore
+) -> list[bytes]:
+    """The partitions' blobs (each unpacked) as branches of one model, stored as named data that each blob names.
 
     The combined model is loaded into ONNX Runtime (packing nothing) before it is accepted; a
     ``_Refused`` if it cannot be made or loaded.
     """
     onnx = _require("onnx")
-    parts = [unpack(memoryview(blob), BLOB_VERSION, "onnxruntime") for blob in blobs]
     table: dict[str, dict[str, Any]] = {}
     external = []
     for header, _ in parts:
@@ -300,8 +302,7 @@ def _linked(blobs: list[bytes], compile_specs: list[CompileSpec], store: NamedDa
     }
     onnx_bytes = model.SerializeToString()
     try:
-        named_data = NamedDataMap(store.get_named_data_store_output())
-        _Model(header, memoryview(onnx_bytes), compile_specs, named_data, pack_weights=False)
+        _Model(header, memoryview(onnx_bytes), compile_specs, store.data_map(), pack_weights=False)
     except Exception as e:
         raise _Refused(f"ONNX Runtime refused the combined model ({first_line(e)})") from e
     key = store.add_by_content(pack(header, onnx_bytes))
@@ -576,23 +577,9 @@ def _check_names(session: Any, branches: list[tuple[list[str], list[str]]], sele
         )
 
 
-_NUMPY_TYPES = {
-    f"tensor({name})": dtype
-    for name, dtype in (
-        ("float", np.float32),
-        ("double", np.float64),
-        ("float16", np.float16),
-        ("bool", np.bool_),
-        ("int8", np.int8),
-        ("int16", np.int16),
-        ("int32", np.int32),
-        ("int64", np.int64),
-        ("uint8", np.uint8),
-        ("uint16", np.uint16),
-        ("uint32", np.uint32),
-        ("uint64", np.uint64),
-    )
-}
+# The numpy dtype of each input type ONNX Runtime names ("tensor(float)"); numpy has no bfloat16.
+_ORT_NAMES = {"float32": "float", "float64": "double"}
+_NUMPY_TYPES = {f"tensor({_ORT_NAMES.get(n, n)})": np.dtype(n) for n in _ONNX_TYPES if n != "bfloat16"}
 
 
 def _unread_inputs(session: Any, selector: str | None) -> dict[str, np.ndarray]:
