@@ -49,9 +49,10 @@ EXECUTORCH = "ExecuTorch + XNNPACK"
 EAGER = "eager torch"
 
 
-def measure(command: list[str], timeout: float = 7200) -> dict[str, Any]:
-    """Run one side's measurement in a fresh process; its JSON."""
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=HERE)
+def measure(command: list[str], timeout: float = 7200, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one side's measurement in a fresh process (``env``: variables to set in it); its JSON."""
+    environment = None if env is None else {**os.environ, **env}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=HERE, env=environment)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

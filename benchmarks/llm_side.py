@@ -4,9 +4,11 @@ Runs in our environment (``--side torchdelegate``) or in ``.venv-executorch`` (`
 it imports torch, transformers and the side's own framework only.
 
     lower --side S --size Z --out F    build the Llama, export prefill + decode, lower, save
+    prepare --side torchdelegate --file F   Program.prepare() into TORCHDELEGATE_CACHE (machine cache)
     run   --side S --size Z --file F   load both methods, a first prefill, warm prefills, decodes
 
-Resident memory is read from /proc (RSS from statm, PSS from smaps_rollup); each stage's peak is
+Resident memory is read from /proc (RSS from statm, PSS from smaps_rollup, anonymous memory from
+status); each stage's peak is
 sampled by :class:`instruments.PeakRss`. Growth is counted from the moment before export (lower)
 or before loading (run), after torch and the side's framework are imported and warmed up.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from instruments import PeakRss, pss_bytes, rss_bytes, warm_up_torch
+from instruments import PeakRss, anonymous_bytes, pss_bytes, rss_bytes, warm_up_torch
 from workloads import weight_bytes
 
 PROMPT = 32  # tokens of the prefill
@@ -164,7 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         import executorch.runtime  # noqa: F401
     inputs = method_inputs()
-    base_rss, base_pss = rss_bytes(), pss_bytes()
+    base_rss, base_pss, base_anonymous = rss_bytes(), pss_bytes(), anonymous_bytes()
     with torch.no_grad(), PeakRss(_SAMPLING) as peak:
         started = time.perf_counter()
         methods = _Methods(args.side, args.file)
@@ -187,23 +189,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decode_ms": statistics.median(decode) * 1e3,
         "rss_growth": rss_bytes() - base_rss,
         "pss_growth": pss_bytes() - base_pss,
+        "anonymous_growth": anonymous_bytes() - base_anonymous,
         "peak_growth": peak.peak - base_rss,
         "threads": torch.get_num_threads(),
     }
 
 
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """torchdelegate's ``Program.prepare`` of the file, into ``TORCHDELEGATE_CACHE``."""
+    import torchdelegate as td
+    from torchdelegate.machine_cache import cache_directory
+
+    started = time.perf_counter()
+    with td.load(args.file) as program:
+        lines = program.prepare()
+    seconds = time.perf_counter() - started
+    directory = cache_directory()
+    stored = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) if directory else 0
+    return {"prepare_s": seconds, "entries": lines, "cache_bytes": stored}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["lower", "run"])
+    parser.add_argument("phase", choices=["lower", "prepare", "run"])
     parser.add_argument("--side", choices=["torchdelegate", "executorch"], required=True)
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument(
         "--non-strict", dest="strict", action="store_false", help="lower: export without dynamo (strict=False)"
     )
     parser.add_argument("--out", type=Path, help="lower: the file to write")
-    parser.add_argument("--file", type=Path, help="run: the file to load")
+    parser.add_argument("--file", type=Path, help="prepare, run: the file to load")
     args = parser.parse_args()
-    figures = lower(args) if args.phase == "lower" else run(args)
+    figures = {"lower": lower, "prepare": prepare, "run": run}[args.phase](args)
     print(json.dumps({"side": args.side, "size": args.size, "phase": args.phase, "pid": os.getpid(), **figures}))
 
 

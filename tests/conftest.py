@@ -1,4 +1,6 @@
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,18 @@ sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))  # stack.py
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _machine_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests' own machine cache (commands they start inherit it): never the user's."""
+    before = os.environ.get("TORCHDELEGATE_CACHE")
+    os.environ["TORCHDELEGATE_CACHE"] = str(tmp_path_factory.mktemp("machine-cache"))
+    yield
+    if before is None:
+        del os.environ["TORCHDELEGATE_CACHE"]
+    else:
+        os.environ["TORCHDELEGATE_CACHE"] = before
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

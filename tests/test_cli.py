@@ -68,6 +68,11 @@ def test_lower_inspect_and_run_a_model_onnx_runtime_takes_part_of(exported: Path
     assert "onnxruntime: 2 blob(s)" in inspected.stdout
     assert "onnxruntime_0" in inspected.stdout and "cumprod" in inspected.stdout
 
+    prepared = _command("prepare", "out/model.tdp", cwd=exported)
+    assert prepared.returncode == 0, prepared.stderr
+    assert prepared.stdout.count("optimized and packed for this machine") == 2, prepared.stdout  # two models
+    assert "loads of out/model.tdp on this machine use it" in prepared.stdout
+
     ran = _command("run", "out/model.tdp", "--input", "x.npy", "--save", "outputs/y.npz", cwd=exported)
     assert ran.returncode == 0, ran.stderr
     assert "output_0: float32[2, 4]" in ran.stdout
@@ -133,7 +138,7 @@ def test_the_demo_generates_what_eager_generates(tmp_path: Path) -> None:
 def test_help_lists_the_commands(tmp_path: Path) -> None:
     result = _command("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for command in ("lower", "inspect", "run", "demo"):
+    for command in ("lower", "inspect", "run", "prepare", "demo"):
         assert command in result.stdout
     as_module = subprocess.run(
         [sys.executable, "-m", "torchdelegate", "--version"], capture_output=True, text=True, cwd=tmp_path, timeout=600
@@ -189,6 +194,7 @@ def saved(exported: Path) -> Path:
             "input '2' comes after a NAME= input; give positional inputs first",
         ),
         (("run", "plain.tdp", "-i", "x=1", "-i", "x=2"), 2, "input 'x' is given twice"),
+        (("prepare", "model.pt2"), 1, "model.pt2: not a torchdelegate program file (magic bytes"),
         (("demo", "--tokens", "0"), 2, "--tokens must be at least 1, got 0"),
         (("demo", "--rounds", "0"), 2, "--rounds must be at least 1, got 0"),
     ],
@@ -209,6 +215,17 @@ def test_a_command_used_wrongly_says_what_to_change(
     error = capsys.readouterr().err
     assert error.startswith(f"torchdelegate: error: {message}") and error.count("\n") == 1, error
     assert not (saved / "x.tdp").exists()
+
+
+def test_prepare_says_when_there_is_nothing_to_prepare_or_the_cache_is_off(
+    saved: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(saved)
+    assert main(["prepare", "plain.tdp"]) == 0
+    assert "plain.tdp: nothing to prepare" in capsys.readouterr().out
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", "off")
+    assert main(["prepare", "plain.tdp"]) == 1
+    assert "the machine cache is off (TORCHDELEGATE_CACHE='off'): set it to a directory" in capsys.readouterr().err
 
 
 def test_text_from_a_file_reaches_the_terminal_without_its_control_characters() -> None:

@@ -181,6 +181,17 @@ class BackendDetails(ABC):
         )
 
     @classmethod
+    def prepare(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> str | None:
+        """Do once on this machine the work ``init`` would otherwise repeat at every load, and keep its
+        result in the machine cache (:mod:`torchdelegate.machine_cache`), where ``init`` looks first.
+
+        For work that depends on the machine (weights packed for this CPU's kernels), which lowering
+        cannot do for every machine a file runs on. Returns one line saying what is stored, or None
+        when the backend has nothing to prepare (the default).
+        """
+        return None
+
+    @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         """Run one call of a delegate."""
         raise DelegateExecutionError(

@@ -1,4 +1,4 @@
-"""The ``torchdelegate`` command: lower, inspect, run, demo.
+"""The ``torchdelegate`` command: lower, inspect, run, prepare, demo.
 
 Exit codes: 0 success; 1 the work failed (a bad file, a backend error, outputs that differ
 from eager in the demo); 2 the command line was wrong. Errors go to stderr as one line,
@@ -133,16 +133,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="one input, in call order (repeat); NAME= passes it by keyword",
     )
     run.add_argument("--save", type=Path, metavar="OUT.npz", help="save the outputs as output_0, output_1, ...")
-    run.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
-    run.add_argument(
-        "--trust",
-        action="append",
-        default=[],
-        metavar="BACKEND",
-        help="run this backend's native code from the file (AOTInductor's compiled libraries: --trust "
-        "inductor); without it such delegates are refused. Repeatable; or set TORCHDELEGATE_TRUSTED_BACKENDS "
-        "to comma-separated ids",
+
+    prepare = commands.add_parser(
+        "prepare",
+        help="do a program's machine-specific loading work once, so that loads on this machine start faster",
+        description="Do once the work a program's backends would repeat at every load because it depends on this "
+        "machine (ONNX Runtime optimizes the model and packs the weights for this CPU), and keep it in the machine "
+        "cache (TORCHDELEGATE_CACHE, by default ~/.cache/torchdelegate), where later loads on this machine find "
+        "it. The file is not changed.",
     )
+    prepare.add_argument("file", type=Path)
+    for sub in (run, prepare):
+        sub.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
+        sub.add_argument(
+            "--trust",
+            action="append",
+            default=[],
+            metavar="BACKEND",
+            help="run this backend's native code from the file (AOTInductor's compiled libraries: --trust "
+            "inductor); without it such delegates are refused. Repeatable; or set TORCHDELEGATE_TRUSTED_BACKENDS "
+            "to comma-separated ids",
+        )
 
     demo = commands.add_parser(
         "demo",
@@ -155,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output-dir", type=Path, metavar="DIR", help="keep the program file and report here")
     demo.add_argument("--rounds", type=int, default=3, metavar="R", help="timing rounds, median taken (default 3)")
 
-    for sub in (lower, inspect, run):
+    for sub in (lower, inspect, run, prepare):
         sub.add_argument(
             "--import",
             action="append",
@@ -166,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
             "the one that registers the programs' output types or custom operators, e.g. "
             "transformers.modeling_outputs",
         )
-    for sub in (lower, inspect, run, demo):
+    for sub in (lower, inspect, run, prepare, demo):
         sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
     return parser
 
@@ -178,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lower": _lower,
         "inspect": _inspect,
         "run": _run,
+        "prepare": _prepare,
         "demo": _demo,
     }
     out = sys.stdout if args.command in ("lower", "demo") else cast(TextIO, _PrintableText(sys.stdout))
@@ -521,6 +533,26 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         arrays = {f"output_{i}": _as_array(v) for i, (_, v) in enumerate(flat)}
         np.savez(args.save, **arrays)  # type: ignore[arg-type]
         print(f"saved {args.save}", file=out)
+    return EXIT_OK
+
+
+def _prepare(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.machine_cache import ENVIRONMENT, cache_directory
+
+    if cache_directory() is None:
+        raise CommandError(
+            f"the machine cache is off ({ENVIRONMENT}={os.environ.get(ENVIRONMENT)!r}): set it to a directory"
+        )
+    with _loaded(args.file, args.external_data, args.trust) as program:
+        started = time.perf_counter()
+        lines = program.prepare()
+        seconds = time.perf_counter() - started
+    if not lines:
+        print(f"{args.file}: nothing to prepare (no delegate's backend does machine-specific work at load)", file=out)
+        return EXIT_OK
+    for line in lines:
+        print(line, file=out)
+    print(f"prepared in {seconds:.1f} s: loads of {args.file} on this machine use it", file=out)
     return EXIT_OK
 
 

@@ -81,6 +81,20 @@ class DelegateInstance:
                 self._finalizer = weakref.finalize(self, self.backend.destroy, handle)
         return self._handle
 
+    def prepare(self) -> str | None:
+        """The backend's ``prepare`` of this blob: machine-specific work kept for later loads, or None."""
+        blob = self._blob() if callable(self._blob) else memoryview(self._blob)
+        try:
+            with trusting(self._trust):
+                line = self.backend.prepare(blob, list(self._compile_specs), self._named_data())
+        except _PASS_THROUGH:
+            raise
+        except Exception as e:
+            raise DelegateExecutionError(f"{self._describe()}: prepare failed: {e}") from e
+        if line is not None and not isinstance(line, str):
+            raise DelegateExecutionError(f"{self._describe()}: prepare() returned a {type(line).__name__}, not a line")
+        return line
+
     def execute(self, inputs: list[Any]) -> list[Any]:
         """Run one call; the backend's outputs, checked to be ``output_count`` values."""
         handle = self.ensure_initialized()

@@ -87,6 +87,73 @@ def test_the_methods_share_one_session_and_one_packed_copy_of_the_weights(tmp_pa
             torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
 
 
+def _linear_stack_methods(path: Path, layers: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor], int]:
+    """Layers of Linear(2048) as two methods, lowered to ONNX Runtime and saved at ``path``."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)]).eval()
+    inputs = {"prefill": torch.randn(1, 16, 2048), "decode": torch.randn(1, 1, 2048)}
+    programs = {method: torch.export.export(model, (x,)) for method, x in inputs.items()}
+    td.to_edge(programs).to_backend(OnnxRuntimePartitioner()).save(path)
+    return model, inputs, weight_bytes(model)
+
+
+def _first_calls(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """Both methods' outputs from a fresh load, and the anonymous memory it grew by."""
+    before = anonymous_bytes()
+    with td.load(path) as program:
+        outputs = {method: program.run(method, x) for method, x in inputs.items()}
+        return outputs, anonymous_bytes() - before
+
+
+def test_a_program_prepared_on_this_machine_maps_its_packed_weights_instead_of_packing_a_copy(tmp_path: Path) -> None:
+    model, inputs, weights = _linear_stack_methods(tmp_path / "m.tdp", layers=4)  # 64 MiB
+    unprepared, packed = _first_calls(tmp_path / "m.tdp", inputs)
+    with td.load(tmp_path / "m.tdp") as program:
+        lines = program.prepare()
+        assert program.prepare() == lines  # once per model, however many delegates name it
+    assert len(lines) == 1 and "optimized and packed for this machine" in lines[0], lines
+    place = Path(lines[0].rpartition(" in ")[2])
+    written = {path.name: path.stat().st_mtime_ns for path in place.iterdir()}
+    outputs, mapped = _first_calls(tmp_path / "m.tdp", inputs)
+    assert packed > 0.9 * weights, f"{packed / weights:.2f} x the weights packed without preparing"
+    assert mapped < 0.25 * weights, f"{mapped / weights:.2f} x the weights packed in the process once prepared"
+    with td.load(tmp_path / "m.tdp") as program:
+        assert program.prepare() == lines
+    assert {path.name: path.stat().st_mtime_ns for path in place.iterdir()} == written  # prepared once
+    with torch.no_grad():
+        for method, x in inputs.items():
+            torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(outputs[method], unprepared[method], atol=0, rtol=0)
+
+
+def test_a_damaged_prepared_model_is_not_used_and_preparing_again_mends_it(tmp_path: Path) -> None:
+    model, inputs, _ = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
+    with td.load(tmp_path / "m.tdp") as program:
+        place = Path(program.prepare()[0].rpartition(" in ")[2])
+    (place / "model.onnx").write_bytes(b"\x08" * (place / "model.onnx").stat().st_size)  # same size, not a model
+    with pytest.warns(UserWarning, match="prepared model in .* is not used .* packed again"):
+        outputs, _ = _first_calls(tmp_path / "m.tdp", inputs)
+    with open(place / "weights.data", "r+b") as data:
+        data.truncate(1024)
+    with pytest.warns(UserWarning, match="not used: 'weights.data' is missing or not"):
+        outputs, _ = _first_calls(tmp_path / "m.tdp", inputs)
+    with torch.no_grad():
+        for method, x in inputs.items():
+            torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
+    with pytest.warns(UserWarning, match="not used"), td.load(tmp_path / "m.tdp") as program:
+        assert program.prepare()
+    _, mapped = _first_calls(tmp_path / "m.tdp", inputs)  # no warning: whole again
+    assert mapped < 0.25 * weight_bytes(model)
+
+
+def test_a_program_without_packing_has_nothing_to_prepare(tmp_path: Path) -> None:
+    x = torch.randn(2, 64)
+    partitioner = OnnxRuntimePartitioner(compile_specs=[CompileSpec("disable_prepacking", b"1")])
+    program = td.to_edge(torch.export.export(torch.nn.Linear(64, 64), (x,))).to_backend(partitioner)
+    program.save(tmp_path / "m.tdp")
+    with td.load(tmp_path / "m.tdp") as loaded:
+        assert loaded.prepare() == []
+
+
 def test_a_corrupt_weight_is_refused_though_onnx_runtime_reads_it_while_it_is_checked(tmp_path: Path) -> None:
     model = torch.nn.Linear(64, 64).eval()
     x = torch.randn(2, 64)

@@ -14,7 +14,10 @@ name: ONNX Runtime packs weights per session, so one session packs each weight o
 every method. At run time the delegates of a program share that model's one
 ``InferenceSession``. Each external initializer names its named data as its file, which
 ONNX Runtime reads in place (a view of the mapped file: no copy); once the session has
-packed them, their pages leave the process's resident memory. Session options come from
+packed them, their pages leave the process's resident memory. ``prepare`` keeps a model
+optimized and its weights packed for this machine in the machine cache; a session made from
+there maps the packed weights from the entry's file instead of packing a copy of its own.
+Session options come from
 compile specs: ``intra_op_num_threads`` (an integer), ``graph_optimization_level``
 (``disable``, ``basic``, ``extended``, ``all``), ``disable_prepacking`` (``1`` reads the
 weights as they are; by default ONNX Runtime packs them for speed).
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import importlib
 import logging
 import operator
@@ -41,6 +45,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeGuard
 
@@ -57,6 +62,7 @@ from torchdelegate.backends.onnx_confinement import confined_model
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError, first_line
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
+from torchdelegate.machine_cache import cache_directory, entry_key, entry_path, entry_size, find_entry, new_entry
 from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
@@ -139,6 +145,12 @@ class OnnxRuntimeBackend(SharedDataBackend):
         return _handle(processed, compile_specs, named_data)
 
     @classmethod
+    def prepare(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> str | None:
+        """The model optimized and its weights packed for this machine, kept in the machine cache: a
+        later load maps the packed weights from there instead of packing its own copy."""
+        return _prepare(processed, compile_specs, named_data)
+
+    @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         return handle(inputs)
 
@@ -196,7 +208,8 @@ def _accepted_blob(
     blob = _exported_blob(program, fuse, attempt, where)
     output = attempt.get_named_data_store_output()
     try:
-        _Model(*unpack(memoryview(blob), BLOB_VERSION, "onnxruntime"), compile_specs, NamedDataMap(output), False)
+        header, payload = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
+        _Model(header, payload, memoryview(blob), compile_specs, NamedDataMap(output), pack_weights=False)
     except Exception as e:  # any refusal is reported with the partition it concerns
         raise _Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
     store.merge(output)
@@ -302,7 +315,7 @@ def _linked(
     }
     onnx_bytes = model.SerializeToString()
     try:
-        _Model(header, memoryview(onnx_bytes), compile_specs, store.data_map(), pack_weights=False)
+        _Model(header, memoryview(onnx_bytes), memoryview(onnx_bytes), compile_specs, store.data_map(), False)
     except Exception as e:
         raise _Refused(f"ONNX Runtime refused the combined model ({first_line(e)})") from e
     key = store.add_by_content(pack(header, onnx_bytes))
@@ -443,6 +456,20 @@ def _flag(values: dict[str, str], key: str, default: bool) -> bool:
 
 def _handle(processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> _Delegate:
     """A delegate's branch of its model's session: the one every blob naming that model shares."""
+    header, payload = _unpacked(processed)
+    branch = header.get("branch")
+    key = header.get("model")
+    if key is None:
+        model = _Model(header, payload, processed, compile_specs, named_data)
+    else:
+        model = _shared_model(_model_key(key, named_data), compile_specs, named_data)
+    if type(branch) is not int or not 0 <= branch < len(model.branches):
+        raise FormatError(f"onnxruntime blob: branch {branch!r:.80} of a model with {len(model.branches)} branches")
+    return _Delegate(model, branch)
+
+
+def _unpacked(processed: memoryview) -> tuple[dict[str, Any], memoryview]:
+    """A blob's header and payload, a version-1 blob's header in version 2's terms."""
     header, payload = unpack(processed, BLOB_VERSION, "onnxruntime", older=(1,))
     if header["version"] == 1:  # one partition's model: inputs and outputs in the header
         header = {
@@ -451,17 +478,27 @@ def _handle(processed: memoryview, compile_specs: list[CompileSpec], named_data:
             "branch": 0,
             "branches": [{"inputs": header.get("inputs"), "outputs": header.get("outputs")}],
         }
-    branch = header.get("branch")
-    key = header.get("model")
-    if key is None:
-        model = _Model(header, payload, compile_specs, named_data)
-    elif isinstance(key, str):
-        model = _shared_model(key, compile_specs, named_data)
-    else:
+    return header, payload
+
+
+def _model_key(key: Any, named_data: NamedDataMap) -> str:
+    """The named data a blob names as its model, checked to be in the program."""
+    if not isinstance(key, str):
         raise FormatError(f"onnxruntime blob: its model is named by {key!r:.80}, not a named-data key")
-    if type(branch) is not int or not 0 <= branch < len(model.branches):
-        raise FormatError(f"onnxruntime blob: branch {branch!r:.80} of a model with {len(model.branches)} branches")
-    return _Delegate(model, branch)
+    if key not in named_data:
+        raise FormatError(f"onnxruntime blob: its model, named data {key!r:.80}, is not in the program")
+    return key
+
+
+def _model_of(processed: memoryview, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview, memoryview]:
+    """The model a blob runs: its header, its ONNX bytes, and the bytes both come from (the blob itself,
+    or the named data it names)."""
+    header, payload = _unpacked(processed)
+    if header.get("model") is None:
+        return header, payload, processed
+    source = named_data.get_data(_model_key(header["model"], named_data))
+    header, payload = unpack(source, BLOB_VERSION, "onnxruntime model")
+    return header, payload, source
 
 
 class _ProgramModels:
@@ -480,48 +517,46 @@ _PROGRAM_MODELS_LOCK = threading.Lock()
 def _shared_model(key: str, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> _Model:
     """The session of the model stored as named data ``key``: one per named data and settings, while used."""
     settings = _Options(compile_specs).session_settings()
-    if key not in named_data:
-        raise FormatError(f"onnxruntime blob: its model, named data {key!r:.80}, is not in the program")
     with _PROGRAM_MODELS_LOCK:
         models = _PROGRAM_MODELS.setdefault(named_data, _ProgramModels())
         building = models.building.setdefault((key, settings), threading.Lock())
     with building:
         model = models.sessions.get((key, settings))
         if model is None:
-            header, payload = unpack(named_data.get_data(key), BLOB_VERSION, "onnxruntime model")
-            model = _Model(header, payload, compile_specs, named_data)
+            source = named_data.get_data(key)
+            header, payload = unpack(source, BLOB_VERSION, "onnxruntime model")
+            model = _Model(header, payload, source, compile_specs, named_data)
             with _PROGRAM_MODELS_LOCK:
                 models.sessions[(key, settings)] = model
         return model
 
 
 class _Model:
-    """One InferenceSession over a model of one or several branches, its initializers read in place from named data."""
+    """One InferenceSession over a model of one or several branches: from the machine cache when the
+    program was prepared here, else with its initializers read in place from named data."""
 
     def __init__(
         self,
         header: dict[str, Any],
         model: memoryview,
+        source: memoryview,
         compile_specs: list[CompileSpec],
         named_data: NamedDataMap,
         pack_weights: bool = True,
     ) -> None:
         ort = _require("onnxruntime")
-        initializers, self._selector = header.get("initializers"), header.get("selector")
+        self._selector = header.get("selector")
         self.branches = _branches(header.get("branches"))
-        if not isinstance(initializers, dict):
-            raise FormatError("onnxruntime blob: its initializers are not a table")
         if not (self._selector is None and len(self.branches) == 1 or isinstance(self._selector, str)):
             count, selector = len(self.branches), self._selector
             raise FormatError(f"onnxruntime blob: {count} branches and the selector {selector!r:.80}")
         settings = _Options(compile_specs)
-        packing = pack_weights and settings.prepacking
-        with named_data.reading(_external_keys(initializers)) as files:  # checksums checked meanwhile
-            supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
-            model_bytes = confined_model(_require("onnx"), bytes(model), supplied, "onnxruntime blob")
-            with _pages_released_while_packing(named_data, list(files) if packing else []):
-                self._session = _session(ort, model_bytes, settings.session_options(pack_weights), files)
-        self._files = files  # the session reads them: keep them alive as long as it lives
+        prepared = _prepared_entry(source, settings) if pack_weights and settings.prepacking else None
+        session = _prepared_session(ort, prepared, settings) if prepared is not None else None
+        self._files: dict[str, memoryview] = {}
+        if session is None:
+            session, self._files = _built_session(header, model, settings, named_data, pack_weights)
+        self._session = session  # self._files: the session reads them, keep them alive as long as it lives
         _return_freed_memory()
         # The binding's run, without the Python wrapper's per-call checks of names we already know.
         self._run = self._session._sess.run
@@ -535,6 +570,34 @@ class _Model:
         if self._selector is not None:
             feed[self._selector] = np.array(branch, dtype=np.int64)
         return [torch.from_numpy(array) for array in self._run(outputs, feed, None)]
+
+
+def _built_session(
+    header: dict[str, Any],
+    model: memoryview,
+    settings: _Options,
+    named_data: NamedDataMap,
+    pack_weights: bool = True,
+    prepared_into: Path | None = None,
+) -> tuple[Any, dict[str, memoryview]]:
+    """A session of ``model`` and the views of named data it reads (in place: keep them while it lives).
+
+    ``prepared_into``: a directory where ONNX Runtime also writes the optimized model and its packed weights.
+    """
+    ort = _require("onnxruntime")
+    initializers = header.get("initializers")
+    if not isinstance(initializers, dict):
+        raise FormatError("onnxruntime blob: its initializers are not a table")
+    packing = pack_weights and settings.prepacking
+    with named_data.reading(_external_keys(initializers)) as files:  # checksums checked meanwhile
+        supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
+        model_bytes = confined_model(_require("onnx"), bytes(model), supplied, "onnxruntime blob")
+        options = settings.session_options(pack_weights)
+        if prepared_into is not None:
+            _save_prepared(options, prepared_into)
+        with _pages_released_while_packing(named_data, list(files) if packing else []):
+            session = _session(ort, model_bytes, options, files)
+    return session, files
 
 
 class _Delegate:
@@ -655,6 +718,72 @@ def _return_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+# The machine cache's entries of models optimized and their weights packed on this machine.
+_PREPARED = "onnxruntime"
+_PREPARED_MODEL, _PREPARED_WEIGHTS = "model.onnx", "weights.data"
+
+
+def _prepare(processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> str | None:
+    """Optimize the blob's model and pack its weights for this machine, into the machine cache."""
+    settings = _Options(compile_specs)
+    if not settings.prepacking:
+        return None
+    header, payload, source = _model_of(processed, named_data)
+    key = _prepared_key(source, settings)
+    place = find_entry(_PREPARED, key)
+    if place is None:
+        with new_entry(_PREPARED, key) as scratch:
+            _built_session(header, payload, settings, named_data, prepared_into=scratch)
+        _return_freed_memory()
+        place = entry_path(_PREPARED, key)
+    size = entry_size(place) / 1e6
+    return f"onnxruntime model {key[:12]}, optimized and packed for this machine: {size:,.1f} MB in {place}"
+
+
+def _prepared_key(source: memoryview, settings: _Options) -> str:
+    content = {
+        "onnxruntime": _require("onnxruntime").__version__,
+        "optimization": settings.level,
+        "model": hashlib.sha256(source).hexdigest(),
+    }
+    return entry_key(_PREPARED, content)
+
+
+def _prepared_entry(source: memoryview, settings: _Options) -> Path | None:
+    """The model's entry in the machine cache, if the program was prepared on this machine."""
+    if cache_directory() is None:
+        return None
+    return find_entry(_PREPARED, _prepared_key(source, settings))
+
+
+def _prepared_session(ort: ModuleType, place: Path, settings: _Options) -> Any | None:
+    """A session of the model ``prepare`` optimized, its packed weights mapped from the cache's file (the
+    process packs none of its own); None, with a warning, if ONNX Runtime refuses it."""
+    options = settings.session_options()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized when prepared
+    try:
+        return ort.InferenceSession(
+            str(place / _PREPARED_MODEL), options, providers=["CPUExecutionProvider"], read_config_from_model=0
+        )
+    except Exception as e:
+        warnings.warn(
+            f"onnxruntime: the prepared model in {place} is not used ({first_line(e)}); the weights are packed "
+            "again; `torchdelegate prepare FILE` writes it again",
+            stacklevel=2,
+        )
+        return None
+
+
+def _save_prepared(options: Any, directory: Path) -> None:
+    """Have the session being built also write its optimized model and packed weights into ``directory``."""
+    options.optimized_model_filepath = str(directory / _PREPARED_MODEL)
+    options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", _PREPARED_WEIGHTS)
+    smallest = str(_SMALLEST_SHARED)
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", smallest)
+    options.log_severity_level = 3  # not its warning that the model suits this machine only: the entry is keyed so
 
 
 def _external_keys(initializers: dict[str, Any]) -> list[str]:

@@ -242,6 +242,25 @@ class Program:
         if self._file.external is not None:
             self._file.external.verify_all()
 
+    def prepare(self) -> list[str]:
+        """Do now, and keep for later loads on this machine, the machine-specific work each delegate's
+        backend would otherwise repeat at every load (ONNX Runtime packs the weights for this CPU).
+
+        Later loads find it in the machine cache (:mod:`torchdelegate.machine_cache`) and start
+        faster. Returns a line per entry, in delegate order; none when no backend has anything to
+        prepare. The file is not changed.
+        """
+        self._gate.enter("prepare")
+        try:
+            lines: list[str] = []
+            for delegate in self._delegates:
+                line = delegate.prepare()
+                if line is not None and line not in lines:
+                    lines.append(line)
+            return lines
+        finally:
+            self._gate.leave()
+
     def close(self) -> None:
         """Wait for calls in progress, then destroy every delegate handle (once). Idempotent."""
         if not self._gate.close():

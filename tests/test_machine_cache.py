@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from torchdelegate import machine_cache
+from torchdelegate.machine_cache import cache_directory, entry_key, find_entry, machine_identity, new_entry
+
+
+def test_the_directory_is_the_environments_or_the_users_cache_and_off_means_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", str(tmp_path / "mine"))
+    assert cache_directory() == tmp_path / "mine"
+    for off in ("off", "OFF", "0", ""):
+        monkeypatch.setenv("TORCHDELEGATE_CACHE", off)
+        assert cache_directory() is None
+    monkeypatch.delenv("TORCHDELEGATE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_directory() == tmp_path / "xdg" / "torchdelegate"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_directory() == tmp_path / "home" / ".cache" / "torchdelegate"
+
+
+def test_a_key_covers_the_kind_the_content_and_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = entry_key("kind", {"model": "a", "version": "1"})
+    assert key == entry_key("kind", {"version": "1", "model": "a"})  # order of the content's keys: no matter
+    assert key != entry_key("other", {"model": "a", "version": "1"})
+    assert key != entry_key("kind", {"model": "b", "version": "1"})
+    assert set(machine_identity()) == {"machine", "cpu"}
+    monkeypatch.setattr(machine_cache, "machine_identity", lambda: {"machine": "x86_64", "cpu": "another"})
+    assert key != entry_key("kind", {"model": "a", "version": "1"})
+
+
+def test_an_entry_is_found_whole_or_not_at_all() -> None:
+    key = entry_key("test-whole", {"n": 1})
+    assert find_entry("test-whole", key) is None
+    with pytest.raises(RuntimeError, match="failed"), new_entry("test-whole", key) as scratch:
+        (scratch / "data.bin").write_bytes(b"half")
+        raise RuntimeError("the writer failed")
+    assert find_entry("test-whole", key) is None
+    root = cache_directory()
+    assert root is not None and list((root / "test-whole").iterdir()) == []  # nothing left behind
+    with new_entry("test-whole", key) as scratch:
+        (scratch / "data.bin").write_bytes(b"whole")
+        assert find_entry("test-whole", key) is None  # not before the block's end
+    place = find_entry("test-whole", key)
+    assert place is not None and (place / "data.bin").read_bytes() == b"whole"
+    assert json.loads((place / "manifest.json").read_text()) == {"files": {"data.bin": 5}}
+
+
+def test_an_entry_whose_files_differ_from_its_manifest_is_not_used_and_can_be_written_again() -> None:
+    key = entry_key("test-damaged", {"n": 1})
+    with new_entry("test-damaged", key) as scratch:
+        (scratch / "data.bin").write_bytes(b"0123456789")
+    place = find_entry("test-damaged", key)
+    assert place is not None
+    with open(place / "data.bin", "r+b") as data:
+        data.truncate(4)
+    with pytest.warns(UserWarning, match=r"not used: 'data.bin' is missing or not 10 bytes.*torchdelegate prepare"):
+        assert find_entry("test-damaged", key) is None
+    with new_entry("test-damaged", key) as scratch:
+        (scratch / "data.bin").write_bytes(b"0123456789")
+    assert find_entry("test-damaged", key) == place
+
+
+def test_a_second_writer_of_one_entry_leaves_the_first_in_place() -> None:
+    key = entry_key("test-race", {"n": 1})
+    with new_entry("test-race", key) as first:
+        (first / "data.bin").write_bytes(b"first")
+        with new_entry("test-race", key) as second:
+            (second / "data.bin").write_bytes(b"second")
+    place = find_entry("test-race", key)
+    assert place is not None and (place / "data.bin").read_bytes() == b"second"
+    with new_entry("test-race", key) as third:
+        (third / "data.bin").write_bytes(b"third")
+    assert (place / "data.bin").read_bytes() == b"second"
+    assert sorted(os.listdir(place.parent)) == [key]
+
+
+def test_with_the_cache_off_nothing_is_found_and_writing_says_how_to_turn_it_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", "off")
+    assert find_entry("kind", entry_key("kind", {})) is None
+    with pytest.raises(ValueError, match="machine cache is off.*set it to a directory"), new_entry("kind", "k"):
+        pass
