@@ -26,12 +26,29 @@ def manifest_bytes(data: bytes) -> bytes:
     return data[HEADER.size : HEADER.size + length]
 
 
-def with_a_segment_byte_flipped(original: bytes, choose: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> bytes:
-    """A program file whose segment ``choose(segments)`` (manifest entries) has its first byte flipped."""
+def with_a_segment_byte_flipped(
+    original: bytes, choose: Callable[[list[dict[str, Any]]], dict[str, Any]], at: int = 0
+) -> bytes:
+    """A program file whose segment ``choose(segments)`` (manifest entries) has its byte ``at`` flipped."""
     data = bytearray(original)
     segment = choose(json.loads(manifest_bytes(original))["segments"])
-    data[HEADER.unpack_from(original)[4] + segment["offset"]] ^= 0xFF
+    data[HEADER.unpack_from(original)[4] + segment["offset"] + at] ^= 0xFF
     return bytes(data)
+
+
+def with_a_segment_rewritten(original: bytes, choose: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> bytes:
+    """A sound program file whose segment ``choose(segments)`` has other bytes (its fourth flipped: the sign
+    and exponent of a float32), under the same named-data keys: its checksum, and every record naming it, say so."""
+    flipped = bytearray(with_a_segment_byte_flipped(original, choose, at=3))
+    segment = choose(json.loads(manifest_bytes(original))["segments"])
+    start = HEADER.unpack_from(original)[4] + segment["offset"]
+    digest = hashlib.sha256(flipped[start : start + segment["length"]]).hexdigest()
+    manifest = json.loads(manifest_bytes(original))
+    for record in (*manifest["segments"], *manifest["named_data"], *manifest["state"]):
+        for field in ("sha256", "data"):
+            if record.get(field) == segment["sha256"]:
+                record[field] = digest
+    return with_manifest(bytes(flipped), json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
 
 
 def with_manifest(original: bytes, manifest: bytes) -> bytes:

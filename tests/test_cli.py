@@ -225,7 +225,9 @@ def test_prepare_says_when_there_is_nothing_to_prepare_or_the_cache_is_off(
     assert "plain.tdp: nothing to prepare" in capsys.readouterr().out
     monkeypatch.setenv("TORCHDELEGATE_CACHE", "off")
     assert main(["prepare", "plain.tdp"]) == 1
-    assert "the machine cache is off (TORCHDELEGATE_CACHE='off'): set it to a directory" in capsys.readouterr().err
+    assert (
+        "the machine cache is off (TORCHDELEGATE_CACHE='off'): set it to a directory to keep" in capsys.readouterr().err
+    )
 
 
 def test_text_from_a_file_reaches_the_terminal_without_its_control_characters() -> None:

@@ -1,13 +1,23 @@
 from __future__ import annotations
 
+import hashlib
 import json
-import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from torchdelegate import machine_cache
-from torchdelegate.machine_cache import cache_directory, entry_key, find_entry, machine_identity, new_entry
+from torchdelegate.machine_cache import (
+    EntryCheck,
+    cache_directory,
+    entry_key,
+    entry_lock,
+    find_entry,
+    machine_identity,
+    new_entry,
+)
 
 
 def test_the_directory_is_the_environments_or_the_users_cache_and_off_means_none(
@@ -50,7 +60,8 @@ def test_an_entry_is_found_whole_or_not_at_all() -> None:
         assert find_entry("test-whole", key) is None  # not before the block's end
     place = find_entry("test-whole", key)
     assert place is not None and (place / "data.bin").read_bytes() == b"whole"
-    assert json.loads((place / "manifest.json").read_text()) == {"files": {"data.bin": 5}}
+    manifest = json.loads((place / "manifest.json").read_text())
+    assert manifest["files"] == {"data.bin": {"size": 5, "sha256": hashlib.sha256(b"whole").hexdigest()}}
 
 
 def test_an_entry_whose_files_differ_from_its_manifest_is_not_used_and_can_be_written_again() -> None:
@@ -65,21 +76,55 @@ def test_an_entry_whose_files_differ_from_its_manifest_is_not_used_and_can_be_wr
         assert find_entry("test-damaged", key) is None
     with new_entry("test-damaged", key) as scratch:
         (scratch / "data.bin").write_bytes(b"0123456789")
-    assert find_entry("test-damaged", key) == place
+    assert find_entry("test-damaged", key, verify=True) == place
+    assert sorted(path.name for path in place.parent.iterdir()) == [key]  # the damaged one replaced
 
 
-def test_a_second_writer_of_one_entry_leaves_the_first_in_place() -> None:
-    key = entry_key("test-race", {"n": 1})
-    with new_entry("test-race", key) as first:
-        (first / "data.bin").write_bytes(b"first")
-        with new_entry("test-race", key) as second:
-            (second / "data.bin").write_bytes(b"second")
-    place = find_entry("test-race", key)
-    assert place is not None and (place / "data.bin").read_bytes() == b"second"
-    with new_entry("test-race", key) as third:
-        (third / "data.bin").write_bytes(b"third")
-    assert (place / "data.bin").read_bytes() == b"second"
-    assert sorted(os.listdir(place.parent)) == [key]
+def test_an_entry_damaged_at_its_size_is_found_by_its_digests() -> None:
+    key = entry_key("test-digest", {"n": 1})
+    with new_entry("test-digest", key) as scratch:
+        (scratch / "data.bin").write_bytes(b"0123456789")
+    place = find_entry("test-digest", key)
+    assert place is not None and EntryCheck(place).problem() is None
+    (place / "data.bin").write_bytes(b"0123456780")  # same size: only the digest tells
+    assert find_entry("test-digest", key) == place  # sizes only: a load checks the digests meanwhile
+    assert EntryCheck(place).problem() == "'data.bin' does not match its digest (damaged)"
+    with pytest.warns(UserWarning, match="does not match its digest"):
+        assert find_entry("test-digest", key, verify=True) is None
+
+
+def test_processes_making_one_entry_take_turns() -> None:
+    key = entry_key("test-lock", {"n": 1})
+    order: list[str] = []
+    held = threading.Event()
+
+    def first() -> None:
+        with entry_lock("test-lock", key):
+            held.set()
+            time.sleep(0.2)
+            order.append("first done")
+
+    def second() -> None:
+        held.wait()
+        with entry_lock("test-lock", key):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert order == ["first done", "second in"]
+
+
+def test_a_cache_that_cannot_be_written_says_where_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", str(tmp_path / "a-file" / "cache"))
+    message = r"cannot be written at .*a-file/cache/kind \(TORCHDELEGATE_CACHE=.*set TORCHDELEGATE_CACHE to a writ"
+    with pytest.raises(OSError, match=message), new_entry("kind", "k"):
+        pass
 
 
 def test_with_the_cache_off_nothing_is_found_and_writing_says_how_to_turn_it_on(

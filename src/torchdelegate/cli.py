@@ -537,12 +537,9 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _prepare(args: argparse.Namespace, out: TextIO) -> int:
-    from torchdelegate.machine_cache import ENVIRONMENT, cache_directory
+    from torchdelegate.machine_cache import required_cache_directory
 
-    if cache_directory() is None:
-        raise CommandError(
-            f"the machine cache is off ({ENVIRONMENT}={os.environ.get(ENVIRONMENT)!r}): set it to a directory"
-        )
+    required_cache_directory()  # before the file is read
     with _loaded(args.file, args.external_data, args.trust) as program:
         started = time.perf_counter()
         lines = program.prepare()

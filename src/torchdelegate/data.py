@@ -216,6 +216,12 @@ class NamedDataMap:
             ) from None
         return memoryview(self._output.buffers[entry.buffer_index]).toreadonly()
 
+    def digest(self, key: str) -> str:
+        """The SHA-256 (hex) of ``key``'s bytes, without reading them: what a backend keys what it
+        derives from them by (a map over a file gives its recorded checksum, checked on reading)."""
+        self.get_data(key)  # a missing key: the same KeyError
+        return self._output.digests[self._output.entries[key].buffer_index].hex()
+
     @contextlib.contextmanager
     def reading(self, keys: Iterable[str]) -> Iterator[dict[str, memoryview]]:
         """The views of ``keys``, for a backend that hands them all to its runtime at once.

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 from backends import every_op
-from crafted import with_a_segment_byte_flipped
+from crafted import with_a_segment_byte_flipped, with_a_segment_rewritten
 from instruments import PeakRss, anonymous_bytes, peak_rss_bytes, reset_peak_rss, rss_bytes
 from models import decoder_methods
 from programs import eager_generation, fresh_decoder, program_generation
@@ -126,23 +127,42 @@ def test_a_program_prepared_on_this_machine_maps_its_packed_weights_instead_of_p
 
 
 def test_a_damaged_prepared_model_is_not_used_and_preparing_again_mends_it(tmp_path: Path) -> None:
-    model, inputs, _ = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
+    model, inputs, weights = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
     with td.load(tmp_path / "m.tdp") as program:
         place = Path(program.prepare()[0].rpartition(" in ")[2])
     (place / "model.onnx").write_bytes(b"\x08" * (place / "model.onnx").stat().st_size)  # same size, not a model
-    with pytest.warns(UserWarning, match="prepared model in .* is not used .* packed again"):
-        outputs, _ = _first_calls(tmp_path / "m.tdp", inputs)
-    with open(place / "weights.data", "r+b") as data:
-        data.truncate(1024)
-    with pytest.warns(UserWarning, match="not used: 'weights.data' is missing or not"):
+    with pytest.warns(UserWarning, match="prepared model in .* is not used: .*model.onnx.* packed again"):
         outputs, _ = _first_calls(tmp_path / "m.tdp", inputs)
     with torch.no_grad():
         for method, x in inputs.items():
             torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
-    with pytest.warns(UserWarning, match="not used"), td.load(tmp_path / "m.tdp") as program:
-        assert program.prepare()
-    _, mapped = _first_calls(tmp_path / "m.tdp", inputs)  # no warning: whole again
-    assert mapped < 0.25 * weight_bytes(model)
+    with pytest.warns(UserWarning, match="not used: 'model.onnx' does not match its digest"):
+        with td.load(tmp_path / "m.tdp") as program:
+            assert program.prepare()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # whole again: no warning
+        _, mapped = _first_calls(tmp_path / "m.tdp", inputs)
+    assert mapped < 0.25 * weights
+
+
+def test_a_file_with_other_weights_under_the_same_keys_never_shares_a_prepared_model(tmp_path: Path) -> None:
+    """A model names its weights by key; a crafted file can put other bytes under those keys (with
+    their checksums): preparing it must not change what a sound file with that model computes."""
+    model, inputs, _ = _linear_stack_methods(tmp_path / "sound.tdp", layers=2)
+    original = (tmp_path / "sound.tdp").read_bytes()
+    (tmp_path / "crafted.tdp").write_bytes(
+        with_a_segment_rewritten(original, lambda segments: max(segments, key=lambda s: s["length"]))
+    )
+    with td.load(tmp_path / "crafted.tdp") as crafted:
+        crafted_lines = crafted.prepare()
+        crafted_outputs = {method: crafted.run(method, x) for method, x in inputs.items()}
+    outputs, _ = _first_calls(tmp_path / "sound.tdp", inputs)
+    with td.load(tmp_path / "sound.tdp") as sound:
+        assert sound.prepare() != crafted_lines  # an entry of its own
+    with torch.no_grad():
+        for method, x in inputs.items():
+            torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
+            assert not torch.allclose(crafted_outputs[method], outputs[method])
 
 
 def test_a_program_without_packing_has_nothing_to_prepare(tmp_path: Path) -> None:

@@ -62,7 +62,16 @@ from torchdelegate.backends.onnx_confinement import confined_model
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError, first_line
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
-from torchdelegate.machine_cache import cache_directory, entry_key, entry_path, entry_size, find_entry, new_entry
+from torchdelegate.machine_cache import (
+    EntryCheck,
+    cache_directory,
+    entry_key,
+    entry_lock,
+    entry_path,
+    entry_size,
+    find_entry,
+    new_entry,
+)
 from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
@@ -551,7 +560,9 @@ class _Model:
             count, selector = len(self.branches), self._selector
             raise FormatError(f"onnxruntime blob: {count} branches and the selector {selector!r:.80}")
         settings = _Options(compile_specs)
-        prepared = _prepared_entry(source, settings) if pack_weights and settings.prepacking else None
+        prepared = None
+        if pack_weights and settings.prepacking and cache_directory() is not None:
+            prepared = find_entry(_PREPARED, _prepared_key(header, source, settings, named_data))
         session = _prepared_session(ort, prepared, settings) if prepared is not None else None
         self._files: dict[str, memoryview] = {}
         if session is None:
@@ -731,49 +742,58 @@ def _prepare(processed: memoryview, compile_specs: list[CompileSpec], named_data
     if not settings.prepacking:
         return None
     header, payload, source = _model_of(processed, named_data)
-    key = _prepared_key(source, settings)
-    place = find_entry(_PREPARED, key)
-    if place is None:
-        with new_entry(_PREPARED, key) as scratch:
-            _built_session(header, payload, settings, named_data, prepared_into=scratch)
-        _return_freed_memory()
-        place = entry_path(_PREPARED, key)
-    size = entry_size(place) / 1e6
+    key = _prepared_key(header, source, settings, named_data)
+    with entry_lock(_PREPARED, key):  # another process preparing this model: its entry is used
+        place = find_entry(_PREPARED, key, verify=True)
+        if place is None:
+            with new_entry(_PREPARED, key) as scratch:
+                _built_session(header, payload, settings, named_data, prepared_into=scratch)
+            _return_freed_memory()
+            place = entry_path(_PREPARED, key)
+        size = entry_size(place) / 1e6
     return f"onnxruntime model {key[:12]}, optimized and packed for this machine: {size:,.1f} MB in {place}"
 
 
-def _prepared_key(source: memoryview, settings: _Options) -> str:
+def _prepared_key(header: dict[str, Any], source: memoryview, settings: _Options, named_data: NamedDataMap) -> str:
+    """What a prepared model is made from: the model, every weight's bytes (by digest: a model names its
+    weights by key, and a file's key says nothing of its bytes), the settings and ONNX Runtime's build."""
+    ort = _require("onnxruntime")
+    initializers = header.get("initializers")
+    if not isinstance(initializers, dict):
+        raise FormatError("onnxruntime blob: its initializers are not a table")
     content = {
-        "onnxruntime": _require("onnxruntime").__version__,
+        "onnxruntime": [ort.__version__, ort.get_build_info()],
         "optimization": settings.level,
         "model": hashlib.sha256(source).hexdigest(),
+        "weights": {key: named_data.digest(key) for key in _external_keys(initializers)},
     }
     return entry_key(_PREPARED, content)
 
 
-def _prepared_entry(source: memoryview, settings: _Options) -> Path | None:
-    """The model's entry in the machine cache, if the program was prepared on this machine."""
-    if cache_directory() is None:
-        return None
-    return find_entry(_PREPARED, _prepared_key(source, settings))
-
-
 def _prepared_session(ort: ModuleType, place: Path, settings: _Options) -> Any | None:
-    """A session of the model ``prepare`` optimized, its packed weights mapped from the cache's file (the
-    process packs none of its own); None, with a warning, if ONNX Runtime refuses it."""
+    """A session of the model ``prepare`` optimized, its packed weights mapped from the entry's file (the
+    process packs none of its own), once the entry's digests are checked (while ONNX Runtime loads it);
+    None, with a warning, if the entry is damaged or ONNX Runtime refuses it."""
     options = settings.session_options()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized when prepared
+    check = EntryCheck(place)
     try:
-        return ort.InferenceSession(
+        session = ort.InferenceSession(
             str(place / _PREPARED_MODEL), options, providers=["CPUExecutionProvider"], read_config_from_model=0
         )
     except Exception as e:
-        warnings.warn(
-            f"onnxruntime: the prepared model in {place} is not used ({first_line(e)}); the weights are packed "
-            "again; `torchdelegate prepare FILE` writes it again",
-            stacklevel=2,
-        )
-        return None
+        check.problem()
+        why: str | None = f"ONNX Runtime refused it ({first_line(e)})"
+    else:
+        why = check.problem()
+    if why is None:
+        return session
+    warnings.warn(
+        f"onnxruntime: the prepared model in {place} is not used: {why}; the weights are packed again; "
+        "`torchdelegate prepare FILE` writes it again",
+        stacklevel=2,
+    )
+    return None
 
 
 def _save_prepared(options: Any, directory: Path) -> None:

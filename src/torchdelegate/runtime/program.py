@@ -29,6 +29,7 @@ from torchdelegate.backend import BackendDetails, get_backend
 from torchdelegate.data import NamedDataMap
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, FormatError, ProgramClosedError
+from torchdelegate.machine_cache import required_cache_directory
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json
@@ -49,6 +50,9 @@ class FileNamedDataMap(NamedDataMap):
 
     def get_data(self, key: str) -> memoryview:
         return self._file.data(self._digest(key), f"named data {key!r}").toreadonly()
+
+    def digest(self, key: str) -> str:
+        return self._digest(key)
 
     def _digest(self, key: str) -> str:
         digest = self._digests.get(key)
@@ -250,6 +254,7 @@ class Program:
         faster. Returns a line per entry, in delegate order; none when no backend has anything to
         prepare. The file is not changed.
         """
+        required_cache_directory()  # before any delegate's work
         self._gate.enter("prepare")
         try:
             lines: list[str] = []
