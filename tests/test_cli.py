@@ -72,9 +72,13 @@ def test_lower_inspect_and_run_a_model_onnx_runtime_takes_part_of(exported: Path
     assert prepared.returncode == 0, prepared.stderr
     assert prepared.stdout.count("optimized and packed for this machine") == 2, prepared.stdout  # two models
     assert "loads of out/model.tdp on this machine use it" in prepared.stdout
+    entry = Path(prepared.stdout.splitlines()[0].rpartition(" in ")[2])
+    (entry / "model.onnx").write_bytes(b"\0" * (entry / "model.onnx").stat().st_size)  # damaged: not used
 
     ran = _command("run", "out/model.tdp", "--input", "x.npy", "--save", "outputs/y.npz", cwd=exported)
     assert ran.returncode == 0, ran.stderr
+    assert f"torchdelegate: warning: onnxruntime: the prepared model in {entry} is not used" in ran.stderr
+    assert "UserWarning" not in ran.stderr
     assert "output_0: float32[2, 4]" in ran.stdout
     model = CumprodBetweenLinears()
     model.load_state_dict(torch.load(exported / "weights.pt"))

@@ -25,12 +25,19 @@ def test_the_directory_is_the_environments_or_the_users_cache_and_off_means_none
 ) -> None:
     monkeypatch.setenv("TORCHDELEGATE_CACHE", str(tmp_path / "mine"))
     assert cache_directory() == tmp_path / "mine"
-    for off in ("off", "OFF", "0", ""):
+    for off in ("off", "OFF", "0", "no", "false", " none "):
         monkeypatch.setenv("TORCHDELEGATE_CACHE", off)
         assert cache_directory() is None
-    monkeypatch.delenv("TORCHDELEGATE_CACHE")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", "relative")
+    assert cache_directory() == tmp_path / "relative"  # the same wherever the program is run from later
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache_directory() == tmp_path / "xdg" / "torchdelegate"
+    for unset in ("", None):
+        if unset is None:
+            monkeypatch.delenv("TORCHDELEGATE_CACHE")
+        else:
+            monkeypatch.setenv("TORCHDELEGATE_CACHE", unset)
+        assert cache_directory() == tmp_path / "xdg" / "torchdelegate"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_directory() == tmp_path / "home" / ".cache" / "torchdelegate"
@@ -122,7 +129,7 @@ def test_a_cache_that_cannot_be_written_says_where_and_what_to_do(
 ) -> None:
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("TORCHDELEGATE_CACHE", str(tmp_path / "a-file" / "cache"))
-    message = r"cannot be written at .*a-file/cache/kind \(TORCHDELEGATE_CACHE=.*set TORCHDELEGATE_CACHE to a writ"
+    message = r"at .*a-file/cache/kind \(TORCHDELEGATE_CACHE=.*\): .*a-file is a file, not a directory; set TORCHD"
     with pytest.raises(OSError, match=message), new_entry("kind", "k"):
         pass
 

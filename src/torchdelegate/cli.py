@@ -8,6 +8,7 @@ from eager in the demo); 2 the command line was wrong. Errors go to stderr as on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import io
 import json
@@ -15,8 +16,9 @@ import os
 import sys
 import time
 import traceback
+import warnings
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, cast
 
@@ -196,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for module in getattr(args, "imports", ()):
             _import(module)
-        with torch_internal_warnings_silenced():  # a command's output is not the place for torch's own
+        with torch_internal_warnings_silenced(), _warnings_as_lines():
             return commands[args.command](args, out)
     except KeyboardInterrupt:
         print("torchdelegate: interrupted", file=sys.stderr)
@@ -211,6 +213,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes = "; ".join(getattr(error, "__notes__", ()))  # where torch failed, added by torchdelegate
         print(f"torchdelegate: error: {printable(message + (f' ({notes})' if notes else ''))}", file=sys.stderr)
         return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILED
+
+
+@contextlib.contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Each warning the command meets printed as one line, ``torchdelegate: warning: ...``, not
+    with the source line that raised it (torch's own are silenced before they get here)."""
+
+    def show(message: Warning | str, *_: Any, **__: Any) -> None:
+        print(f"torchdelegate: warning: {printable(str(message))}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def _version() -> str:

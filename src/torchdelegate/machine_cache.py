@@ -9,7 +9,8 @@ everything the result is made from (the blob and the bytes of every weight it re
 backend runtime's version and build, and this machine's CPU. Nothing is written here unless
 asked.
 
-The directory is ``TORCHDELEGATE_CACHE`` if set (``off``: no cache), else
+The directory is ``TORCHDELEGATE_CACHE`` if set (a relative path is taken from the current
+directory; ``off``, ``0``, ``no``, ``false`` or ``none``: no cache), else
 ``$XDG_CACHE_HOME/torchdelegate``, else ``~/.cache/torchdelegate``. An entry is a directory
 under its kind, named by its key, with a manifest of its files' sizes and SHA-256 digests. It
 is written whole beside its place, flushed to disk, and renamed into it, so a reader sees a
@@ -38,19 +39,21 @@ from pathlib import Path
 from typing import Any
 
 CACHE_VARIABLE = "TORCHDELEGATE_CACHE"
-_OFF = ("off", "0", "none")
+_OFF = ("off", "0", "none", "false", "no")
 _MANIFEST = "manifest.json"
 _FORMAT = 2
 _CHUNK = 1 << 23
 
 
 def cache_directory() -> Path | None:
-    """Where entries live, or None when the cache is turned off."""
-    chosen = os.environ.get(CACHE_VARIABLE)
-    if chosen is not None:
-        return None if chosen.strip().lower() in _OFF or not chosen.strip() else Path(chosen).expanduser()
+    """Where entries live (absolute), or None when the cache is turned off."""
+    chosen = os.environ.get(CACHE_VARIABLE, "").strip()
+    if chosen.lower() in _OFF:
+        return None
+    if chosen:
+        return Path(chosen).expanduser().absolute()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "torchdelegate"
+    return Path(base).absolute() / "torchdelegate"
 
 
 @cache
@@ -100,8 +103,9 @@ def entry_path(kind: str, key: str) -> Path:
     return required_cache_directory() / kind / key
 
 
-def find_entry(kind: str, key: str, verify: bool = False) -> Path | None:
-    """The directory of a whole entry, or None: absent, cache off, or not what its manifest says (a warning).
+def find_entry(kind: str, key: str, verify: bool = False, quiet: bool = False) -> Path | None:
+    """The directory of a whole entry, or None: absent, cache off, or not what its manifest says (a
+    warning, unless ``quiet``: the caller writes it again).
 
     ``verify``: also check every file's digest (reads the whole entry).
     """
@@ -111,13 +115,12 @@ def find_entry(kind: str, key: str, verify: bool = False) -> Path | None:
     if not place.exists():
         return None
     why = _unusable(place, verify)
-    if why is not None:
+    if why is not None and not quiet:
         warnings.warn(
             f"the machine cache entry {place} is not used: {why}; `torchdelegate prepare FILE` writes it again",
             stacklevel=2,
         )
-        return None
-    return place
+    return None if why is not None else place
 
 
 def _manifest(place: Path) -> dict[str, dict[str, Any]]:
@@ -238,11 +241,15 @@ def _directory(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.mkdir(exist_ok=True, mode=0o700)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
     except OSError as e:
         where = f"{CACHE_VARIABLE}={os.environ[CACHE_VARIABLE]!r}" if CACHE_VARIABLE in os.environ else "the default"
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocking} is a file, not a directory" if blocking is not None else (e.strerror or str(e))
         raise OSError(
-            f"the machine cache cannot be written at {path} ({where}): {e.strerror or e}; "
-            f"set {CACHE_VARIABLE} to a writable directory, or to 'off'"
+            f"the machine cache cannot be written at {path} ({where}): {why}; "
+            f"set {CACHE_VARIABLE} to a directory you can write"
         ) from e
 
 

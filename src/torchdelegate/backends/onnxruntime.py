@@ -744,7 +744,7 @@ def _prepare(processed: memoryview, compile_specs: list[CompileSpec], named_data
     header, payload, source = _model_of(processed, named_data)
     key = _prepared_key(header, source, settings, named_data)
     with entry_lock(_PREPARED, key):  # another process preparing this model: its entry is used
-        place = find_entry(_PREPARED, key, verify=True)
+        place = find_entry(_PREPARED, key, verify=True, quiet=True)  # a damaged one is written again
         if place is None:
             with new_entry(_PREPARED, key) as scratch:
                 _built_session(header, payload, settings, named_data, prepared_into=scratch)
