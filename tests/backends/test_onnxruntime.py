@@ -390,6 +390,28 @@ def test_a_partition_whose_fusions_fail_is_exported_unfused_with_a_warning(monke
     torch.testing.assert_close(lowered.exported_program().module()(x), model(x), atol=1e-5, rtol=1e-5)
 
 
+class _Determinant(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.det(self.linear(x).reshape(-1, 2, 2)) + 1
+
+
+def test_an_op_whose_translation_onnx_runtime_refuses_is_left_to_the_next_partitioner(tmp_path: Path) -> None:
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    model, x = _Determinant().eval(), torch.randn(3, 4)
+    partitioners = [OnnxRuntimePartitioner(), ReferencePartitioner()]
+    lowered = td.to_edge_transform_and_lower(torch.export.export(model, (x,)), partitioner=partitioners)
+    backends = [found.module.backend_id for found in td.lowered_submodules(lowered.exported_program())]
+    assert "onnxruntime" in backends and "reference" in backends, backends
+    lowered.save(tmp_path / "det.tdp")
+    with td.load(tmp_path / "det.tdp") as program, torch.no_grad():
+        torch.testing.assert_close(program.run("forward", x), model(x), atol=1e-5, rtol=1e-5)
+
+
 def test_an_op_the_onnx_exporter_cannot_translate_is_named_in_one_line() -> None:
     class Cumprod(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

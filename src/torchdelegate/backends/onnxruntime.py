@@ -82,6 +82,9 @@ BLOB_VERSION = 2
 _UNSUPPORTED_DTYPES = frozenset(
     {torch.bfloat16, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2}
 )
+# Ops torch.onnx translates into models ONNX Runtime refuses (torch 2.13, onnxruntime 1.32):
+# _linalg_det's translation reads a tensor as a sequence.
+_TRANSLATIONS_REFUSED = frozenset({torch.ops.aten._linalg_det.default})
 _SMALLEST_SHARED = 1024  # bytes: smaller initializers stay inside the model
 _EXTRA = "pip install 'torchdelegate[onnxruntime]'"
 _OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
@@ -866,6 +869,8 @@ class OnnxRuntimePartitioner(Partitioner):
         share; otherwise why not (a :class:`~torchdelegate.CapabilityPartitioner` support)."""
         if not isinstance(node.target, torch._ops.OpOverload) or not _onnx_registry().is_registered(node.target):
             return f"torch.onnx has no translation for {node.target}"
+        if node.target in _TRANSLATIONS_REFUSED:
+            return f"torch.onnx's translation of {node.target} makes a model ONNX Runtime refuses"
         value = node.meta.get("val")
         values = value if isinstance(value, (tuple, list)) else (value,)
         for v in values:
