@@ -238,19 +238,23 @@ def entry_size(place: Path) -> int:
 
 def _directory(path: Path) -> None:
     """``path`` made if missing (the cache's own directories readable by the user only)."""
+    failure: OSError | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.mkdir(exist_ok=True, mode=0o700)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "not writable")
     except OSError as e:
-        where = f"{CACHE_VARIABLE}={os.environ[CACHE_VARIABLE]!r}" if CACHE_VARIABLE in os.environ else "the default"
-        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-        why = f"{blocking} is a file, not a directory" if blocking is not None else (e.strerror or str(e))
-        raise OSError(
-            f"the machine cache cannot be written at {path} ({where}): {why}; "
-            f"set {CACHE_VARIABLE} to a directory you can write"
-        ) from e
+        failure = e
+    if failure is None and os.access(path, os.W_OK | os.X_OK):
+        return
+    where = f"{CACHE_VARIABLE}={os.environ[CACHE_VARIABLE]!r}" if CACHE_VARIABLE in os.environ else "the default"
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    why = f"{blocking} is a file, not a directory" if blocking is not None else "it is not writable"
+    if blocking is None and failure is not None:
+        why = failure.strerror or str(failure)
+    raise OSError(
+        f"the machine cache cannot be written at {path} ({where}): {why}; "
+        f"set {CACHE_VARIABLE} to a directory you can write"
+    ) from failure
 
 
 def _flush(path: Path) -> None:
