@@ -30,7 +30,7 @@ from torchdelegate.backend import SharedDataBackend
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
 from torchdelegate.backends.reference import ReferencePartitioner
 from torchdelegate.data import NamedDataMap, NamedDataStore
-from torchdelegate.errors import PreprocessError
+from torchdelegate.errors import FormatError, PreprocessError
 from torchdelegate.lowering.structural_copy import copy_program, with_identifier_state_names
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
@@ -88,6 +88,12 @@ class InductorBackend(SharedDataBackend):
         header, package = unpack(processed, BLOB_VERSION, "inductor")
         constants = weights(header.get("tensors"), named_data, "inductor")
         runner = torch._inductor.aoti_load_package(io.BytesIO(bytes(package)))
+        # AOTInductor builds small constants into its code: it asks only for the others.
+        declared = set(runner.get_constant_fqns())
+        missing = sorted(declared - set(constants))
+        if missing:
+            raise FormatError(f"inductor blob: the compiled model reads {missing[0]!r}, which its table does not name")
+        constants = {name: tensor for name, tensor in constants.items() if name in declared}
         if constants:
             # User-managed: the compiled model reads these tensors (views of the file) in place.
             runner.load_constants(constants, check_full_update=True, user_managed=True)
