@@ -18,7 +18,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from backends import OpSetPartitioner  # noqa: E402  (the tests' models, partitioners and crafted files)
+from backends_for_tests import OpSetPartitioner  # noqa: E402  (the tests' models, partitioners and crafted files)
 from crafted import lowered_with_blob, onnx_calling, onnx_reading, reference_calling  # noqa: E402
 from models import Cond, TinyDecoder, TwoLinears, decoder_methods, export  # noqa: E402
 

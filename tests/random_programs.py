@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from backends import TorchExportBackend
+from backends_for_tests import TorchExportBackend
 from hypothesis import strategies as st
 from torch.export import ExportedProgram
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from backends import CompileOnlyBackend, FunctionPartitioner, TorchExportBackend
+from backends_for_tests import CompileOnlyBackend, FunctionPartitioner, TorchExportBackend
 from models import TwoLinears, export
 from programs import assert_unchanged, snapshot
 

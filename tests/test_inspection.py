@@ -8,7 +8,7 @@ import operator
 
 import pytest
 import torch
-from backends import FunctionPartitioner, OpSetPartitioner, TorchExportBackend
+from backends_for_tests import FunctionPartitioner, OpSetPartitioner, TorchExportBackend
 from models import LINEAR_OPS, Cond, TwoLinears, WhileLoop, aten, decoder_methods, export
 from programs import fresh_decoder
 

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from backends import OpSetPartitioner, TorchExportBackend
+from backends_for_tests import OpSetPartitioner, TorchExportBackend
 from models import KVCache, TwoLinears, aten
 
 from torchdelegate import (
@@ -449,7 +449,7 @@ class FailsInLargeMethod(BackendDetails):
 
 
 def test_a_manager_whose_lowering_fails_halfway_is_unchanged_and_usable() -> None:
-    from backends import NamedWeightsBackend
+    from backends_for_tests import NamedWeightsBackend
 
     model, edge = two_methods()
     # a manager that already holds delegates and named data from an earlier lowering

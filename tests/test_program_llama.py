@@ -6,7 +6,7 @@ import torch
 from torchdelegate import DelegationSpec, to_edge
 
 transformers = pytest.importorskip("transformers")
-import backends  # noqa: E402, F401  (registers the TestTorchExport backend this test lowers to)
+import backends_for_tests  # noqa: E402, F401  (registers the TestTorchExport backend this test lowers to)
 from language_models import tiny_llama  # noqa: E402
 from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM  # noqa: E402
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backends import OpSetPartitioner
+from backends_for_tests import OpSetPartitioner
 from models import LINEAR_OPS, Cond, TwoLinears, export
 
 import torchdelegate as td

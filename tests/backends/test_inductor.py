@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backends import every_op
+from backends_for_tests import every_op
 from models import ReadThenWrite, TinyDecoder, decoder_methods
 
 import torchdelegate as td

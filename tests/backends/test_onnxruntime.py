@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backends import every_op
+from backends_for_tests import every_op
 from crafted import with_a_segment_byte_flipped, with_a_segment_rewritten
 from instruments import PeakRss, anonymous_bytes, peak_rss_bytes, reset_peak_rss, rss_bytes
 from models import decoder_methods

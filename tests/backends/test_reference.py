@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import torch
-from backends import OpSetPartitioner
+from backends_for_tests import OpSetPartitioner
 from models import SharedConstant, TwoLinears, export
 
 import torchdelegate as td

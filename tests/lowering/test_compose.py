@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backends import TorchExportBackend
+from backends_for_tests import TorchExportBackend
 
 import torchdelegate as td
 from torchdelegate import DelegationSpec, LoweredBackendModule, SerializationError

@@ -1,7 +1,7 @@
 """Lowering recurses into control-flow sub-graphs, or delegates a whole control-flow op."""
 
 import torch
-from backends import FunctionPartitioner
+from backends_for_tests import FunctionPartitioner
 from models import Cond, WhileLoop, aten, export
 
 from torchdelegate import LoweredBackendModule, call_delegate, to_backend

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from backends import DescribingReference, describing_partitioner
+from backends_for_tests import DescribingReference, describing_partitioner
 from models import TwoLinears, export
 
 import torchdelegate as td

@@ -1,7 +1,7 @@
 """A KV cache: a tagged buffer is the delegate's state; an untagged one stays with the program."""
 
 import torch
-from backends import FunctionPartitioner
+from backends_for_tests import FunctionPartitioner
 from models import KVCache, ReadThenWrite, export
 
 from torchdelegate import (

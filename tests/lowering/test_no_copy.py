@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import pytest
 import torch
-from backends import TorchExportBackend
+from backends_for_tests import TorchExportBackend
 from models import SharedConstant, TwoLinears, aten, export
 from programs import assert_unchanged, snapshot
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backends import FunctionPartitioner, OpSetPartitioner
+from backends_for_tests import FunctionPartitioner, OpSetPartitioner
 from models import LINEAR_OPS, KVCache, ReadThenWrite, TwoLinears, aten, export
 from programs import assert_unchanged, snapshot
 

@@ -5,7 +5,7 @@ import gc
 import operator
 
 import torch
-from backends import FunctionPartitioner, OpSetPartitioner, TorchExportBackend
+from backends_for_tests import FunctionPartitioner, OpSetPartitioner, TorchExportBackend
 from models import LINEAR_OPS, SharedConstant, TwoLinears, aten, export
 from programs import assert_unchanged, snapshot
 
@@ -212,7 +212,7 @@ DETERMINISM_SCRIPT = """
 import hashlib, sys
 sys.path.insert(0, {tests!r})
 import torch
-from backends import OpSetPartitioner
+from backends_for_tests import OpSetPartitioner
 from models import LINEAR_OPS, TwoLinears, export
 from torchdelegate import LoweredBackendModule, to_backend
 torch.manual_seed(0)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from backends import TorchExportBackend
+from backends_for_tests import TorchExportBackend
 from models import KVCache, TwoLinears, export
 
 from torchdelegate import (

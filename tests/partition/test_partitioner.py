@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backends import OpSetPartitioner, TorchExportBackend
+from backends_for_tests import OpSetPartitioner, TorchExportBackend
 from models import LINEAR_OPS, TwoLinears, export
 
 from torchdelegate import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backends import TorchExportBackend
+from backends_for_tests import TorchExportBackend
 from models import TwoLinears, export
 
 import torchdelegate as td

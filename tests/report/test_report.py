@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backends import TorchExportBackend
+from backends_for_tests import TorchExportBackend
 from models import TwoLinears, export
 
 import torchdelegate as td

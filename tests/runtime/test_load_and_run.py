@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from backends import CountingReference, counting_partitioner
+from backends_for_tests import CountingReference, counting_partitioner
 from models import TinyDecoder, TwoLinears, decoder_methods, export
 from programs import eager_generation, fresh_decoder, program_generation, save_decoder
 

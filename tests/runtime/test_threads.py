@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from backends import CountingReference, counting_partitioner
+from backends_for_tests import CountingReference, counting_partitioner
 from models import CumprodBetweenLinears, attention_block, export
 
 import torchdelegate as td
