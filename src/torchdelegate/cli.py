@@ -109,14 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("file", type=Path)
     inspect.add_argument("--html", type=Path, metavar="FILE.html", help="write the saved partition report as HTML")
     inspect.add_argument("--report", action="store_true", help="print the saved partition report in full")
-    inspect.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
-    inspect.add_argument(
-        "--trust",
-        action="append",
-        default=[],
-        metavar="BACKEND",
-        help="accepted for symmetry with run: inspect never runs a delegate, so needs no trust",
-    )
 
     run = commands.add_parser(
         "run",
@@ -145,16 +137,21 @@ def build_parser() -> argparse.ArgumentParser:
         "it. The file is not changed.",
     )
     prepare.add_argument("file", type=Path)
-    for sub in (run, prepare):
+    trust = (
+        "run this backend's native code from the file (AOTInductor's compiled libraries: --trust inductor); "
+        "without it such delegates are refused. Repeatable; or set TORCHDELEGATE_TRUSTED_BACKENDS to "
+        "comma-separated ids"
+    )
+    for sub in (inspect, run, prepare):
         sub.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
         sub.add_argument(
             "--trust",
             action="append",
             default=[],
             metavar="BACKEND",
-            help="run this backend's native code from the file (AOTInductor's compiled libraries: --trust "
-            "inductor); without it such delegates are refused. Repeatable; or set TORCHDELEGATE_TRUSTED_BACKENDS "
-            "to comma-separated ids",
+            help="accepted for symmetry with run: inspect never runs a delegate, so needs no trust"
+            if sub is inspect
+            else trust,
         )
 
     demo = commands.add_parser(

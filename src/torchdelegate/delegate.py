@@ -69,31 +69,29 @@ class DelegateInstance:
             return self._handle
         with self._lock:
             if self._finalizer is None or not self._finalizer.alive:
-                blob = self._blob() if callable(self._blob) else memoryview(self._blob)
-                try:
-                    with trusting(self._trust):
-                        handle = self.backend.init(blob, list(self._compile_specs), self._named_data())
-                except _PASS_THROUGH:
-                    raise
-                except Exception as e:
-                    raise DelegateExecutionError(f"{self._describe()}: init failed: {e}") from e
+                handle = self._on_blob("init", self.backend.init)
                 self._handle = handle
                 self._finalizer = weakref.finalize(self, self.backend.destroy, handle)
         return self._handle
 
     def prepare(self) -> str | None:
         """The backend's ``prepare`` of this blob: machine-specific work kept for later loads, or None."""
-        blob = self._blob() if callable(self._blob) else memoryview(self._blob)
-        try:
-            with trusting(self._trust):
-                line = self.backend.prepare(blob, list(self._compile_specs), self._named_data())
-        except _PASS_THROUGH:
-            raise
-        except Exception as e:
-            raise DelegateExecutionError(f"{self._describe()}: prepare failed: {e}") from e
+        line = self._on_blob("prepare", self.backend.prepare)
         if line is not None and not isinstance(line, str):
             raise DelegateExecutionError(f"{self._describe()}: prepare() returned a {type(line).__name__}, not a line")
         return line
+
+    def _on_blob(self, stage: str, hook: Callable[[memoryview, list[CompileSpec], NamedDataMap], Any]) -> Any:
+        """The backend's ``hook(blob, compile_specs, named_data)`` under this delegate's trust; any
+        failure but the runtime's own errors becomes a ``DelegateExecutionError`` naming ``stage``."""
+        blob = self._blob() if callable(self._blob) else memoryview(self._blob)
+        try:
+            with trusting(self._trust):
+                return hook(blob, list(self._compile_specs), self._named_data())
+        except _PASS_THROUGH:
+            raise
+        except Exception as e:
+            raise DelegateExecutionError(f"{self._describe()}: {stage} failed: {e}") from e
 
     def execute(self, inputs: list[Any]) -> list[Any]:
         """Run one call; the backend's outputs, checked to be ``output_count`` values."""

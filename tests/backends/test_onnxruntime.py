@@ -59,16 +59,29 @@ def test_sessions_read_the_weights_in_the_mapped_file_without_copying_them(tmp_p
             torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
 
 
+def _linear_stack_methods(path: Path, layers: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor], int]:
+    """Layers of Linear(2048) as two methods, lowered to ONNX Runtime and saved at ``path``."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)]).eval()
+    inputs = {"prefill": torch.randn(1, 16, 2048), "decode": torch.randn(1, 1, 2048)}
+    programs = {method: torch.export.export(model, (x,)) for method, x in inputs.items()}
+    td.to_edge(programs).to_backend(OnnxRuntimePartitioner()).save(path)
+    return model, inputs, weight_bytes(model)
+
+
+def _first_calls(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """Both methods' outputs from a fresh load, and the anonymous memory it grew by."""
+    before = anonymous_bytes()
+    with td.load(path) as program:
+        outputs = {method: program.run(method, x) for method, x in inputs.items()}
+        return outputs, anonymous_bytes() - before
+
+
 def test_the_methods_share_one_session_and_one_packed_copy_of_the_weights(tmp_path: Path) -> None:
     """ONNX Runtime packs weights per session: both methods' partitions are branches of one model,
     so a program holds one packed copy, and lets go of the pages of the file it packed from, while
     it packs (the peak) and after (what stays)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(16)])  # a 1B LLM's layers
-    weights = weight_bytes(model.eval())  # 256 MiB
-    inputs = {"prefill": torch.randn(1, 16, 2048), "decode": torch.randn(1, 1, 2048)}
-    programs = {method: torch.export.export(model, (x,)) for method, x in inputs.items()}
-    td.to_edge(programs).to_backend(OnnxRuntimePartitioner()).save(tmp_path / "m.tdp")
+    model, inputs, weights = _linear_stack_methods(tmp_path / "m.tdp", layers=16)  # a 1B LLM's layers: 256 MiB
     reset_peak_rss()
     before, resident = anonymous_bytes(), rss_bytes()
     with td.load(tmp_path / "m.tdp") as program, ThreadPoolExecutor(2) as pool:
@@ -87,23 +100,6 @@ def test_the_methods_share_one_session_and_one_packed_copy_of_the_weights(tmp_pa
     with torch.no_grad():
         for method, x in inputs.items():
             torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
-
-
-def _linear_stack_methods(path: Path, layers: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor], int]:
-    """Layers of Linear(2048) as two methods, lowered to ONNX Runtime and saved at ``path``."""
-    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(layers)]).eval()
-    inputs = {"prefill": torch.randn(1, 16, 2048), "decode": torch.randn(1, 1, 2048)}
-    programs = {method: torch.export.export(model, (x,)) for method, x in inputs.items()}
-    td.to_edge(programs).to_backend(OnnxRuntimePartitioner()).save(path)
-    return model, inputs, weight_bytes(model)
-
-
-def _first_calls(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
-    """Both methods' outputs from a fresh load, and the anonymous memory it grew by."""
-    before = anonymous_bytes()
-    with td.load(path) as program:
-        outputs = {method: program.run(method, x) for method, x in inputs.items()}
-        return outputs, anonymous_bytes() - before
 
 
 def test_a_program_prepared_on_this_machine_maps_its_packed_weights_instead_of_packing_a_copy(tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ from torchdelegate.machine_cache import (
     find_entry,
     new_entry,
 )
+from torchdelegate.partition.components import components
 from torchdelegate.partition.grouping import cycle_free_levels
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
@@ -277,23 +278,13 @@ def _sharing_groups(headers: list[dict[str, Any]], compile_specs: list[list[Comp
     """The partitions that may share a session, as lists of indices: equal session settings, and
     connected by the weights they read. Every call of a model runs each branch's selection, so
     partitions that share nothing are not made to pay for one another."""
-    parent = list(range(len(headers)))
-
-    def root(index: int) -> int:
-        while parent[index] != index:
-            parent[index] = parent[parent[index]]
-            index = parent[index]
-        return index
-
     first_reader: dict[tuple[Any, str], int] = {}
+    pairs = []
     for index, (header, specs) in enumerate(zip(headers, compile_specs, strict=True)):
         settings = _Options(specs).session_settings()
         for entry in header["initializers"].values():
-            parent[root(index)] = root(first_reader.setdefault((settings, entry["key"]), index))
-    groups: dict[int, list[int]] = {}
-    for index in range(len(headers)):
-        groups.setdefault(root(index), []).append(index)
-    return list(groups.values())
+            pairs.append((index, first_reader.setdefault((settings, entry["key"]), index)))
+    return components(range(len(headers)), pairs)
 
 
 def _linked(
@@ -508,7 +499,12 @@ def _model_of(processed: memoryview, named_data: NamedDataMap) -> tuple[dict[str
     header, payload = _unpacked(processed)
     if header.get("model") is None:
         return header, payload, processed
-    source = named_data.get_data(_model_key(header["model"], named_data))
+    return _stored_model(_model_key(header["model"], named_data), named_data)
+
+
+def _stored_model(key: str, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview, memoryview]:
+    """The model stored as named data ``key``: its header, its ONNX bytes, and the stored bytes."""
+    source = named_data.get_data(key)
     header, payload = unpack(source, BLOB_VERSION, "onnxruntime model")
     return header, payload, source
 
@@ -535,9 +531,7 @@ def _shared_model(key: str, compile_specs: list[CompileSpec], named_data: NamedD
     with building:
         model = models.sessions.get((key, settings))
         if model is None:
-            source = named_data.get_data(key)
-            header, payload = unpack(source, BLOB_VERSION, "onnxruntime model")
-            model = _Model(header, payload, source, compile_specs, named_data)
+            model = _Model(*_stored_model(key, named_data), compile_specs, named_data)
             with _PROGRAM_MODELS_LOCK:
                 models.sessions[(key, settings)] = model
         return model
@@ -599,9 +593,7 @@ def _built_session(
     ``prepared_into``: a directory where ONNX Runtime also writes the optimized model and its packed weights.
     """
     ort = _require("onnxruntime")
-    initializers = header.get("initializers")
-    if not isinstance(initializers, dict):
-        raise FormatError("onnxruntime blob: its initializers are not a table")
+    initializers = _initializer_table(header)
     packing = pack_weights and settings.prepacking
     with named_data.reading(_external_keys(initializers)) as files:  # checksums checked meanwhile
         supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
@@ -761,14 +753,11 @@ def _prepared_key(header: dict[str, Any], source: memoryview, settings: _Options
     """What a prepared model is made from: the model, every weight's bytes (by digest: a model names its
     weights by key, and a file's key says nothing of its bytes), the settings and ONNX Runtime's build."""
     ort = _require("onnxruntime")
-    initializers = header.get("initializers")
-    if not isinstance(initializers, dict):
-        raise FormatError("onnxruntime blob: its initializers are not a table")
     content = {
         "onnxruntime": [ort.__version__, ort.get_build_info()],
         "optimization": settings.level,
         "model": hashlib.sha256(source).hexdigest(),
-        "weights": {key: named_data.digest(key) for key in _external_keys(initializers)},
+        "weights": {key: named_data.digest(key) for key in _external_keys(_initializer_table(header))},
     }
     return entry_key(_PREPARED, content)
 
@@ -807,6 +796,14 @@ def _save_prepared(options: Any, directory: Path) -> None:
     smallest = str(_SMALLEST_SHARED)
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", smallest)
     options.log_severity_level = 3  # not its warning that the model suits this machine only: the entry is keyed so
+
+
+def _initializer_table(header: dict[str, Any]) -> dict[str, Any]:
+    """A model's header's initializers: name -> entry naming its named data."""
+    initializers = header.get("initializers")
+    if not isinstance(initializers, dict):
+        raise FormatError("onnxruntime blob: its initializers are not a table")
+    return initializers
 
 
 def _external_keys(initializers: dict[str, Any]) -> list[str]:

@@ -31,6 +31,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Graph, Node
 
+from torchdelegate.partition.components import components
 from torchdelegate.partition.merging import merge_groups
 from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
@@ -331,20 +332,10 @@ def _levels(
 
 def _components(claimed: dict[int, None], level: dict[int, int], successors: dict[int, list[int]]) -> list[list[int]]:
     """Each level's units split where no edge within the level joins them."""
-    component = {unit: unit for unit in claimed}
-
-    def find(unit: int) -> int:
-        while component[unit] != unit:
-            component[unit] = component[component[unit]]
-            unit = component[unit]
-        return unit
-
-    for unit in claimed:
-        for successor in successors[unit]:
-            if successor in claimed and level[successor] == level[unit]:
-                first, second = sorted((find(unit), find(successor)))
-                component[second] = first
-    grouped: dict[int, list[int]] = {}
-    for unit in claimed:
-        grouped.setdefault(find(unit), []).append(unit)
-    return sorted((sorted(members) for members in grouped.values()), key=lambda members: members[0])
+    pairs = (
+        (unit, successor)
+        for unit in claimed
+        for successor in successors[unit]
+        if successor in claimed and level[successor] == level[unit]
+    )
+    return components(claimed, pairs)

@@ -49,12 +49,9 @@ class FileNamedDataMap(NamedDataMap):
         self._state_segments = frozenset(record.data for record in file.state if record.data is not None)
 
     def get_data(self, key: str) -> memoryview:
-        return self._file.data(self._digest(key), f"named data {key!r}").toreadonly()
+        return self._file.data(self.digest(key), f"named data {key!r}").toreadonly()
 
     def digest(self, key: str) -> str:
-        return self._digest(key)
-
-    def _digest(self, key: str) -> str:
         digest = self._digests.get(key)
         if digest is None:
             raise KeyError(f"no named data {key!r} in {self._file.path} ({len(self._digests)} keys are stored)")
@@ -63,7 +60,7 @@ class FileNamedDataMap(NamedDataMap):
     @contextlib.contextmanager
     def reading(self, keys: Iterable[str]) -> Iterator[dict[str, memoryview]]:
         keys = list(keys)
-        views = {key: self._file.data(self._digest(key), f"named data {key!r}", verify=False) for key in keys}
+        views = {key: self._file.data(self.digest(key), f"named data {key!r}", verify=False) for key in keys}
         failed: list[BaseException] = []
 
         def check() -> None:
