@@ -6,9 +6,9 @@ weights are named data keyed by their SHA-256, as for the reference backend; at 
 they are handed to the compiled model as user-managed constants: views of the program
 file, not copies, and the same memory for every partition and method that uses them.
 
-Compiling takes tens of seconds per partition (about 25-50 s for a small graph on a
-2-core machine), so the partitioner makes as few partitions as it can: every core-ATen
-computation, in cycle-free maximal groups. Mutable buffers stay with the program.
+Compiling takes tens of seconds per partition, so the partitioner claims every core-ATen
+computation, which the capability partitioner groups into as few partitions as it finds.
+Mutable buffers stay with the program.
 ``is_available()`` checks for the C++ compiler AOTInductor needs.
 """
 
@@ -28,10 +28,11 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from torchdelegate.backend import SharedDataBackend
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
-from torchdelegate.backends.reference import ReferencePartitioner
+from torchdelegate.backends.reference import reference_support
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError
 from torchdelegate.lowering.structural_copy import copy_program, with_identifier_state_names
+from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
@@ -163,9 +164,9 @@ class _Compiled:
         return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
-class InductorPartitioner(ReferencePartitioner):
-    """Claims every core-ATen computation in cycle-free maximal groups, for AOTInductor."""
+class InductorPartitioner(CapabilityPartitioner):
+    """Claims every core-ATen computation (the reference backend's support), for AOTInductor."""
 
-    def __init__(self, compile_specs: list[CompileSpec] | None = None) -> None:
-        super().__init__(compile_specs)
-        self.spec = DelegationSpec(InductorBackend.backend_id, list(compile_specs or []))
+    def __init__(self, compile_specs: list[CompileSpec] | None = None, *, min_partition_size: int = 1) -> None:
+        spec = DelegationSpec(InductorBackend.backend_id, list(compile_specs or []))
+        super().__init__(reference_support, spec, min_partition_size=min_partition_size)

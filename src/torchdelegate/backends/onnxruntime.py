@@ -38,7 +38,6 @@ import ctypes
 import hashlib
 import importlib
 import logging
-import operator
 import sys
 import threading
 import warnings
@@ -72,10 +71,8 @@ from torchdelegate.machine_cache import (
     find_entry,
     new_entry,
 )
+from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.partition.components import components
-from torchdelegate.partition.grouping import cycle_free_levels
-from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
-from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.torch_warnings import loggers_quieted
 
@@ -844,26 +841,25 @@ def _onnx_registry() -> Any:
         return registration.ONNXRegistry.from_torchlib()
 
 
-class OnnxRuntimePartitioner(Partitioner):
-    """Claims the ops torch's ONNX exporter can translate, in cycle-free maximal groups.
+class OnnxRuntimePartitioner(CapabilityPartitioner):
+    """Claims the ops torch's ONNX exporter can translate: the capability partitioner over
+    :meth:`operator_support`.
 
-    The exporter's own registry decides (no hard-coded list); groups with fewer than
+    The exporter's own registry decides (no hard-coded list); partitions with fewer than
     ``min_partition_size`` computations are left to later partitioners, since each
-    delegate call costs a session run.
+    delegate call costs a session run. A subclass narrows what it claims by overriding
+    :meth:`operator_support`.
     """
 
     def __init__(self, min_partition_size: int = 1, compile_specs: list[CompileSpec] | None = None) -> None:
         _require("onnxruntime")
-        self.min_partition_size = min_partition_size
-        super().__init__(DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or [])))
-
-    def supports(self, node: Node) -> bool:
-        return self.operator_support(node) is True
+        spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
+        super().__init__(self.operator_support, spec, min_partition_size=min_partition_size)
 
     def operator_support(self, node: Node) -> bool | str:
         """True if the exporter translates this node's op, every value it makes is a tensor, and
         every tensor it reads or makes has a dtype that ONNX Runtime's CPU provider and numpy
-        share; otherwise why not (a :class:`~torchdelegate.CapabilityPartitioner` support)."""
+        share; otherwise why not."""
         if not isinstance(node.target, torch._ops.OpOverload) or not _onnx_registry().is_registered(node.target):
             return f"torch.onnx has no translation for {node.target}"
         if node.target in _TRANSLATIONS_REFUSED:
@@ -880,17 +876,3 @@ class OnnxRuntimePartitioner(Partitioner):
             if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
                 return f"reads {v.dtype} ({source.name}), which the CPU provider does not run"
         return True
-
-    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        levels = cycle_free_levels(exported_program.graph, self.supports)
-        sizes: dict[int, int] = {}
-        for node, level in levels.items():
-            if node.target is not operator.getitem:
-                sizes[level] = sizes.get(level, 0) + 1
-        tags: dict[str, DelegationSpec] = {}
-        for node, level in levels.items():
-            if sizes.get(level, 0) >= self.min_partition_size:
-                node.meta[DELEGATION_TAG] = tag = f"onnxruntime_{level}"
-                tags[tag] = self.spec
-        tag_constant_data(exported_program)
-        return PartitionResult(exported_program, tags)

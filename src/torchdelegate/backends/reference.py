@@ -27,9 +27,7 @@ from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError
 from torchdelegate.lowered_module import LoweredBackendModule
-from torchdelegate.partition.grouping import cycle_free_levels
-from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
-from torchdelegate.partition.tagging import tag_constant_data
+from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.generated_source import GeneratedSource
@@ -163,32 +161,16 @@ class _ReferenceHandle:
             return self._method.run_user_outputs(inputs)
 
 
-class ReferencePartitioner(Partitioner):
-    """Claims every core-ATen computation (and cond / while_loop) in cycle-free maximal groups.
+class ReferencePartitioner(CapabilityPartitioner):
+    """Claims every core-ATen computation (and cond / while_loop): the capability partitioner over
+    :func:`reference_support`, so its groups are as few as the capability partitioner makes.
 
     Put last in a list of partitioners, it takes whatever the backends before it left.
     """
 
-    def __init__(self, compile_specs: list[CompileSpec] | None = None) -> None:
-        super().__init__(DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or [])))
-
-    def operator_support(self, node: Node) -> bool | str:
-        """What this partitioner claims, as a :class:`~torchdelegate.CapabilityPartitioner` support."""
-        return reference_support(node)
-
-    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        levels = cycle_free_levels(exported_program.graph, _claimable)
-        tags: dict[str, DelegationSpec] = {}
-        for node, level in levels.items():
-            tag = f"reference_{level}"
-            node.meta[DELEGATION_TAG] = tag
-            tags[tag] = self.spec
-        tag_constant_data(exported_program)
-        return PartitionResult(exported_program, tags)
-
-
-def _claimable(node: Node) -> bool:
-    return reference_support(node) is True
+    def __init__(self, compile_specs: list[CompileSpec] | None = None, *, min_partition_size: int = 1) -> None:
+        spec = DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or []))
+        super().__init__(reference_support, spec, min_partition_size=min_partition_size)
 
 
 def reference_support(node: Node) -> bool | str:

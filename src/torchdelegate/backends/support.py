@@ -7,14 +7,20 @@ partitioner from these; from Python, ``CapabilityPartitioner(backend_supports(["
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 
 from torchdelegate.backend import get_backend
 from torchdelegate.errors import BackendUnavailableError
-from torchdelegate.partition.capability import OperatorSupport
+from torchdelegate.partition.capability import CapabilityPartitioner, OperatorSupport
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 SHIPPED = ("onnxruntime", "inductor", "reference")
+_PARTITIONERS = {  # backend id -> (module, its partitioner), imported only when asked for
+    "onnxruntime": ("torchdelegate.backends.onnxruntime", "OnnxRuntimePartitioner"),
+    "inductor": ("torchdelegate.backends.inductor", "InductorPartitioner"),
+    "reference": ("torchdelegate.backends.reference", "ReferencePartitioner"),
+}
 _NEEDS = {
     "onnxruntime": "install its runtime with pip install 'torchdelegate[onnxruntime]'",
     "inductor": "AOTInductor needs a C++ compiler (g++ or clang++) on PATH",
@@ -25,7 +31,8 @@ _NEEDS = {
 def backend_support(
     backend_id: str, compile_specs: Sequence[CompileSpec] = ()
 ) -> tuple[OperatorSupport, DelegationSpec]:
-    """``(support, DelegationSpec)`` for a shipped backend; a clear error for others or missing runtimes."""
+    """``(support, DelegationSpec)`` of a shipped backend's partitioner; a clear error for others or
+    missing runtimes."""
     if backend_id not in SHIPPED:
         get_backend(backend_id)  # an unknown id raises, naming the known ones
         raise ValueError(
@@ -33,17 +40,14 @@ def backend_support(
             "so its operator support is unknown here; lower it from Python with "
             f"CapabilityPartitioner(support, DelegationSpec({backend_id!r}))"
         )
-    backend = get_backend(backend_id)
-    if not backend.is_available():
+    if not get_backend(backend_id).is_available():
         raise BackendUnavailableError(f"backend {backend_id!r} cannot run here: {_NEEDS[backend_id]}")
-    spec = DelegationSpec(backend_id, list(compile_specs))
-    if backend_id == "onnxruntime":
-        from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
-
-        return OnnxRuntimePartitioner().operator_support, spec
-    from torchdelegate.backends.reference import reference_support
-
-    return reference_support, spec
+    module, name = _PARTITIONERS[backend_id]
+    partitioner: CapabilityPartitioner = getattr(importlib.import_module(module), name)(
+        compile_specs=list(compile_specs)
+    )
+    (support, spec), *_ = partitioner.backends
+    return support, spec
 
 
 def backend_supports(

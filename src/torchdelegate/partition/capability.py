@@ -3,18 +3,27 @@
 A backend is described by an *operator support*: a set of ops, or a callable on a node that
 answers ``True``/``None`` (supported), ``False`` or a string (not supported, and why, in
 the backend's own words: op, dtype, shape). Backends are taken in priority order; each claims
-the nodes it supports that no earlier backend took, in cycle-free maximal groups, then
+the nodes it supports that no earlier backend took, in as few cycle-free groups as it finds, then
 groups smaller than ``min_partition_size`` computations are given back for later backends.
 
-Groups are found with levels (see ``partition/grouping.py``) over a graph in which every
-group of an earlier backend is one unit, since it will be one delegate call: joining two
-nodes that a path through such a group links would make a cycle. Levels are cycle-free but
-not always as few as can be, so groups are then joined wherever their union stays
-cycle-free (``partition/merging.py``), starting once from whole levels and once from their
-connected pieces, and the fewer groups win. Two groups that touch but stay apart are
-recorded with a node on the path between them, which is what a report shows as "would have
-made a cycle". Each backend's pass is linear in nodes and edges, plus one pass over the
-nodes per join.
+Fusing claimed nodes into one delegate must not create a cycle through a node left outside
+(A -> outside -> B with A and B in one partition). Groups are first found with *levels*, over
+a graph in which every group of an earlier backend is one unit, since it will be one delegate
+call. A unit's level counts the units this backend does not take on the longest path reaching
+it; claimed units of equal level can share a partition, because levels never decrease along
+an edge and rise after an outside unit, so a path that leaves a level never comes back to it.
+A forward pass gives each unit its lowest level; a backward pass then raises each claimed unit
+as far as its users allow, so that a node feeding only a later group (``permute(weight)``
+before an ``addmm`` that follows a size computation) joins that group instead of making one
+of its own. Levels are cycle-free but not always as few as can be, so groups are then joined
+wherever their union stays cycle-free (``partition/merging.py``), starting once from whole
+levels and once from their connected pieces, and the fewer groups win. Two groups that touch
+but stay apart are recorded with a node on the path between them, which is what a report
+shows as "would have made a cycle". Each backend's pass is linear in nodes and edges, plus
+one pass over the nodes per join.
+
+The shipped partitioners (``ReferencePartitioner``, ``OnnxRuntimePartitioner``,
+``InductorPartitioner``) are this partitioner with their backend's support and spec.
 
 :meth:`CapabilityPartitioner.plan` returns the decisions as data (:class:`PartitionPlan`):
 for every computation, its partition or the reason it was not delegated by each backend.
@@ -175,19 +184,19 @@ class CapabilityPartitioner(Partitioner):
         min_partition_size: int = 1,
     ) -> None:
         if spec is not None:
-            self.backends = [(support, spec)]
+            backends = [(support, spec)]
         elif isinstance(support, Sequence) and all(
             isinstance(b, tuple) and len(b) == 2 and isinstance(b[1], DelegationSpec) for b in support
         ):
-            self.backends = list(support)  # type: ignore[arg-type]
+            backends = list(support)  # type: ignore[arg-type]
         else:
             raise TypeError(
                 "CapabilityPartitioner takes (support, DelegationSpec) or a list of (support, DelegationSpec) "
                 "pairs in priority order"
             )
-        if not self.backends:
+        if not backends:
             raise ValueError("CapabilityPartitioner needs at least one backend")
-        ids = [spec.backend_id for _, spec in self.backends]
+        ids = [spec.backend_id for _, spec in backends]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:  # tags and reasons are per backend id: one entry each, with one support
             raise ValueError(
@@ -197,7 +206,16 @@ class CapabilityPartitioner(Partitioner):
         if min_partition_size < 1:
             raise ValueError(f"min_partition_size must be at least 1, got {min_partition_size}")
         self.min_partition_size = min_partition_size
-        super().__init__(self.backends[0][1] if len(self.backends) == 1 else None)
+        self._supports = [support for support, _ in backends]
+        self._specs = [spec for _, spec in backends]
+        super().__init__(self._specs[0] if len(backends) == 1 else None)
+
+    @property
+    def backends(self) -> list[tuple[OperatorSupport, DelegationSpec]]:
+        """``(support, spec)`` per backend, in priority order; a single backend's spec is :attr:`spec`,
+        so a partitioner given another ``spec`` after it was made tags for that one."""
+        specs = [self.spec] if len(self._specs) == 1 else self._specs
+        return list(zip(self._supports, specs, strict=True))
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         plan = self.plan(exported_program)

@@ -1,6 +1,6 @@
 """Joining one backend's groups when their union stays cycle-free.
 
-Level grouping (``grouping.py``) is always cycle-free but not always maximal: two groups on
+Level grouping (``capability.py``) is always cycle-free but not always maximal: two groups on
 different levels may have no path between them through a node outside both, and then they
 can be one delegate call. This pass looks at each pair of groups joined by an edge, in the
 order of the groups, and joins them unless a path leaves one and comes back into the other

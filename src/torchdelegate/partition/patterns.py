@@ -25,7 +25,7 @@ last-taken match on a cycle is dropped. A dropped match is not reconsidered.
 :class:`PatternPartitioner` gives the surviving matches to one backend as *atoms* (never
 split) and then groups them, with any single nodes its ``op_support`` accepts, exactly as
 :class:`~torchdelegate.partition.capability.CapabilityPartitioner` groups what a backend
-supports: cycle-free maximal partitions, ``min_partition_size``, and a
+supports: cycle-free partitions, as few as it finds, ``min_partition_size``, and a
 :class:`~torchdelegate.partition.capability.PartitionPlan` saying why each node went where.
 """
 
@@ -279,7 +279,7 @@ class PatternPartitioner(CapabilityPartitioner):
     patterns in priority order (see the module's docstring for what a pattern is and how
     overlaps are resolved). Each match stays whole; matches and the nodes ``op_support``
     accepts (an :data:`~torchdelegate.partition.capability.OperatorSupport`) are grouped into
-    cycle-free maximal partitions as :class:`CapabilityPartitioner` groups them, with its
+    cycle-free partitions as :class:`CapabilityPartitioner` groups them, with its
     ``min_partition_size``. Tags are ``{backend_id}_{n}``; constant data only a partition
     reads goes inside it.
     """
