@@ -26,7 +26,8 @@ from torch.fx import Graph, GraphModule, Node
 
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.structural_copy import fetch_attr
-from torchdelegate.partition.capability import is_tuple_item, op_name
+from torchdelegate.partition.capability import op_name
+from torchdelegate.partition.partitioner import is_tuple_item
 from torchdelegate.program import EdgeProgramManager
 
 Lowered = ExportedProgram | GraphModule | EdgeProgramManager

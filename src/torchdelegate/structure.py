@@ -24,11 +24,11 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Graph, GraphModule, Node
 
 from torchdelegate.lowered_module import LoweredBackendModule, state_value
+from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.lowering.structural_copy import fetch_attr
 from torchdelegate.program import EdgeProgramManager
 
 Structured = Graph | GraphModule | ExportedProgram | EdgeProgramManager
-_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
 def same_graph_structure(left: Structured, right: Structured, *, node_names: bool = False) -> bool:
@@ -75,7 +75,7 @@ def _programs(left: ExportedProgram, right: ExportedProgram, node_names: bool, w
     if found:
         return found
     for spec in ours.input_specs:
-        if spec.kind in _STATE_KINDS and spec.target is not None:
+        if spec.kind in TENSOR_STATE_KINDS and spec.target is not None:
             compare_elements = spec.kind == InputKind.CONSTANT_TENSOR
             found = _values(state_value(left, spec.target), state_value(right, spec.target), compare_elements)
             if found:

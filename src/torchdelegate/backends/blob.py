@@ -15,16 +15,15 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError
 from torchdelegate.lowered_module import state_value
+from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
 
 WEIGHT_ALIGNMENT = 64
-_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
 def pack(header: dict[str, Any], payload: bytes) -> bytes:
@@ -53,7 +52,7 @@ def weight_table(program: ExportedProgram, store: NamedDataStore, where: str) ->
     """Every parameter, buffer and constant of ``program`` added to ``store`` by content (as views)."""
     table = []
     for spec in program.graph_signature.input_specs:
-        if spec.kind not in _STATE_KINDS or spec.target is None:
+        if spec.kind not in TENSOR_STATE_KINDS or spec.target is None:
             continue
         tensor = state_value(program, spec.target)
         table.append(

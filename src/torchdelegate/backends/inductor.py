@@ -36,7 +36,6 @@ from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
-_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 _CONFIG = {"aot_inductor.package_constants_in_so": False}
 
 

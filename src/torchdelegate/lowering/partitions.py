@@ -10,8 +10,6 @@ node on the cycle.
 
 from __future__ import annotations
 
-import heapq
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +20,10 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx import GraphModule, Node
 
 from torchdelegate.errors import PartitionError
-from torchdelegate.partition.partitioner import DELEGATION_TAG, NO_COPY
+from torchdelegate.lowering.exported_programs import STATE_KINDS
+from torchdelegate.partition.partitioner import DELEGATION_TAG, NO_COPY, is_tuple_item
+from torchdelegate.partition.topological_order import topological_order
 from torchdelegate.specs import DelegationSpec
-
-STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
 
 
 @dataclass(eq=False)
@@ -96,8 +94,7 @@ def find_partitions(
 
     for node in nodes:
         tag = node.meta.get(DELEGATION_TAG)
-        if node.op == "call_function" and node.target is operator.getitem:
-            # A projection follows the node it reads from: tuples never cross a boundary.
+        if is_tuple_item(node):
             source = group_of.get(node.args[0])  # type: ignore[arg-type]
             if source is not None:
                 source.nodes.append(node)
@@ -133,7 +130,7 @@ def find_partitions(
     for group in groups.values():
         _find_boundary(group, group_of, tagged_state, owned_uses, index, where)
 
-    order = _fused_order(nodes, group_of, index, where)
+    order = _fused_order(nodes, group_of, where)
     partitions = [u for u in order if isinstance(u, Partition)]
     owned_outputs = {i for p in partitions for i in p.mutations}
     dropped = _dropped(nodes, partitions, group_of, tagged_state, specs, signature, owned_outputs)
@@ -327,38 +324,20 @@ def _used_outside(node: Node, group: Partition, group_of: Mapping[Node, Partitio
     return False
 
 
-def _fused_order(
-    nodes: list[Node], group_of: Mapping[Node, Partition], index: Mapping[Node, int], where: str
-) -> list[Unit]:
+def _fused_order(nodes: list[Node], group_of: Mapping[Node, Partition], where: str) -> list[Unit]:
     """A topological order of the graph with each partition fused into one unit."""
-    key: dict[Unit, int] = {}
-    indegree: dict[Unit, int] = {}
     successors: dict[Unit, list[Unit]] = {}
     for node in nodes:
         unit: Unit = group_of.get(node, node)
-        if unit not in key:
-            key[unit] = index[node]
-            indegree.setdefault(unit, 0)
-            successors[unit] = []
+        targets = successors.setdefault(unit, [])
         for user in node.users:
             target: Unit = group_of.get(user, user)
             if target is not unit:
-                successors[unit].append(target)
-                indegree[target] = indegree.get(target, 0) + 1
-    by_key = {k: u for u, k in key.items()}
-    heap = [k for u, k in key.items() if indegree[u] == 0]
-    heapq.heapify(heap)
-    order: list[Unit] = []
-    while heap:
-        unit = by_key[heapq.heappop(heap)]
-        order.append(unit)
-        for target in successors[unit]:
-            indegree[target] -= 1
-            if indegree[target] == 0:
-                heapq.heappush(heap, key[target])
-    if len(order) != len(key):
+                targets.append(target)
+    order = topological_order(successors)
+    if len(order) != len(successors):
         emitted = set(order)
-        _raise_cycle([u for u in key if u not in emitted], group_of, where)
+        _raise_cycle([u for u in successors if u not in emitted], group_of, where)
     return order
 
 

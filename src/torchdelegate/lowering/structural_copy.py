@@ -18,6 +18,7 @@ from torch.export.exported_program import ModuleCallEntry
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import GraphModule
 
+from torchdelegate.lowering.exported_programs import build_program
 from torchdelegate.partition.partitioner import DELEGATION_TAG
 
 
@@ -147,19 +148,17 @@ def program_around(program: ExportedProgram, graph: torch.fx.Graph, attrs: dict[
     The signature and call graph are copied, the tensors shared.
     """
     # The attributes as root: ExportedProgram compiles the one GraphModule itself.
-    copied = ExportedProgram(
-        root=attrs,
-        graph=graph,
-        graph_signature=copy_signature(program.graph_signature),
-        state_dict=dict(program.state_dict),
+    return build_program(
+        program,
+        attrs,
+        graph,
+        copy_signature(program.graph_signature),
+        dict(program.state_dict),
+        dict(program.constants),
         range_constraints=dict(program.range_constraints),
         module_call_graph=copy_module_call_graph(program.module_call_graph),
-        example_inputs=program.example_inputs,
-        constants=dict(program.constants),
-        verifiers=list(program.verifiers),
+        with_meta=True,
     )
-    copied.graph_module.meta.update(program.graph_module.meta)
-    return copied
 
 
 class MutableStateCopies:
@@ -207,16 +206,13 @@ def rebuilt(
 ) -> ExportedProgram:
     """``program`` with its graph module, its tensors or its signature replaced, validated again."""
     graph_module = graph_module if graph_module is not None else program.graph_module
-    return ExportedProgram(
-        root=graph_module,
-        graph=graph_module.graph,
-        graph_signature=graph_signature if graph_signature is not None else program.graph_signature,
-        state_dict=state_dict if state_dict is not None else program.state_dict,
-        range_constraints=program.range_constraints,
-        module_call_graph=program.module_call_graph,
-        example_inputs=program.example_inputs,
-        constants=constants if constants is not None else program.constants,
-        verifiers=list(program.verifiers),
+    return build_program(
+        program,
+        graph_module,
+        graph_module.graph,
+        graph_signature if graph_signature is not None else program.graph_signature,
+        state_dict if state_dict is not None else program.state_dict,
+        constants if constants is not None else program.constants,
     )
 
 

@@ -21,6 +21,7 @@ from torch.export.graph_signature import (
 )
 from torch.fx import GraphModule, Node
 
+from torchdelegate.lowering.exported_programs import build_program
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, output_values
 from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_meta, copy_node, fetch_attr, keep_name
 from torchdelegate.partition.partitioner import DELEGATION_TAG
@@ -112,15 +113,16 @@ def build_subprogram(
         out_specs.append(OutputSpec(OutputKind.USER_OUTPUT, graph_argument(env[node].name, node.meta.get("val")), None))
     graph.output(tuple(values))
 
-    return ExportedProgram(
-        root=attrs,
-        graph=graph,
-        graph_signature=ExportGraphSignature(input_specs, out_specs),
-        state_dict=state_dict,
+    return build_program(
+        program,
+        attrs,
+        graph,
+        ExportGraphSignature(input_specs, out_specs),
+        state_dict,
+        constants,
         range_constraints=_range_constraints(graph, program.range_constraints),
         module_call_graph=[calling_specs(len(partition.inputs), len(partition.outputs))],
-        constants=constants,
-        verifiers=list(program.verifiers),
+        example_inputs=False,
     )
 
 

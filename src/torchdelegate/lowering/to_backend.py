@@ -31,6 +31,7 @@ from torchdelegate.errors import (
     TorchDelegateError,
 )
 from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.lowering.exported_programs import build_program
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
 from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
 from torchdelegate.lowering.structural_copy import (
@@ -581,19 +582,17 @@ def _splice_method(plan: _MethodPlan, state_copies: MutableStateCopies, mutated:
     def kept(tensors: Mapping[str, Any]) -> dict[str, Any]:
         return {k: state_copies(v) if k in mutated else v for k, v in tensors.items() if k not in dropped}
 
-    lowered = ExportedProgram(
-        root=attrs,
-        graph=graph,
-        graph_signature=signature,
-        state_dict=kept(program.state_dict),
+    return build_program(
+        program,
+        attrs,
+        graph,
+        signature,
+        kept(program.state_dict),
+        kept(program.constants),
         range_constraints=dict(program.range_constraints),
         module_call_graph=_module_call_graph(program, renamed, names),
-        example_inputs=program.example_inputs,
-        constants=kept(program.constants),
-        verifiers=list(program.verifiers),
+        with_meta=True,
     )
-    lowered.graph_module.meta.update(program.graph_module.meta)
-    return lowered
 
 
 def _module_call_graph(program: ExportedProgram, renamed: Mapping[str, str], names: set[str]) -> list[Any]:

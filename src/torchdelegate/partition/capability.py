@@ -31,8 +31,6 @@ for every computation, its partition or the reason it was not delegated by each 
 
 from __future__ import annotations
 
-import operator
-from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -42,8 +40,9 @@ from torch.fx import Graph, Node
 
 from torchdelegate.partition.components import components
 from torchdelegate.partition.merging import merge_groups
-from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult, is_tuple_item
 from torchdelegate.partition.tagging import tag_constant_data
+from torchdelegate.partition.topological_order import topological_order
 from torchdelegate.specs import DelegationSpec
 
 SupportAnswer = bool | str | None
@@ -105,11 +104,6 @@ def op_name(node: Node) -> str:
     return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
 
 
-def is_tuple_item(node: Node) -> bool:
-    """A ``getitem`` reading one value of a computation's tuple: it goes wherever that computation goes."""
-    return node.target is operator.getitem and isinstance(node.args[0], Node) and node.args[0].op == "call_function"
-
-
 class UnitGraph:
     """The graph's computations as units: a node with its tuple items, a group of an earlier backend,
     or an *atom* (nodes that must stay together, such as a pattern's match). A unit is named by the
@@ -131,23 +125,13 @@ class UnitGraph:
     def order(self) -> tuple[list[int], dict[int, list[int]]]:
         """The units in a topological order (Kahn, ties in graph order), and each unit's successors."""
         successors: dict[int, dict[int, None]] = {u: {} for u in self.members}
-        indegree = dict.fromkeys(self.members, 0)
         for node in self.nodes:
             target = self.unit[node]
             for source in node.all_input_nodes:
                 origin = self.unit[source]
-                if origin != target and target not in successors[origin]:
+                if origin != target:
                     successors[origin][target] = None
-                    indegree[target] += 1
-        ready = deque(u for u in self.members if indegree[u] == 0)
-        order = []
-        while ready:
-            unit = ready.popleft()
-            order.append(unit)
-            for successor in successors[unit]:
-                indegree[successor] -= 1
-                if indegree[successor] == 0:
-                    ready.append(successor)
+        order = topological_order(successors)
         return order, {u: list(s) for u, s in successors.items()}
 
     def join(self, units: list[int]) -> int:

@@ -14,10 +14,12 @@ join costs one pass over the vertices: O(vertices + edges + joins x vertices) in
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from torchdelegate.partition.components import DisjointSets
+from torchdelegate.partition.topological_order import topological_order
 
 V = TypeVar("V", bound=Hashable)
 
@@ -91,7 +93,7 @@ class _Contracted:
         self.groups = groups
         self.after: list[set[int]] = [set() for _ in range(vertices)]
         self.before: list[set[int]] = [set() for _ in range(vertices)]
-        self.root = list(range(groups))
+        self.sets = DisjointSets(range(groups))
         self.mask = [1 << index for index in range(groups)]
         self.reach = [0] * vertices  # the groups each vertex reaches, itself included
         self.above = [0] * vertices  # the groups that reach each vertex, itself included
@@ -102,17 +104,8 @@ class _Contracted:
             self.before[target].add(source)
 
     def compute_reach(self) -> None:
-        indegree = [len(b) for b in self.before]
-        ready = deque(v for v, d in enumerate(indegree) if d == 0)
-        order = []
-        while ready:
-            vertex = ready.popleft()
-            order.append(vertex)
-            for target in self.after[vertex]:
-                indegree[target] -= 1
-                if indegree[target] == 0:
-                    ready.append(target)
-        if len(order) != len(indegree):
+        order = topological_order(dict(enumerate(self.after)))
+        if len(order) != len(self.after):
             raise ValueError("merge_groups: the groups do not contract to an acyclic graph")
         for vertex in reversed(order):
             bits = 1 << vertex if vertex < self.groups else 0
@@ -127,12 +120,7 @@ class _Contracted:
 
     def find(self, vertex: int) -> int:
         """The group a vertex now belongs to (itself for a vertex outside every group)."""
-        if vertex >= self.groups:
-            return vertex
-        while self.root[vertex] != vertex:
-            self.root[vertex] = self.root[self.root[vertex]]
-            vertex = self.root[vertex]
-        return vertex
+        return vertex if vertex >= self.groups else self.sets.find(vertex)
 
     def path_between(self, first: int, second: int) -> int | None:
         """A vertex outside both groups on a path from one into the other, if there is one."""
@@ -144,7 +132,7 @@ class _Contracted:
 
     def join(self, keep: int, other: int) -> None:
         """Make ``other`` part of ``keep``: whatever reached either now reaches what both reach."""
-        self.root[other] = keep
+        self.sets.join(keep, other)
         self.mask[keep] |= self.mask[other]
         for table, mirror in ((self.after, self.before), (self.before, self.after)):
             table[keep] |= table[other]

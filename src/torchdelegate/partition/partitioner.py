@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,12 @@ def overloads_of(op: Any) -> list[OpOverload] | None:
     if isinstance(op, OpOverload):
         return [op]
     return None
+
+
+def is_tuple_item(node: Node) -> bool:
+    """A ``getitem`` reading one value of a computation's tuple: it goes wherever that computation
+    goes, so a tuple never crosses a delegate's boundary (the one home of this rule)."""
+    return node.target is operator.getitem and isinstance(node.args[0], Node) and node.args[0].op == "call_function"
 
 
 NO_COPY = "no_copy"

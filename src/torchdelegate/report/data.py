@@ -26,7 +26,9 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.utils.flop_counter import flop_registry
 
-from torchdelegate.partition.capability import PartitionPlan, is_tuple_item
+from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
+from torchdelegate.partition.capability import PartitionPlan
+from torchdelegate.partition.partitioner import is_tuple_item
 
 REPORT_VERSION = 1
 NOT_DELEGATED = "not delegated"
@@ -254,10 +256,9 @@ def _user_inputs(program: ExportedProgram) -> set[str]:
 def _weight_bytes(program: ExportedProgram) -> dict[str, int]:
     """Placeholder name -> bytes, for parameters and constants (not buffers a method updates)."""
     mutated = set(program.graph_signature.buffers_to_mutate.values())
-    kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
     found = {}
     for spec in program.graph_signature.input_specs:
-        if spec.kind in kinds and spec.target not in mutated:
+        if spec.kind in TENSOR_STATE_KINDS and spec.target not in mutated:
             value = program.state_dict.get(spec.target) if spec.target else None
             if value is None:
                 value = program.constants.get(spec.target) if spec.target else None

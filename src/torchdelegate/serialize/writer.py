@@ -8,7 +8,6 @@ The layout is specified in docs/FORMAT.md.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import os
@@ -18,12 +17,12 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 
 from torchdelegate.backend import delegate_info_problem, get_backend
 from torchdelegate.data import NamedDataStoreOutput, tensor_bytes
 from torchdelegate.errors import SerializationError, first_line
 from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.serialize.container import (
     MAX_ALIGNMENT,
     SEGMENT_ALIGNMENT,
@@ -34,13 +33,18 @@ from torchdelegate.serialize.container import (
     write_container,
 )
 from torchdelegate.serialize.graph import DelegateCall, program_to_json, serializable_program
+from torchdelegate.serialize.manifest import (
+    DATA_MAGIC,
+    PROGRAM_MAGIC,
+    DelegateRecord,
+    ExternalDataRecord,
+    MethodRecord,
+    NamedDataRecord,
+    ProgramManifest,
+    StateRecord,
+    data_manifest,
+)
 from torchdelegate.serialize.tensors import dtype_name
-
-PROGRAM_MAGIC = b"\x89TDP\r\n\x1a\n"
-DATA_MAGIC = b"\x89TDD\r\n\x1a\n"
-PROGRAM_FORMAT = "torchdelegate.program"
-DATA_FORMAT = "torchdelegate.data"
-_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
 class _Segments:
@@ -82,39 +86,32 @@ def save_program(
     local = _Segments()
     data = _Segments() if external is not None else local
     delegates: dict[LoweredBackendModule, int] = {}
-    delegate_entries: list[dict[str, Any]] = []
+    delegate_entries: list[DelegateRecord] = []
     methods = []
     for method, program in programs.items():
         serializable, calls = serializable_program(program, lambda module: delegates.setdefault(module, len(delegates)))
         for call in calls:
             if delegates[call.module] == len(delegate_entries):  # first met here
                 delegate_entries.append(_delegate_entry(method, call, local))
-        methods.append(
-            {
-                "name": method,
-                "graph": program_to_json(serializable, f"method {method!r}", debug_info=debug_info),
-                "delegates": sorted({delegates[c.module] for c in calls}),
-            }
-        )
+        graph = program_to_json(serializable, f"method {method!r}", debug_info=debug_info)
+        methods.append(MethodRecord(method, graph, sorted({delegates[c.module] for c in calls})))
     _check_named_data(delegates, named_data)
-    manifest: dict[str, Any] = {
-        "format": PROGRAM_FORMAT,
-        "producer": {"torch": torch.__version__},
-        "methods": methods,
-        "delegates": delegate_entries,
-        "state": _state_entries(programs, data),
-        "named_data": _named_data_entries(named_data, data),
-        "external_data": None,
-    }
-    if report is not None:
-        manifest["report"] = dict(report)
+    state = _state_entries(programs, data)
+    named = _named_data_entries(named_data, data)
+    external_record = None
     if external is not None:
-        manifest["external_data"] = {
-            "file_name": external.name,
-            "segments": [{"sha256": d.hex(), "length": len(s.data)} for d, s in data.sources.items()],
-        }
+        external_record = ExternalDataRecord(external.name, [(d.hex(), len(s.data)) for d, s in data.sources.items()])
         _extend_data_file(external, data)
-    _write(path, PROGRAM_MAGIC, manifest, local)
+    manifest = ProgramManifest(
+        {"torch": torch.__version__},
+        methods,
+        delegate_entries,
+        state,
+        named,
+        external_record,
+        None if report is None else dict(report),
+    )
+    _write(path, PROGRAM_MAGIC, manifest.to_json(), local, manifest)
 
 
 def _check_named_data(delegates: Mapping[LoweredBackendModule, int], named_data: NamedDataStoreOutput) -> None:
@@ -137,36 +134,36 @@ def _check_named_data(delegates: Mapping[LoweredBackendModule, int], named_data:
             )
 
 
-def _write(path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segments) -> None:
+def _write(
+    path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segments, records: ProgramManifest | None = None
+) -> None:
     sources = list(segments.sources.values())
     table, data_length, largest = layout_segments(sources)
     try:
         write_container(path, magic, {**manifest, "segments": table, "data_length": data_length}, sources, largest)
     except ChangedDataError as e:
-        users = [f"named data {n['key']!r}" for n in manifest.get("named_data", []) if n["data"] == e.digest.hex()]
-        users += [f"state {s['name']!r}" for s in manifest.get("state", []) if s["data"] == e.digest.hex()]
+        changed = e.digest.hex()
+        users = [f"named data {n.key!r}" for n in (records.named_data if records else []) if n.data == changed]
+        users += [f"state {s.name!r}" for s in (records.state if records else []) if s.data == changed]
         raise SerializationError(
             f"{', '.join(users) or 'a segment'} changed after it was lowered (a tensor written in place?); "
             f"lower the program again from the changed model. Nothing was written to {path}"
         ) from None
 
 
-def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> dict[str, Any]:
+def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> DelegateRecord:
     module = call.module
-    entry = {
-        "name": module.name,
-        "method": method,
-        "backend_id": module.backend_id,
-        "blob": segments.add(memoryview(module.processed_bytes)),
-        "compile_specs": [
-            {"key": spec.key, "value": base64.b64encode(spec.value).decode("ascii")} for spec in module.compile_specs
-        ],
-        "inputs": call.input_kinds,
-        "outputs": call.output_count,
-        "debug_handle_map": _debug_handle_map(module),
-    }
-    info = _delegate_info(module)
-    return entry if info is None else {**entry, "delegate_info": info}
+    return DelegateRecord(
+        name=module.name,
+        method=method,
+        backend_id=module.backend_id,
+        blob=segments.add(memoryview(module.processed_bytes)),
+        compile_specs=list(module.compile_specs),
+        input_kinds=call.input_kinds,
+        output_count=call.output_count,
+        debug_handle_map=_debug_handle_map(module),
+        delegate_info=_delegate_info(module),
+    )
 
 
 def _delegate_info(module: LoweredBackendModule) -> dict[str, Any] | None:
@@ -210,13 +207,13 @@ def _json_value(value: Any, module: LoweredBackendModule) -> Any:
     )
 
 
-def _state_entries(programs: Mapping[str, ExportedProgram], segments: _Segments) -> list[dict[str, Any]]:
+def _state_entries(programs: Mapping[str, ExportedProgram], segments: _Segments) -> list[StateRecord]:
     """Every parameter, buffer and constant the residual graphs read, once per name."""
     mutable = set().union(*(p.graph_signature.buffers_to_mutate.values() for p in programs.values()))
     found: dict[str, tuple[str, torch.Tensor]] = {}
     for method, program in programs.items():
         for spec in program.graph_signature.input_specs:
-            if spec.kind not in _STATE_KINDS or spec.target is None:
+            if spec.kind not in TENSOR_STATE_KINDS or spec.target is None:
                 continue
             fqn = spec.target
             value = program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
@@ -230,16 +227,9 @@ def _state_entries(programs: Mapping[str, ExportedProgram], segments: _Segments)
     for fqn in sorted(found):
         method, tensor = found[fqn]
         where = f"method {method!r}, {fqn!r}"
-        entries.append(
-            {
-                "name": fqn,
-                "dtype": dtype_name(tensor, where),
-                "shape": list(tensor.shape),
-                # All-zero state (a fresh KV cache) is stored as its shape alone.
-                "data": None if _all_zero_bytes(tensor) else segments.add(tensor_bytes(tensor)),
-                "mutable": fqn in mutable,
-            }
-        )
+        # All-zero state (a fresh KV cache) is stored as its shape alone.
+        data = None if _all_zero_bytes(tensor) else segments.add(tensor_bytes(tensor))
+        entries.append(StateRecord(fqn, dtype_name(tensor, where), list(tensor.shape), data, fqn in mutable))
     return entries
 
 
@@ -261,7 +251,7 @@ def _check_same(fqn: str, first: tuple[str, torch.Tensor], second: tuple[str, to
         )
 
 
-def _named_data_entries(named_data: NamedDataStoreOutput, segments: _Segments) -> list[dict[str, Any]]:
+def _named_data_entries(named_data: NamedDataStoreOutput, segments: _Segments) -> list[NamedDataRecord]:
     entries = []
     for key, entry in named_data.entries.items():
         index = entry.buffer_index
@@ -270,7 +260,7 @@ def _named_data_entries(named_data: NamedDataStoreOutput, segments: _Segments) -
                 f"named data {key!r} asks for alignment {entry.alignment}; files support at most {MAX_ALIGNMENT}"
             )
         digest = segments.add(named_data.buffers[index], named_data.digests[index], max(entry.alignment, 1))
-        entries.append({"key": key, "data": digest, "alignment": entry.alignment})
+        entries.append(NamedDataRecord(key, digest, entry.alignment))
     return entries
 
 
@@ -295,7 +285,7 @@ def _extend_data_file(path: Path, segments: _Segments) -> None:
     unchanged = all(before.get(d) == s.alignment for d, s in merged.sources.items())
     try:
         if existing is None or not unchanged:
-            _write(path, DATA_MAGIC, {"format": DATA_FORMAT}, merged)
+            _write(path, DATA_MAGIC, data_manifest(), merged)
     finally:
         if existing is not None:
             existing.close()
