@@ -6,7 +6,8 @@ backend or the reasons each backend gave; for every partition, its nodes, ops, i
 outputs, the bytes of the weights that move into it and the FLOPs it computes; for the
 method, the share delegated by node count and by FLOPs. FLOPs are torch's own count
 (``torch.utils.flop_counter``: matrix products, convolutions, attention), so element-wise
-work weighs nothing; a node without shapes counts zero. Blob sizes are added once the
+work weighs nothing; a node without shapes counts zero. A partition's boundary is the one
+lowering finds (``lowering/partitions.py``), not computed again here. Blob sizes are added once the
 backends have compiled the partitions. A report is plain JSON (``to_json``/``from_json``),
 which is how a saved file carries it.
 """
@@ -27,8 +28,11 @@ from torch.fx import Node
 from torch.utils.flop_counter import flop_registry
 
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
-from torchdelegate.partition.capability import PartitionPlan
+from torchdelegate.lowering.partitions import Partition, find_partitions
+from torchdelegate.lowering.structural_copy import copy_program
+from torchdelegate.partition.capability import PartitionPlan, apply_plan
 from torchdelegate.partition.partitioner import is_tuple_item
+from torchdelegate.specs import DelegationSpec
 
 REPORT_VERSION = 1
 NOT_DELEGATED = "not delegated"
@@ -196,7 +200,6 @@ def _memory(tensor: torch.Tensor) -> tuple[int, int, torch.dtype, tuple[int, ...
 def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) -> MethodReport:
     """The report of ``program`` partitioned as ``plan`` says (the program is only read)."""
     graph_nodes = {node.name: node for node in program.graph.nodes}
-    tag_of = {name: p.tag for p in plan.partitions for name in p.nodes}
     user_inputs = _user_inputs(program)
     rows = []
     for decision in plan.decisions:
@@ -209,31 +212,37 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
         )
     flops = {row.name: row.flops for row in rows}
     weights = _weight_bytes(program)
+    found = _partitions(method, program, plan)
     partitions = []
     for planned in plan.partitions:
         members = [graph_nodes[name] for name in planned.nodes]
-        inside = set(planned.nodes)
         computations = [n for n in members if not is_tuple_item(n)]
-        sources = {s.name: None for n in members for s in n.all_input_nodes if s.name not in inside}
-        moved = [
-            s for s in sources if s in weights and all(tag_of.get(u.name) == planned.tag for u in graph_nodes[s].users)
-        ]
-        read_outside = [n.name for n in members if any(user.name not in inside for user in n.users)]
+        boundary = found[planned.tag]
         partitions.append(
             PartitionRow(
                 tag=planned.tag,
                 backend_id=planned.backend_id,
                 nodes=len(computations),
                 ops=dict(Counter(_short(n) for n in computations).most_common()),
-                inputs=[s for s in sources if s not in moved],
-                outputs=read_outside,
-                weight_bytes=sum(weights[s] for s in moved),
+                inputs=[n.name for n in [*boundary.inputs, *boundary.attrs]],
+                outputs=[n.name for n in boundary.outputs],
+                weight_bytes=sum(weights.get(n.name, 0) for n in boundary.state),
                 flops=sum(flops.get(n.name, 0) for n in computations),
                 kept_apart=dict(planned.kept_apart),
             )
         )
     outputs = [n.name for n in program.graph.output_node().all_input_nodes]
     return MethodReport(method, rows, partitions, sorted(user_inputs, key=list(graph_nodes).index), outputs)
+
+
+def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> dict[str, Partition]:
+    """Each planned partition's boundary as lowering finds it (inputs, weights carried inside,
+    outputs), from a structural copy of ``program`` tagged as ``plan`` says."""
+    tagged = copy_program(program)
+    specs = {p.backend_id: DelegationSpec(p.backend_id) for p in plan.partitions}
+    tags = apply_plan(tagged, plan, specs).partition_tags
+    found = find_partitions(tagged.graph_module, tagged.graph_signature, tags, f"method {method!r}")
+    return {partition.tag: partition for partition in found.partitions}
 
 
 def _sources(node: Node) -> list[Node]:
