@@ -363,7 +363,7 @@ def _archive_documents(path: Path) -> list[tuple[str, Any]]:
 
 def _unregistered(documents: list[tuple[str, Any]]) -> list[str]:
     """The container types and operators the documents name that this process has not registered."""
-    from torchdelegate.serialize.graph import operators_named, unregistered_operators
+    from torchdelegate.serialize.allow_list import operators_named, unregistered_operators
     from torchdelegate.serialize.tree_specs import unregistered_types
 
     needs: dict[str, None] = {}

@@ -24,7 +24,9 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.errors import PartitionError, first_line
 from torchdelegate.lowered_module import LoweredBackendModule, delegates_held_by, delegates_named_data
+from torchdelegate.lowering.batch import lower
 from torchdelegate.lowering.metadata_checks import drop_proven_checks
+from torchdelegate.lowering.run_partitioner import PartitionerLike
 from torchdelegate.lowering.structural_copy import (
     MutableStateCopies,
     copy_program,
@@ -33,7 +35,6 @@ from torchdelegate.lowering.structural_copy import (
     with_state,
     with_state_names,
 )
-from torchdelegate.lowering.to_backend import PartitionerLike, lower
 from torchdelegate.partition.partitioner import Partitioner, overloads_of
 from torchdelegate.serialize.writer import save_program
 from torchdelegate.specs import DelegationSpec

@@ -30,8 +30,9 @@ from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.delegate_call import DelegateCall, serializable_program
 from torchdelegate.serialize.generated_source import GeneratedSource
-from torchdelegate.serialize.graph import DelegateCall, program_from_json, program_to_json, serializable_program
+from torchdelegate.serialize.graph import program_from_json, program_to_json
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1

@@ -22,7 +22,8 @@ from torch.fx import GraphModule
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegateError
 from torchdelegate.runtime.inputs import MethodInputs, call_signature
-from torchdelegate.serialize.graph import SIZE, TENSOR, allowed_call_target, delegate_call_nodes
+from torchdelegate.serialize.allow_list import allowed_call_target
+from torchdelegate.serialize.delegate_call import SIZE, TENSOR, delegate_call_nodes
 
 
 def _compile_graph(
