@@ -85,9 +85,9 @@ def test_info_that_is_not_json_data_is_refused_naming_backend_partition_and_meth
     with pytest.raises(PreprocessError) as caught:
         td.to_backend(program, describing_partitioner())
     assert str(caught.value) == (
-        "backend 'TestDescribing' returned a delegate_info for partition 'TestDescribing_0' of method 'forward' that is "
-        f"not JSON data: {problem}; return a dict with str keys whose values are str, int, float, bool, None, lists "
-        "or such dicts"
+        "backend 'TestDescribing' returned a delegate_info for partition 'TestDescribing_0' of method 'forward' "
+        f"that is not JSON data: {problem}; return a dict with str keys whose values are str, int, float, bool, "
+        "None, lists or such dicts"
     )
 
 
@@ -104,7 +104,8 @@ def test_saving_refuses_info_put_in_a_delegates_meta_by_hand_that_is_not_json(tm
     lowered = _lowered()
     lowered.delegates()["forward"][0].meta["delegate_info"] = {"dtype": torch.float32}
     message = (
-        r"delegate 'forward:TestDescribing_0' on 'TestDescribing': meta\['delegate_info'\] is not JSON data: \['dtype'\]"
+        r"delegate 'forward:TestDescribing_0' on 'TestDescribing': "
+        r"meta\['delegate_info'\] is not JSON data: \['dtype'\]"
     )
     with pytest.raises(SerializationError, match=message):
         lowered.save(tmp_path / "m.tdp")

@@ -17,6 +17,29 @@ REFERENCE = DelegationSpec("reference")
 SECOND = DelegationSpec(TorchExportBackend.backend_id)
 
 
+class _OneLayerTwice(torch.nn.Module):
+    """One linear layer on both sides of a sigmoid: two partitions read the same weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(torch.sigmoid(self.layer(x)))
+
+
+def test_a_weight_two_partitions_read_is_carried_by_both_as_lowering_carries_it() -> None:
+    edge = td.to_edge(export(_OneLayerTwice(), torch.randn(2, 4)))
+    support = {aten.permute.default, aten.addmm.default}
+    lowered, report = lower_with_report(edge, CapabilityPartitioner(support, REFERENCE))
+    first, second = report.methods["forward"].partitions
+    assert first.weight_bytes == second.weight_bytes == (4 * 4 + 4) * 4
+    assert first.inputs == ["x"] and second.inputs == ["sigmoid"]
+    for row, delegate in zip((first, second), lowered.delegates()["forward"], strict=True):
+        carried = delegate.original_module.graph_signature.parameters
+        assert sorted(carried) == ["layer.bias", "layer.weight"], row.tag
+
+
 def test_partitions_carry_their_nodes_ops_boundary_weights_and_flops() -> None:
     model, x = TwoLinears(), torch.randn(2, 4)
     edge = td.to_edge(export(model, x))

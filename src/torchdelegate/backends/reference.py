@@ -166,12 +166,17 @@ class ReferencePartitioner(CapabilityPartitioner):
     """Claims every core-ATen computation (and cond / while_loop): the capability partitioner over
     :func:`reference_support`, so its groups are as few as the capability partitioner makes.
 
-    Put last in a list of partitioners, it takes whatever the backends before it left.
+    Put last in a list of partitioners, it takes whatever the backends before it left. A subclass
+    narrows what it claims by overriding :meth:`operator_support`.
     """
 
     def __init__(self, compile_specs: list[CompileSpec] | None = None, *, min_partition_size: int = 1) -> None:
         spec = DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or []))
-        super().__init__(reference_support, spec, min_partition_size=min_partition_size)
+        super().__init__(self.operator_support, spec, min_partition_size=min_partition_size)
+
+    def operator_support(self, node: Node) -> bool | str:
+        """:func:`reference_support`; a subclass narrows what it claims by overriding this."""
+        return reference_support(node)
 
 
 def reference_support(node: Node) -> bool | str:

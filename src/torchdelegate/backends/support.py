@@ -15,12 +15,12 @@ from torchdelegate.errors import BackendUnavailableError
 from torchdelegate.partition.capability import CapabilityPartitioner, OperatorSupport
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
-SHIPPED = ("onnxruntime", "inductor", "reference")
 _PARTITIONERS = {  # backend id -> (module, its partitioner), imported only when asked for
     "onnxruntime": ("torchdelegate.backends.onnxruntime", "OnnxRuntimePartitioner"),
     "inductor": ("torchdelegate.backends.inductor", "InductorPartitioner"),
     "reference": ("torchdelegate.backends.reference", "ReferencePartitioner"),
 }
+SHIPPED = tuple(_PARTITIONERS)
 _NEEDS = {
     "onnxruntime": "install its runtime with pip install 'torchdelegate[onnxruntime]'",
     "inductor": "AOTInductor needs a C++ compiler (g++ or clang++) on PATH",

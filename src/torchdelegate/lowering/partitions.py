@@ -94,7 +94,7 @@ def find_partitions(
 
     for node in nodes:
         tag = node.meta.get(DELEGATION_TAG)
-        if is_tuple_item(node):
+        if is_tuple_item(node):  # export makes tuples only as computations' outputs
             source = group_of.get(node.args[0])  # type: ignore[arg-type]
             if source is not None:
                 source.nodes.append(node)

@@ -19,8 +19,9 @@ of its own. Levels are cycle-free but not always as few as can be, so groups are
 wherever their union stays cycle-free (``partition/merging.py``), starting once from whole
 levels and once from their connected pieces, and the fewer groups win. Two groups that touch
 but stay apart are recorded with a node on the path between them, which is what a report
-shows as "would have made a cycle". Each backend's pass is linear in nodes and edges, plus
-one pass over the nodes per join.
+shows as "would have made a cycle". Each backend's pass costs its topological order
+(``O((nodes + edges) log nodes)``), linear passes over nodes and edges, and one pass over the
+nodes per join.
 
 The shipped partitioners (``ReferencePartitioner``, ``OnnxRuntimePartitioner``,
 ``InductorPartitioner``) are this partitioner with their backend's support and spec.

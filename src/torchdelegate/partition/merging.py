@@ -9,7 +9,7 @@ through something else — which it records, so a report can say why two partiti
 Reachability is kept as one bit per group on every vertex of the graph in which each group
 is one vertex (Python ints as bit sets), computed once in reverse topological order and
 widened after each join, so checking a pair costs the edges leaving the two groups and a
-join costs one pass over the vertices: O(vertices + edges + joins x vertices) in all.
+join costs one pass over the vertices: O((vertices + edges) log vertices + joins x vertices) in all.
 """
 
 from __future__ import annotations

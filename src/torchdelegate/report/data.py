@@ -59,7 +59,7 @@ class PartitionRow:
     ops: dict[str, int]  # op -> count, most frequent first
     inputs: list[str]  # values computed or given outside that it reads
     outputs: list[str]  # its values read outside
-    weight_bytes: int  # parameters and constants only it reads: they move into the delegate
+    weight_bytes: int  # parameters and constants carried inside (shared by every partition that carries them)
     flops: int
     kept_apart: dict[str, str]  # tag of a partition it touches -> a node on the path between them
     blob_bytes: int | None = None
@@ -224,7 +224,7 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
                 backend_id=planned.backend_id,
                 nodes=len(computations),
                 ops=dict(Counter(_short(n) for n in computations).most_common()),
-                inputs=[n.name for n in [*boundary.inputs, *boundary.attrs]],
+                inputs=_in_first_use_order(members, {n.name for n in [*boundary.inputs, *boundary.attrs]}),
                 outputs=[n.name for n in boundary.outputs],
                 weight_bytes=sum(weights.get(n.name, 0) for n in boundary.state),
                 flops=sum(flops.get(n.name, 0) for n in computations),
@@ -236,13 +236,20 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
 
 
 def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> dict[str, Partition]:
-    """Each planned partition's boundary as lowering finds it (inputs, weights carried inside,
-    outputs), from a structural copy of ``program`` tagged as ``plan`` says."""
+    """Each planned partition's boundary by lowering's own rules (inputs, weights carried inside,
+    outputs), from a structural copy of ``program`` tagged as ``plan`` says; a plan lowering would
+    refuse (an in-place write into a partition's input) raises the same PartitionError here."""
     tagged = copy_program(program)
     specs = {p.backend_id: DelegationSpec(p.backend_id) for p in plan.partitions}
     tags = apply_plan(tagged, plan, specs).partition_tags
     found = find_partitions(tagged.graph_module, tagged.graph_signature, tags, f"method {method!r}")
     return {partition.tag: partition for partition in found.partitions}
+
+
+def _in_first_use_order(members: list[Node], names: set[str]) -> list[str]:
+    """``names`` in the order ``members`` first read them."""
+    read = dict.fromkeys(source.name for node in members for source in node.all_input_nodes)
+    return [name for name in read if name in names]
 
 
 def _sources(node: Node) -> list[Node]:

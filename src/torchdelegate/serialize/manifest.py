@@ -223,19 +223,18 @@ class ProgramManifest:
     def from_json(cls, value: Any, path: Path) -> ProgramManifest:
         fields = Fields(value, "manifest", path)
         fields.get("format", str, lambda v: v == PROGRAM_FORMAT)
-        external = value.get("external_data")
+        producer = fields.get("producer", dict)
+        external = None
+        if value.get("external_data") is not None:
+            external = ExternalDataRecord.from_json(fields.get("external_data", dict), "external_data", path)
+        methods = fields.records("methods", MethodRecord.from_json)
+        delegates = fields.records("delegates", DelegateRecord.from_json)
+        state = fields.records("state", StateRecord.from_json)
+        named_data = fields.records("named_data", NamedDataRecord.from_json)
         report = value.get("report")
         if report is not None and not isinstance(report, dict):
             raise FormatError(f"{path}: manifest field 'report' is {type(report).__name__}; expected an object")
-        return cls(
-            producer=fields.get("producer", dict),
-            methods=fields.records("methods", MethodRecord.from_json),
-            delegates=fields.records("delegates", DelegateRecord.from_json),
-            state=fields.records("state", StateRecord.from_json),
-            named_data=fields.records("named_data", NamedDataRecord.from_json),
-            external_data=None if external is None else ExternalDataRecord.from_json(external, "external_data", path),
-            report=report,
-        )
+        return cls(producer, methods, delegates, state, named_data, external, report)
 
 
 def data_manifest() -> dict[str, Any]:
