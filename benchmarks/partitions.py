@@ -70,15 +70,7 @@ def counts_of(programs: dict[str, torch.export.ExportedProgram]) -> dict[str, An
 
 
 def transformers_models() -> dict[str, Callable[[], dict[str, torch.export.ExportedProgram]]]:
-    from language_models import tiny_gpt2, tiny_llama
-
-    class Logits(torch.nn.Module):
-        def __init__(self, model: torch.nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=input_ids, use_cache=False).logits
+    from language_models import Logits, tiny_gpt2, tiny_llama
 
     def logits(build: Callable[[], torch.nn.Module]) -> Callable[[], dict[str, torch.export.ExportedProgram]]:
         def export() -> dict[str, torch.export.ExportedProgram]:

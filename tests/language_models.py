@@ -9,6 +9,17 @@ import torch
 import transformers
 
 
+class Logits(torch.nn.Module):
+    """A causal LM's logits for a whole sequence (no cache)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
 def tiny_llama(hidden_size: int = 64, vocab_size: int = 512) -> torch.nn.Module:
     """A 2-layer Llama with grouped-query attention, ready to export with a static cache."""
     torch.manual_seed(0)

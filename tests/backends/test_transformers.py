@@ -13,7 +13,7 @@ from torchdelegate import Partitioner
 from torchdelegate.backends.reference import ReferencePartitioner
 
 transformers = pytest.importorskip("transformers")
-from language_models import tiny_gpt2, tiny_llama  # noqa: E402
+from language_models import Logits, tiny_gpt2, tiny_llama  # noqa: E402
 from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM  # noqa: E402
 
 PROMPT_LENGTH, STEPS, CACHE = 8, 4, 16
@@ -36,17 +36,6 @@ BACKENDS = [
         ),
     ),
 ]
-
-
-class Logits(torch.nn.Module):
-    """A causal LM's logits for a whole sequence (no cache)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
 
 
 def unique_weight_bytes(model: torch.nn.Module) -> int:

@@ -33,7 +33,8 @@ from torchdelegate.machine_cache import required_cache_directory
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json
-from torchdelegate.serialize.reader import DelegateRecord, ProgramFile
+from torchdelegate.serialize.manifest import DelegateRecord
+from torchdelegate.serialize.reader import ProgramFile
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
 from torchdelegate.serialize.tree_specs import output_type_name
 from torchdelegate.trust import trusted_backends as trusted_backends_of

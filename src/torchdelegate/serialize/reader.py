@@ -16,16 +16,10 @@ from torchdelegate.serialize.container import Container
 from torchdelegate.serialize.manifest import (
     DATA_MAGIC,
     PROGRAM_MAGIC,
-    DelegateRecord,
     ExternalDataRecord,
-    MethodRecord,
-    NamedDataRecord,
     ProgramManifest,
-    StateRecord,
     check_data_manifest,
 )
-
-__all__ = ["DelegateRecord", "MethodRecord", "NamedDataRecord", "ProgramFile", "StateRecord"]
 
 
 class ProgramFile:
