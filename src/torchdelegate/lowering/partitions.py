@@ -76,16 +76,20 @@ def find_partitions(
     partition_tags: Mapping[str, DelegationSpec],
     where: str,
     mutated_elsewhere: frozenset[str] = frozenset(),
+    tags: Mapping[Node, str] | None = None,
 ) -> GraphPartitions:
-    """Group ``gm``'s tagged nodes into partitions and order the fused graph.
+    """Group ``gm``'s tagged nodes into partitions and order the fused graph (``gm`` is only read).
 
     ``signature`` is the program's (``None`` for a control-flow sub-graph, whose
     placeholders are all inputs). ``where`` names the graph in error messages. A buffer in
     ``mutated_elsewhere`` (written by another method) is passed in even when tagged, so the
-    delegate always reads its current value.
+    delegate always reads its current value. ``tags`` gives each tagged node's tag; by default
+    the tags a partitioner set in ``node.meta`` (a report passes a plan's, without tagging).
     """
     specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")} if signature else {}
     nodes = list(gm.graph.nodes)
+    if tags is None:
+        tags = {node: node.meta[DELEGATION_TAG] for node in nodes if node.meta.get(DELEGATION_TAG) is not None}
     index = {node: i for i, node in enumerate(nodes)}
     groups: dict[str, Partition] = {}
     group_of: dict[Node, Partition] = {}
@@ -93,7 +97,7 @@ def find_partitions(
     mutated_here = _mutated_targets(signature)
 
     for node in nodes:
-        tag = node.meta.get(DELEGATION_TAG)
+        tag = tags.get(node)
         if is_tuple_item(node):  # export makes tuples only as computations' outputs
             source = group_of.get(node.args[0])  # type: ignore[arg-type]
             if source is not None:
@@ -124,9 +128,9 @@ def find_partitions(
         group.nodes.append(node)
         group_of[node] = group
 
-    _check_no_copy(nodes, specs, tagged_state, group_of, where)
+    _check_no_copy(nodes, specs, tags, tagged_state, group_of, where)
     outputs = output_values(nodes[-1])
-    owned_uses = _assign_owned_mutations(signature, specs, outputs, tagged_state, group_of, where)
+    owned_uses = _assign_owned_mutations(signature, specs, outputs, tags, tagged_state, group_of, where)
     for group in groups.values():
         _find_boundary(group, group_of, tagged_state, owned_uses, index, where)
 
@@ -140,15 +144,16 @@ def find_partitions(
 def _check_no_copy(
     nodes: list[Node],
     specs: Mapping[str, InputSpec],
+    tags: Mapping[Node, str],
     tagged_state: set[Node],
     group_of: Mapping[Node, Partition],
     where: str,
 ) -> None:
     """A tagged constant marked ``no_copy`` lives only in its tag's delegate: no other node may read it."""
     for node in nodes:
-        if node.op != "placeholder" or not node.meta.get(NO_COPY) or DELEGATION_TAG not in node.meta:
+        if node.op != "placeholder" or not node.meta.get(NO_COPY) or node not in tags:
             continue
-        tag, spec = node.meta[DELEGATION_TAG], specs[node.name]
+        tag, spec = tags[node], specs[node.name]
         what = f"{spec.kind.name.lower().replace('_', ' ')} {spec.target!r}"
         if node not in tagged_state:
             raise PartitionError(
@@ -229,6 +234,7 @@ def _assign_owned_mutations(
     signature: ExportGraphSignature | None,
     specs: Mapping[str, InputSpec],
     outputs: Sequence[Any],
+    tags: Mapping[Node, str],
     tagged_state: set[Node],
     group_of: Mapping[Node, Partition],
     where: str,
@@ -247,7 +253,7 @@ def _assign_owned_mutations(
         buffer = buffer_nodes[spec.target]
         producer = outputs[i]
         group = group_of.get(producer) if isinstance(producer, Node) else None
-        tag = buffer.meta[DELEGATION_TAG]
+        tag = tags[buffer]
         if group is None or group.tag != tag:
             raise PartitionError(
                 f"{where}: buffer {spec.target!r} is tagged {tag!r}, so its partition would own its "

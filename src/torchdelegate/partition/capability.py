@@ -32,7 +32,7 @@ for every computation, its partition or the reason it was not delegated by each 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -87,21 +87,6 @@ class PartitionPlan:
 
     def by_node(self) -> dict[str, NodeDecision]:
         return {d.node: d for d in self.decisions}
-
-
-def apply_plan(
-    exported_program: ExportedProgram, plan: PartitionPlan, specs: Mapping[str, DelegationSpec]
-) -> PartitionResult:
-    """Tag ``exported_program``'s nodes as ``plan`` says (its constant data too: :func:`tag_constant_data`),
-    each tag with its backend's spec from ``specs`` (backend id -> spec)."""
-    nodes = {n.name: n for n in exported_program.graph.nodes}
-    tags: dict[str, DelegationSpec] = {}
-    for partition in plan.partitions:
-        for name in partition.nodes:
-            nodes[name].meta[DELEGATION_TAG] = partition.tag
-        tags[partition.tag] = specs[partition.backend_id]
-    tag_constant_data(exported_program)
-    return PartitionResult(exported_program, tags)
 
 
 def why_unsupported(support: OperatorSupport, node: Node) -> str | None:
@@ -218,8 +203,16 @@ class CapabilityPartitioner(Partitioner):
         return list(zip(self._supports, specs, strict=True))
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        plan = self.plan(exported_program)
+        nodes = {n.name: n for n in exported_program.graph.nodes}
+        tags: dict[str, DelegationSpec] = {}
         specs = {spec.backend_id: spec for _, spec in self.backends}
-        return apply_plan(exported_program, self.plan(exported_program), specs)
+        for partition in plan.partitions:
+            for name in partition.nodes:
+                nodes[name].meta[DELEGATION_TAG] = partition.tag
+            tags[partition.tag] = specs[partition.backend_id]
+        tag_constant_data(exported_program)
+        return PartitionResult(exported_program, tags)
 
     def plan(self, exported_program: ExportedProgram) -> PartitionPlan:
         """Where each computation of ``exported_program`` goes, and why; the program is not changed."""

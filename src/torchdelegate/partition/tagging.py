@@ -8,6 +8,8 @@ partition: every reader and the update must carry that tag.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from torch.export import ExportedProgram
 from torch.fx import Node
 
@@ -35,17 +37,29 @@ def tag_constant_data(program: ExportedProgram) -> list[str]:
     it carries it inside. Mutated buffers are left to :func:`tag_mutated_buffers`. Returns
     the FQNs tagged.
     """
-    tagged = []
+    nodes = program.graph.nodes
+    tags = {node: node.meta[DELEGATION_TAG] for node in nodes if node.meta.get(DELEGATION_TAG) is not None}
+    constants = constant_data_tags(program, tags)
+    state = _state_placeholders(program)
+    for node, tag in constants.items():
+        node.meta[DELEGATION_TAG] = tag
+    return [state[node.name] for node in constants]
+
+
+def constant_data_tags(program: ExportedProgram, tags: Mapping[Node, str]) -> dict[Node, str]:
+    """The tags :func:`tag_constant_data` gives the state placeholders when the computations carry
+    ``tags``, without tagging anything (``program`` is only read)."""
     mutated = set(program.graph_signature.buffers_to_mutate.values())
     state = _state_placeholders(program)
+    found: dict[Node, str] = {}
     for node in program.graph.nodes:
         if node.op != "placeholder" or node.name not in state or state[node.name] in mutated:
             continue
-        tags = _tags_of(list(node.users))
-        if tags and None not in tags:
-            node.meta[DELEGATION_TAG] = tags[0]
-            tagged.append(state[node.name])
-    return tagged
+        users = [tags.get(user) for user in node.users]
+        first = users[0] if users else None
+        if first is not None and None not in users:
+            found[node] = first
+    return found
 
 
 def tag_mutated_buffers(program: ExportedProgram) -> list[str]:

@@ -29,9 +29,9 @@ from torch.utils.flop_counter import flop_registry
 
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.lowering.partitions import Partition, find_partitions
-from torchdelegate.lowering.structural_copy import copy_program
-from torchdelegate.partition.capability import PartitionPlan, apply_plan
+from torchdelegate.partition.capability import PartitionPlan
 from torchdelegate.partition.partitioner import is_tuple_item
+from torchdelegate.partition.tagging import constant_data_tags
 from torchdelegate.specs import DelegationSpec
 
 REPORT_VERSION = 1
@@ -237,12 +237,13 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
 
 def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> dict[str, Partition]:
     """Each planned partition's boundary by lowering's own rules (inputs, weights carried inside,
-    outputs), from a structural copy of ``program`` tagged as ``plan`` says; a plan lowering would
+    outputs), found over ``program`` with the plan's tags, nothing tagged; a plan lowering would
     refuse (an in-place write into a partition's input) raises the same PartitionError here."""
-    tagged = copy_program(program)
-    specs = {p.backend_id: DelegationSpec(p.backend_id) for p in plan.partitions}
-    tags = apply_plan(tagged, plan, specs).partition_tags
-    found = find_partitions(tagged.graph_module, tagged.graph_signature, tags, f"method {method!r}")
+    nodes = {node.name: node for node in program.graph.nodes}
+    tags = {nodes[name]: p.tag for p in plan.partitions for name in p.nodes}
+    tags.update(constant_data_tags(program, tags))
+    specs = {p.tag: DelegationSpec(p.backend_id) for p in plan.partitions}
+    found = find_partitions(program.graph_module, program.graph_signature, specs, f"method {method!r}", tags=tags)
     return {partition.tag: partition for partition in found.partitions}
 
 
