@@ -219,7 +219,7 @@ def _accepted_blob(
     output = attempt.get_named_data_store_output()
     try:
         header, payload = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
-        _Model(header, payload, memoryview(blob), compile_specs, NamedDataMap(output), pack_weights=False)
+        _Model(header, payload, compile_specs, NamedDataMap(output), pack_weights=False)
     except Exception as e:  # any refusal is reported with the partition it concerns
         raise _Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
     store.merge(output)
@@ -315,7 +315,7 @@ def _linked(
     }
     onnx_bytes = model.SerializeToString()
     try:
-        _Model(header, memoryview(onnx_bytes), memoryview(onnx_bytes), compile_specs, store.data_map(), False)
+        _Model(header, memoryview(onnx_bytes), compile_specs, store.data_map(), pack_weights=False)
     except Exception as e:
         raise _Refused(f"ONNX Runtime refused the combined model ({first_line(e)})") from e
     key = store.add_by_content(pack(header, onnx_bytes))
@@ -460,7 +460,7 @@ def _handle(processed: memoryview, compile_specs: list[CompileSpec], named_data:
     branch = header.get("branch")
     key = header.get("model")
     if key is None:
-        model = _Model(header, payload, processed, compile_specs, named_data)
+        model = _Model(header, payload, compile_specs, named_data)
     else:
         model = _shared_model(_model_key(key, named_data), compile_specs, named_data)
     if type(branch) is not int or not 0 <= branch < len(model.branches):
@@ -490,20 +490,17 @@ def _model_key(key: Any, named_data: NamedDataMap) -> str:
     return key
 
 
-def _model_of(processed: memoryview, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview, memoryview]:
-    """The model a blob runs: its header, its ONNX bytes, and the bytes both come from (the blob itself,
-    or the named data it names)."""
+def _model_of(processed: memoryview, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview]:
+    """The model a blob runs, in the blob or in the named data it names: its header and its ONNX bytes."""
     header, payload = _unpacked(processed)
     if header.get("model") is None:
-        return header, payload, processed
+        return header, payload
     return _stored_model(_model_key(header["model"], named_data), named_data)
 
 
-def _stored_model(key: str, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview, memoryview]:
-    """The model stored as named data ``key``: its header, its ONNX bytes, and the stored bytes."""
-    source = named_data.get_data(key)
-    header, payload = unpack(source, BLOB_VERSION, "onnxruntime model")
-    return header, payload, source
+def _stored_model(key: str, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview]:
+    """The model stored as named data ``key``: its header and its ONNX bytes."""
+    return unpack(named_data.get_data(key), BLOB_VERSION, "onnxruntime model")
 
 
 class _ProgramModels:
@@ -542,7 +539,6 @@ class _Model:
         self,
         header: dict[str, Any],
         model: memoryview,
-        source: memoryview,
         compile_specs: list[CompileSpec],
         named_data: NamedDataMap,
         pack_weights: bool = True,
@@ -556,7 +552,7 @@ class _Model:
         settings = _Options(compile_specs)
         prepared = None
         if pack_weights and settings.prepacking and cache_directory() is not None:
-            prepared = find_entry(_PREPARED, _prepared_key(header, source, settings, named_data))
+            prepared = find_entry(_PREPARED, _prepared_key(header, model, settings, named_data))
         session = _prepared_session(ort, prepared, settings) if prepared is not None else None
         self._files: dict[str, memoryview] = {}
         if session is None:
@@ -733,8 +729,8 @@ def _prepare(processed: memoryview, compile_specs: list[CompileSpec], named_data
     settings = _Options(compile_specs)
     if not settings.prepacking:
         return None
-    header, payload, source = _model_of(processed, named_data)
-    key = _prepared_key(header, source, settings, named_data)
+    header, payload = _model_of(processed, named_data)
+    key = _prepared_key(header, payload, settings, named_data)
     with entry_lock(_PREPARED, key):  # another process preparing this model: its entry is used
         place = find_entry(_PREPARED, key, verify=True, quiet=True)  # a damaged one is written again
         if place is None:
@@ -746,14 +742,15 @@ def _prepare(processed: memoryview, compile_specs: list[CompileSpec], named_data
     return f"onnxruntime model {key[:12]}, optimized and packed for this machine: {size:,.1f} MB in {place}"
 
 
-def _prepared_key(header: dict[str, Any], source: memoryview, settings: _Options, named_data: NamedDataMap) -> str:
+def _prepared_key(header: dict[str, Any], model: memoryview, settings: _Options, named_data: NamedDataMap) -> str:
     """What a prepared model is made from: the model, every weight's bytes (by digest: a model names its
     weights by key, and a file's key says nothing of its bytes), the settings and ONNX Runtime's build."""
     ort = _require("onnxruntime")
     content = {
         "onnxruntime": [ort.__version__, ort.get_build_info()],
         "optimization": settings.level,
-        "model": hashlib.sha256(source).hexdigest(),
+        "header": header,
+        "model": hashlib.sha256(model).hexdigest(),
         "weights": {key: named_data.digest(key) for key in _external_keys(_initializer_table(header))},
     }
     return entry_key(_PREPARED, content)
