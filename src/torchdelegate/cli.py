@@ -500,9 +500,9 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         print(f"state: {len(file.state)} tensors, {stored_bytes} stored ({mutable} updated at run time)", file=out)
         saved = program.report
     if saved is None:
-        print("report: none saved (lower with the torchdelegate command to keep one)", file=out)
+        print(f"report: none saved ({_NO_REPORT})", file=out)
         if args.html or args.report:
-            raise CommandError(f"{args.file} holds no partition report")
+            raise CommandError(f"{args.file} holds no partition report; {_NO_REPORT}")
         return EXIT_OK
     try:
         report = LoweringReport.from_json(saved)
@@ -565,6 +565,10 @@ def _prepare(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+_NO_REPORT = (
+    "to keep one, lower with the torchdelegate command, or from Python save with "
+    "lowered.save(path, report=report.to_json()), the report from torchdelegate.report.lower_with_report"
+)
 _PLAIN_OUTPUTS = (None, "builtins.tuple", "builtins.list", "builtins.dict")
 
 

@@ -102,6 +102,29 @@ def test_the_report_is_saved_with_the_program_and_read_back(tmp_path: pytest.Tem
     assert report.state_bytes == {"forward": 2 * (16 + 4) * 4} and report.unique_state_bytes == 160
 
 
+def test_a_partitions_ops_stay_most_frequent_first_when_read_back(tmp_path: pytest.TempPathFactory) -> None:
+    edge = td.to_edge(export(_OneLayerTwice(), torch.randn(2, 4)))
+    lowered, report = lower_with_report(edge, CapabilityPartitioner(lambda node: True, REFERENCE))
+    path = tmp_path / "model.tdp"  # type: ignore[operator]
+    lowered.save(path, report=report.to_json())
+    with td.load(path) as program:
+        assert program.report is not None
+        (read,) = LoweringReport.from_json(program.report).methods["forward"].partitions
+    (made,) = report.methods["forward"].partitions
+    assert list(read.ops.items()) == list(made.ops.items())
+    assert list(made.ops.items()) == [("addmm", 2), ("permute", 2), ("sigmoid", 1)]
+
+
+def test_a_report_needs_one_capability_partitioner_and_says_how_to_join_several() -> None:
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    edge = td.to_edge(export(TwoLinears(), torch.randn(2, 4)))
+    with pytest.raises(TypeError, match=r"needs one CapabilityPartitioner, got list; .*\.backends"):
+        plan_report(edge, [ReferencePartitioner()])  # type: ignore[arg-type]
+    joined = CapabilityPartitioner([*ReferencePartitioner().backends])
+    assert plan_report(edge, joined).methods["forward"].delegated_nodes == 7
+
+
 def test_two_methods_holding_one_weight_count_it_once() -> None:
     model = TwoLinears()
     programs = {"a": export(model, torch.randn(2, 4)), "b": export(model, torch.randn(3, 4))}

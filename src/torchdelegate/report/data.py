@@ -56,13 +56,16 @@ class PartitionRow:
     tag: str
     backend_id: str
     nodes: int
-    ops: dict[str, int]  # op -> count, most frequent first
+    ops: dict[str, int]  # op -> count, most frequent first (ties by name)
     inputs: list[str]  # values computed or given outside that it reads
     outputs: list[str]  # its values read outside
     weight_bytes: int  # parameters and constants carried inside (shared by every partition that carries them)
     flops: int
     kept_apart: dict[str, str]  # tag of a partition it touches -> a node on the path between them
     blob_bytes: int | None = None
+
+    def __post_init__(self) -> None:  # however made (a saved file's JSON has its keys sorted)
+        object.__setattr__(self, "ops", dict(sorted(self.ops.items(), key=lambda item: (-item[1], item[0]))))
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,7 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
                 tag=planned.tag,
                 backend_id=planned.backend_id,
                 nodes=len(computations),
-                ops=dict(Counter(_short(n) for n in computations).most_common()),
+                ops=dict(Counter(_short(n) for n in computations)),
                 inputs=_in_first_use_order(members, {n.name for n in [*boundary.inputs, *boundary.attrs]}),
                 outputs=[n.name for n in boundary.outputs],
                 weight_bytes=sum(weights.get(n.name, 0) for n in boundary.state),

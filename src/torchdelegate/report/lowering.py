@@ -14,6 +14,12 @@ from torchdelegate.report.data import LoweringReport, method_report, state_bytes
 
 def plan_report(manager: EdgeProgramManager, partitioner: CapabilityPartitioner) -> LoweringReport:
     """What ``partitioner`` would do to every method of ``manager``, without lowering."""
+    if not isinstance(partitioner, CapabilityPartitioner):
+        raise TypeError(
+            f"a partition report needs one CapabilityPartitioner, got {type(partitioner).__name__}; for backends "
+            "in priority order, join their partitioners' (support, spec) pairs: "
+            "CapabilityPartitioner([*OnnxRuntimePartitioner().backends, *ReferencePartitioner().backends])"
+        )
     backends = [spec.backend_id for _, spec in partitioner.backends]
     programs = {method: manager.exported_program(method) for method in manager.methods}
     methods = {
