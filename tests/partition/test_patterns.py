@@ -156,6 +156,25 @@ def test_matches_that_would_make_a_cycle_together_keep_the_first() -> None:
         torch.testing.assert_close(got, want)
 
 
+class _SinThroughCos(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = x.sin()
+        return s.exp().cos(), s
+
+
+def test_a_match_two_of_whose_nodes_a_path_outside_it_joins_is_dropped() -> None:
+    """sin -> exp -> cos: the two-exit match {sin, cos} as one delegate would read exp, which reads it."""
+    program = export(_SinThroughCos(), torch.randn(3))
+    partitioner = PatternPartitioner([_pair(aten.sin.default, aten.cos.default)], REFERENCE)
+    assert partitioner.matches(program) == []
+    assert partitioner.plan(program).by_node()["sin"].reasons == {
+        "reference": "its match of pattern 'sin+cos' at 'sin' would have made a cycle on its own"
+    }
+    x = torch.randn(3)
+    for got, want in zip(to_backend(program, partitioner).module()(x), _SinThroughCos()(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_a_pattern_with_an_op_the_graph_lacks_has_no_match() -> None:
     """torch.fx's matcher skips an output op it finds no candidate for (and then raises a KeyError)."""
     program = export(Crossed(), torch.randn(3), torch.randn(3))

@@ -15,12 +15,12 @@ A pattern is one of:
 
 :func:`find_pattern_matches` resolves the matches in three deterministic steps: (1) every
 match of every pattern, patterns in the order given and each pattern's matches in graph
-order; a match is never one that would make a cycle on its own as one delegate (an op
-sequence cannot, having one exit; the fx matcher drops such graph matches); (2) a match
-sharing a node with a match taken before it is dropped (earlier patterns win, then earlier
-matches: list the longest patterns first); (3) the matches must contract to an acyclic graph
-together (graph patterns with several outputs can fail this): while they do not, the
-last-taken match on a cycle is dropped. A dropped match is not reconsidered.
+order; (2) a match sharing a node with a match taken before it is dropped (earlier patterns
+win, then earlier matches: list the longest patterns first); (3) the matches must contract to
+an acyclic graph, alone and together (an op sequence cannot fail this alone, having one exit;
+a graph pattern with several outputs can: a path outside its match may join two of its
+nodes): while they do not, the last-taken match on a cycle is dropped. A dropped match is not
+reconsidered.
 
 :class:`PatternPartitioner` gives the surviving matches to one backend as *atoms* (never
 split) and then groups them, with any single nodes its ``op_support`` accepts, exactly as
@@ -193,11 +193,15 @@ def _resolve(graph: Graph, patterns: Sequence[Pattern]) -> tuple[list[PatternMat
         if not cycle:
             break
         last = max(cycle, key=kept.index)
-        other = next(m for m in cycle if m is not last)
+        other = next((m for m in cycle if m is not last), None)
         kept.remove(last)
         for node in last.nodes:
             del taken[node]
-        _refuse(refused, last, f"together with the match of {other.pattern!r} at {other.nodes[0].name!r} {CYCLE}")
+        if other is None:  # a graph match two of whose nodes a path outside it joins
+            why = f"{CYCLE} on its own"
+        else:
+            why = f"together with the match of {other.pattern!r} at {other.nodes[0].name!r} {CYCLE}"
+        _refuse(refused, last, why)
     return sorted(kept, key=lambda m: index[m.nodes[0]]), refused
 
 
