@@ -96,9 +96,9 @@ def test_named_data_must_live_on_the_cpu() -> None:
         NamedDataStore().add_named_data("w", torch.empty(2, device="meta"))
 
 
-def test_a_saved_graph_delegate_call_runs_only_through_load() -> None:
+def test_a_saved_graph_call_delegate_runs_only_through_load() -> None:
     with pytest.raises(RuntimeError, match=r"is a placeholder in saved graphs; load the file with"):
-        torch.ops.torchdelegate.delegate_call(0, [torch.zeros(1)], [])
+        torch.ops.torchdelegate.call_delegate(0, [torch.zeros(1)], [])
 
 
 def test_two_methods_with_different_tensors_under_one_name_cannot_share_a_file(tmp_path: Path) -> None:

@@ -159,6 +159,19 @@ def test_a_valid_small_file_runs(small_file: bytes, tmp_path: Path) -> None:
         assert program.run("forward", torch.randn(2, 4)).shape == (2, 4)
 
 
+def test_a_file_whose_graph_calls_delegates_by_their_name_before_the_rename_runs(tmp_path: Path) -> None:
+    """Files written before the saved operator took the in-memory name call it ``delegate_call``."""
+    torch.manual_seed(0)
+    model, x = TwoLinears().eval(), torch.randn(2, 4)
+    td.to_edge(export(model, x)).to_backend(ReferencePartitioner()).save(tmp_path / "new.tdp")
+    manifest = manifest_bytes((tmp_path / "new.tdp").read_bytes())
+    assert b'"torch.ops.torchdelegate.call_delegate.default"' in manifest
+    old = manifest.replace(b".torchdelegate.call_delegate.", b".torchdelegate.delegate_call.")
+    (tmp_path / "old.tdp").write_bytes(with_manifest((tmp_path / "new.tdp").read_bytes(), old))
+    with td.load(tmp_path / "old.tdp") as program:
+        torch.testing.assert_close(program.run("forward", x), model(x), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("keep", [0, 7, 63, 64, 200, -1000, -64, -1])
 def test_truncation_is_refused(small_file: bytes, tmp_path: Path, keep: int) -> None:
     _refused(small_file[:keep], tmp_path / "t.tdp")
@@ -205,9 +218,9 @@ def test_random_bytes_are_refused(tmp_path: Path) -> None:
 def test_a_manifest_that_names_a_python_function_is_refused(small_file: bytes, tmp_path: Path) -> None:
     """A checksum proves integrity, not good intent: the loader still refuses what a graph may not call."""
     manifest = manifest_bytes(small_file)
-    text = manifest.replace(b'"torch.ops.torchdelegate.delegate_call.default"', b'"torch.ops.aten.from_file.default"')
+    text = manifest.replace(b'"torch.ops.torchdelegate.call_delegate.default"', b'"torch.ops.aten.from_file.default"')
     _refused(with_manifest(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
-    text = manifest.replace(b'"torch.ops.torchdelegate.delegate_call.default"', b'"builtins.eval"')
+    text = manifest.replace(b'"torch.ops.torchdelegate.call_delegate.default"', b'"builtins.eval"')
     _refused(with_manifest(small_file, text), tmp_path / "e.tdp", "not an operator a saved graph may call")
 
 

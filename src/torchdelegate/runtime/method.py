@@ -1,6 +1,6 @@
 """One method of a loaded program: its residual graph, compiled once, and how to call it.
 
-The graph is torch.export's, read back from the file; each ``delegate_call`` node becomes a
+The graph is torch.export's, read back from the file; each saved ``call_delegate`` node becomes a
 direct call into a :class:`~torchdelegate.delegate.DelegateInstance`, so a delegate costs
 one Python call and the backend's ``execute``. State inputs (parameters, buffers,
 constants) are the program's tensors, shared by name with its other methods; after a call,
@@ -23,7 +23,7 @@ from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegateError
 from torchdelegate.runtime.inputs import MethodInputs, call_signature
 from torchdelegate.serialize.allow_list import allowed_call_target
-from torchdelegate.serialize.delegate_call import SIZE, TENSOR, delegate_call_nodes
+from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
 
 
 def _compile_graph(
@@ -32,14 +32,14 @@ def _compile_graph(
     """The program's graph module with every delegate call bound to its delegate instance."""
     gm = program.graph_module
     touched: dict[GraphModule, None] = {}
-    for module, node in list(delegate_call_nodes(gm)):
-        _bind_delegate_call(module.graph, node, method, delegates, kinds)
+    for module, node in list(saved_call_nodes(gm)):
+        _bind_saved_call(module.graph, node, method, delegates, kinds)
         touched[module] = None
     for module in gm.modules():
         if not isinstance(module, GraphModule):
             continue
         for node in module.graph.nodes:
-            if node.op != "call_function" or _is_delegate_call(node.target):
+            if node.op != "call_function" or _is_bound_delegate(node.target):
                 continue
             for target in (node.target, *_operators_in((node.args, node.kwargs))):
                 if not allowed_call_target(target):
@@ -58,14 +58,14 @@ def _operators_in(arguments: Any) -> list[Any]:
     return found
 
 
-def _bind_delegate_call(
+def _bind_saved_call(
     graph: torch.fx.Graph,
     node: torch.fx.Node,
     method: str,
     delegates: Mapping[int, DelegateInstance],
     kinds: Mapping[int, str],
 ) -> None:
-    """Replace ``delegate_call(index, tensors, sizes)`` by a call of the delegate's instance."""
+    """Replace a saved ``call_delegate(index, tensors, sizes)`` by a call of the delegate's instance."""
     index, tensors, sizes = cast(tuple[int, list[Any], list[Any]], node.args)
     if index not in delegates:
         raise FormatError(f"method {method!r} calls delegate {index}, which the method does not list")
@@ -99,7 +99,7 @@ def _bind_delegate_call(
     graph.erase_node(node)
 
 
-def _is_delegate_call(target: Any) -> bool:
+def _is_bound_delegate(target: Any) -> bool:
     return getattr(target, "__self__", None).__class__ is DelegateInstance
 
 

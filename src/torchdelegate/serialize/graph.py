@@ -1,6 +1,6 @@
 """Residual graphs to and from torch.export's own JSON serializer, without tensors.
 
-A graph's delegates are calls of the file-form operator (``delegate_call.py``); before
+A graph's delegates are calls of the saved ``call_delegate`` operator (``call_delegate.py``); before
 deserializing, every operator a node names and every symbolic expression is checked
 against what a graph may contain (``allow_list.py``).
 """
@@ -23,7 +23,7 @@ from torch._export.serde.serialize import (
 from torch.export import ExportedProgram
 
 from torchdelegate.errors import FormatError, OperatorNotFoundError, SerializationError
-from torchdelegate.serialize import delegate_call as _delegate_call  # noqa: F401 - registers the operator graphs call
+from torchdelegate.serialize import call_delegate as _call_delegate  # noqa: F401 - registers the operator graphs call
 from torchdelegate.serialize.allow_list import check_graph_document, namespace_of, unregistered_operators, walk
 from torchdelegate.serialize.tree_specs import with_plain_containers
 from torchdelegate.torch_warnings import torch_internal_warnings_silenced

@@ -32,7 +32,7 @@ from torchdelegate.serialize.container import (
     layout_segments,
     write_container,
 )
-from torchdelegate.serialize.delegate_call import DelegateCall, serializable_program
+from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.graph import program_to_json
 from torchdelegate.serialize.manifest import (
     DATA_MAGIC,

@@ -1,11 +1,13 @@
 """A delegate as a saved graph calls it: the operator
-``torchdelegate::delegate_call(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]``.
+``torchdelegate::call_delegate(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]``.
 
 In memory a delegate is a ``get_attr`` of a :class:`LoweredBackendModule` and a
-``call_delegate`` node. In a file it is one call of this operator, whose ``index`` points
-into the file's delegate table; the table says in which order the tensors and sizes reach
-the backend. Any torch can then read the graph with its own deserializer; the operator
-itself only raises (a loaded program binds each call to its delegate).
+``call_delegate`` node. In a file it is one call of the operator of the same name, whose
+``index`` points into the file's delegate table; the table says in which order the tensors
+and sizes reach the backend. Any torch can then read the graph with its own deserializer; the
+operator itself only raises (a loaded program binds each call to its delegate). Files written
+before the operator took this name call it ``torchdelegate::delegate_call``: that name is read,
+never written.
 """
 
 from __future__ import annotations
@@ -23,20 +25,27 @@ from torchdelegate.errors import SerializationError
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
 
+_SCHEMA = "(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]"
+_NAME, _NAME_BEFORE_RENAME = "call_delegate", "delegate_call"
 _library = torch.library.Library("torchdelegate", "DEF")
-_library.define("delegate_call(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]")
 
 
-def _not_callable(index: int, tensors: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
-    raise RuntimeError(
-        f"torchdelegate::delegate_call({index}) is a placeholder in saved graphs; load the file with "
-        "torchdelegate.load() to run its delegates"
-    )
+def _define(name: str) -> OpOverload:
+    def not_callable(index: int, tensors: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+        raise RuntimeError(
+            f"torchdelegate::{name}({index}) is a placeholder in saved graphs; load the file with "
+            "torchdelegate.load() to run its delegates"
+        )
+
+    _library.define(name + _SCHEMA)
+    _library.impl(name, not_callable, "CompositeExplicitAutograd")
+    op: OpOverload = getattr(torch.ops.torchdelegate, name).default
+    torch.fx.node.has_side_effect(op)
+    return op
 
 
-_library.impl("delegate_call", _not_callable, "CompositeExplicitAutograd")
-delegate_call: OpOverload = torch.ops.torchdelegate.delegate_call.default
-torch.fx.node.has_side_effect(delegate_call)
+saved_call_delegate = _define(_NAME)
+SAVED_CALL_DELEGATE_OPS = frozenset({saved_call_delegate, _define(_NAME_BEFORE_RENAME)})
 
 TENSOR, SIZE = "T", "S"
 
@@ -53,7 +62,7 @@ class DelegateCall:
 def serializable_program(
     program: ExportedProgram, delegate_index: Callable[[LoweredBackendModule], int]
 ) -> tuple[ExportedProgram, list[DelegateCall]]:
-    """``program`` with its delegates as ``delegate_call(index, ...)`` nodes (program unchanged).
+    """``program`` with its delegates as saved ``call_delegate(index, ...)`` nodes (program unchanged).
 
     ``delegate_index`` gives each delegate its index in the file; the calls are returned in
     the order met (sub-graphs of control flow at their parent's node).
@@ -80,7 +89,7 @@ def _rewrite_graph(
                 value = GraphModule(sub_attrs, sub_graph, class_name=type(value).__name__)
             attrs[node.target] = value
         if node.op == "call_function" and node.target is call_delegate:
-            env[node] = _delegate_call_node(
+            env[node] = _saved_call_node(
                 graph, node, fetch_attr(gm, node.args[0].target), env, delegate_index, calls
             )
             continue
@@ -88,7 +97,7 @@ def _rewrite_graph(
     return graph, attrs
 
 
-def _delegate_call_node(
+def _saved_call_node(
     graph: torch.fx.Graph,
     node: Node,
     module: LoweredBackendModule,
@@ -118,7 +127,7 @@ def _delegate_call_node(
             f"delegate {module.name!r} on {module.backend_id!r} returns a non-tensor value; "
             "a saved delegate can return only tensors"
         )
-    call = graph.call_function(delegate_call, (delegate_index(module), tensors, sizes))
+    call = graph.call_function(saved_call_delegate, (delegate_index(module), tensors, sizes))
     keep_name(graph, call, node.name)
     call.meta = {k: v for k, v in node.meta.items() if k != "delegate"}
     call.meta["val"] = list(outputs)
@@ -126,10 +135,10 @@ def _delegate_call_node(
     return call
 
 
-def delegate_call_nodes(gm: GraphModule) -> Iterator[tuple[GraphModule, Node]]:
-    """Every ``delegate_call`` node of ``gm`` and of its sub-graphs, with the module it is in."""
+def saved_call_nodes(gm: GraphModule) -> Iterator[tuple[GraphModule, Node]]:
+    """Every saved ``call_delegate`` node of ``gm`` and of its sub-graphs, with the module it is in."""
     for module in gm.modules():
         if isinstance(module, GraphModule):
             for node in module.graph.nodes:
-                if node.op == "call_function" and node.target is delegate_call:
+                if node.op == "call_function" and node.target in SAVED_CALL_DELEGATE_OPS:
                     yield module, node
