@@ -9,6 +9,7 @@ from torchdelegate.backend import (
     registered_backend_ids,
 )
 from torchdelegate.data import DataEntry, NamedDataMap, NamedDataStore, NamedDataStoreOutput, NamedDataSummary
+from torchdelegate.edge_program_manager import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from torchdelegate.errors import (
     BackendNotFoundError,
     BackendRegistrationError,
@@ -58,7 +59,6 @@ from torchdelegate.partition import (
     tag_constant_data,
     tag_mutated_buffers,
 )
-from torchdelegate.program import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from torchdelegate.runtime.program import Program, load
 from torchdelegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.structure import graph_structure_difference, same_graph_structure

@@ -236,8 +236,8 @@ def _version() -> str:
 
 def _lower(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.backends.support import backend_supports
+    from torchdelegate.edge_program_manager import to_edge
     from torchdelegate.partition.capability import CapabilityPartitioner
-    from torchdelegate.program import to_edge
     from torchdelegate.report import render_html, render_text
 
     methods = _method_files(args.methods)

@@ -24,11 +24,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Graph, GraphModule, Node
 
+from torchdelegate.edge_program_manager import EdgeProgramManager
 from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.lowering.structural_copy import fetch_attr
 from torchdelegate.partition.capability import op_name
 from torchdelegate.partition.partitioner import is_tuple_item
-from torchdelegate.program import EdgeProgramManager
 
 Lowered = ExportedProgram | GraphModule | EdgeProgramManager
 """What the helpers of this module look at."""

@@ -29,8 +29,8 @@ from torchdelegate.errors import FormatError
 from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.runtime.method import Method
-from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
+from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json, program_to_json
 from torchdelegate.specs import CompileSpec, DelegationSpec

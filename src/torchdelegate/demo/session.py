@@ -20,9 +20,9 @@ import torch
 
 from torchdelegate.backends.support import backend_supports
 from torchdelegate.demo.model import DecoderLM, build_demo_model, export_demo, generate, reset_cache
+from torchdelegate.edge_program_manager import to_edge
 from torchdelegate.errors import BackendUnavailableError
 from torchdelegate.partition.capability import CapabilityPartitioner
-from torchdelegate.program import to_edge
 from torchdelegate.progress import PreprocessProgress, preprocess_progress
 from torchdelegate.report import lower_with_report, render_html, render_text
 from torchdelegate.report.terminal import human_bytes

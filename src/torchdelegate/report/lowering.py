@@ -7,8 +7,8 @@ partition's compiled size from the delegates it made.
 
 from __future__ import annotations
 
+from torchdelegate.edge_program_manager import EdgeProgramManager
 from torchdelegate.partition.capability import CapabilityPartitioner
-from torchdelegate.program import EdgeProgramManager
 from torchdelegate.report.data import LoweringReport, method_report, state_bytes
 
 

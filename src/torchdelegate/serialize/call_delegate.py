@@ -89,9 +89,7 @@ def _rewrite_graph(
                 value = GraphModule(sub_attrs, sub_graph, class_name=type(value).__name__)
             attrs[node.target] = value
         if node.op == "call_function" and node.target is call_delegate:
-            env[node] = _saved_call_node(
-                graph, node, fetch_attr(gm, node.args[0].target), env, delegate_index, calls
-            )
+            env[node] = _saved_call_node(graph, node, fetch_attr(gm, node.args[0].target), env, delegate_index, calls)
             continue
         copy_node(graph, node, env, keep_tag=True)
     return graph, attrs

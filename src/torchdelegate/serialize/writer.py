@@ -23,6 +23,7 @@ from torchdelegate.data import NamedDataStoreOutput, tensor_bytes
 from torchdelegate.errors import SerializationError, first_line
 from torchdelegate.lowered_module import LoweredBackendModule
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
+from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.container import (
     MAX_ALIGNMENT,
     SEGMENT_ALIGNMENT,
@@ -32,7 +33,6 @@ from torchdelegate.serialize.container import (
     layout_segments,
     write_container,
 )
-from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.graph import program_to_json
 from torchdelegate.serialize.manifest import (
     DATA_MAGIC,
