@@ -264,8 +264,8 @@ def test_a_file_needing_an_operator_library_says_to_import_it(
 def test_outputs_are_named_by_their_place_unless_they_are_a_flat_tuple() -> None:
     from torch.utils._pytree import MappingKey, SequenceKey
 
-    from torchdelegate.cli import _output_names
+    from torchdelegate.cli.outputs import output_names
 
-    assert _output_names([(SequenceKey(0),), (SequenceKey(1),)]) == ["", ""]
+    assert output_names([(SequenceKey(0),), (SequenceKey(1),)]) == ["", ""]
     nested = [(SequenceKey(0),), (SequenceKey(1), SequenceKey(0)), (SequenceKey(1), MappingKey("k"))]
-    assert _output_names(nested) == ["0", "1.0", "1.k"]
+    assert output_names(nested) == ["0", "1.0", "1.k"]

@@ -1,0 +1,82 @@
+"""What every command shares: its errors and exit codes, text quoted from files made printable,
+``--import``, and loading a program file."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from torchdelegate.errors import first_line
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A failure to report in one line, with exit code 1."""
+
+
+class UsageError(CommandError):
+    """A command line argparse accepted whose values are wrong: one line, exit code 2, as argparse's own."""
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (terminal escapes) shown escaped; line breaks and tabs kept."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+class PrintableText(io.TextIOBase):
+    """Output that quotes text read from a file: control characters (terminal escapes) are shown
+    escaped, never sent; line breaks and tabs pass."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def import_module(module: str) -> None:
+    """``--import MODULE``: what the files need registered (pytree types, custom operators).
+
+    The current directory is searched after the installed packages, as ``python -m`` would.
+    """
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise UsageError(
+            f"--import {module!r} is not a module name (dotted identifiers: transformers.modeling_outputs)"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module == error.name or module.startswith(f"{error.name}.")):
+            raise UsageError(
+                f"--import {module}: no module named {error.name!r} in this environment or the current directory"
+            ) from error
+        raise CommandError(
+            f"--import {module}: importing it failed: ModuleNotFoundError: {first_line(error)}"
+        ) from error
+    except Exception as error:
+        failure = f"{type(error).__name__}: {first_line(error)}"
+        raise CommandError(f"--import {module}: importing it failed: {failure}") from error
+
+
+def loaded(path: Path, external_data: Path | None, trust: Sequence[str]) -> Any:
+    """``load`` for the commands: a missing operator library says how to import it here."""
+    from torchdelegate.errors import OperatorNotFoundError
+    from torchdelegate.runtime.program import load
+
+    try:
+        return load(path, external_data_path=external_data, trusted_backends=trust)
+    except OperatorNotFoundError as error:
+        raise CommandError(f"{error} (with this command: --import MODULE)") from error

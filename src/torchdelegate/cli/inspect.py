@@ -1,0 +1,101 @@
+"""``torchdelegate inspect``: what a program file holds (methods, delegates, named data, state)
+and its saved partition report, without running a delegate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TextIO
+
+from torchdelegate.cli.command import EXIT_OK, CommandError, loaded
+from torchdelegate.cli.outputs import named_output_type
+from torchdelegate.report.terminal import coverage_line, human_bytes
+
+
+def _native_backends() -> list[str]:
+    """Registered backends whose blobs are native code: inspect loads them (it never runs one) and marks them."""
+    from torchdelegate.backend import get_backend, registered_backend_ids
+
+    native = []
+    for backend_id in registered_backend_ids():
+        try:
+            if get_backend(backend_id).runs_native_code:
+                native.append(backend_id)
+        except Exception:  # a backend that cannot be imported here is reported when the file needs it
+            continue
+    return native
+
+
+def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.report import LoweringReport, render_html, render_text
+    from torchdelegate.serialize.container import FORMAT_VERSION
+
+    native = _native_backends()
+    with loaded(args.file, args.external_data, native) as program:
+        file = program.file
+        producer = file.producer.get("torch", "?")
+        file_size = human_bytes(args.file.stat().st_size)
+        print(f"{args.file}: {file_size}, format version {FORMAT_VERSION}, written with torch {producer}", file=out)
+        print("methods:", file=out)
+        for record in file.methods:
+            bound = program.method(record.name)
+            parameters = ", ".join(bound.signature())
+            named, plain = named_output_type(bound.output_type, program.plain_types)
+            returns = f" -> {named}" if named else ""
+            returns += f" (read as a {plain} here)" if plain else ""
+            delegates = ", ".join(f"#{i} {file.delegates[i].backend_id}" for i in record.delegates) or "none"
+            print(f"  {record.name}({parameters}){returns}  delegates: {delegates}", file=out)
+        print("delegates:", file=out)
+        by_backend: dict[str, list[int]] = {}
+        for delegate in file.delegates:
+            size = file.segment_length(delegate.blob, f"delegate {delegate.name}")
+            by_backend.setdefault(delegate.backend_id, []).append(size)
+        for backend, sizes in by_backend.items():
+            each = f" ({', '.join(human_bytes(s) for s in sizes)})" if len(sizes) > 1 else ""
+            code = f"; native code: runs only with --trust {backend}" if backend in native else ""
+            print(f"  {backend}: {len(sizes)} blob(s), {human_bytes(sum(sizes))}{each}{code}", file=out)
+        described = [(i, d) for i, d in enumerate(file.delegates) if d.delegate_info is not None]
+        if described:
+            print("delegate info (from each backend's preprocess):", file=out)
+        for index, delegate in described:
+            info = json.dumps(delegate.delegate_info, sort_keys=True, ensure_ascii=False)
+            print(f"  #{index} {delegate.name} ({delegate.backend_id}): {info}", file=out)
+        digests = {r.data for r in file.named_data}
+        unique = sum(file.segment_length(d, "named data") for d in digests)
+        referenced = sum(file.segment_length(r.data, "named data") for r in file.named_data)
+        print(
+            f"named data: {len(file.named_data)} entries, {human_bytes(unique)} unique "
+            f"({human_bytes(referenced - unique)} saved by storing equal bytes once)",
+            file=out,
+        )
+        stored = [r for r in file.state if r.data is not None]
+        state_bytes = sum(file.segment_length(r.data, "state") for r in stored if r.data is not None)
+        mutable = sum(r.mutable for r in file.state)
+        stored_bytes = human_bytes(state_bytes)
+        print(f"state: {len(file.state)} tensors, {stored_bytes} stored ({mutable} updated at run time)", file=out)
+        saved = program.report
+    if saved is None:
+        print(f"report: none saved ({_NO_REPORT})", file=out)
+        if args.html or args.report:
+            raise CommandError(f"{args.file} holds no partition report; {_NO_REPORT}")
+        return EXIT_OK
+    try:
+        report = LoweringReport.from_json(saved)
+    except ValueError as error:
+        raise CommandError(f"{args.file}: the saved partition report cannot be read: {error}") from error
+    if args.report:
+        print("", file=out)
+        print(render_text(report), file=out)
+    else:
+        for method in report.methods.values():
+            print(coverage_line(method), file=out)
+    if args.html:
+        args.html.write_text(render_html(report, title=f"torchdelegate: {args.file.name}"), encoding="utf-8")
+        print(f"report: {args.html}", file=out)
+    return EXIT_OK
+
+
+_NO_REPORT = (
+    "to keep one, lower with the torchdelegate command, or from Python save with "
+    "lowered.save(path, report=report.to_json()), the report from torchdelegate.report.lower_with_report"
+)

@@ -1,0 +1,184 @@
+"""``torchdelegate lower``: torch.export files, one per method, lowered to backends in priority
+order and saved as one program file with its partition report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError
+from torchdelegate.errors import BackendNotFoundError, FormatError
+from torchdelegate.progress import PreprocessProgress
+from torchdelegate.report.terminal import human_bytes
+from torchdelegate.torch_warnings import loggers_quieted
+
+
+def lower_command(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.backends.support import backend_supports
+    from torchdelegate.edge_program_manager import to_edge
+    from torchdelegate.partition.capability import CapabilityPartitioner
+    from torchdelegate.report import render_html, render_text
+
+    methods = _method_files(args.methods)
+    try:
+        supports = backend_supports(args.backends, _compile_specs(args.compile_spec))
+    except (BackendNotFoundError, ValueError) as error:
+        raise UsageError(str(error.args[0] if error.args else error)) from error
+    programs = {method: _load_export(method, path) for method, path in methods}
+    partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
+    started = time.perf_counter()
+    edge = to_edge(programs)
+    with _ProgressBar(sys.stderr) as bar:
+        lowered, report = bar.run(edge, partitioner)
+    seconds = time.perf_counter() - started
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    lowered.save(args.output, external_data_path=args.external_data, report=report.to_json())
+    print(render_text(report), file=out)
+    print("", file=out)
+    size = args.output.stat().st_size
+    print(f"lowered in {seconds:.1f} s; wrote {args.output}: {human_bytes(size)}", file=out)
+    print(_sharing_line(report), file=out)
+    if args.html:
+        args.html.write_text(render_html(report, title=f"torchdelegate: {args.output.name}"), encoding="utf-8")
+        print(f"report: {args.html}", file=out)
+    return EXIT_OK
+
+
+def _sharing_line(report: Any) -> str:
+    held, unique = sum(report.state_bytes.values()), report.unique_state_bytes
+    line = f"weights and buffers: {human_bytes(unique)} unique"
+    if len(report.state_bytes) > 1:
+        saved = human_bytes(held - unique)
+        line += f"; the {len(report.state_bytes)} methods hold {human_bytes(held)}, stored once: {saved} saved"
+    return line
+
+
+def _method_files(pairs: Sequence[str]) -> list[tuple[str, Path]]:
+    found: dict[str, Path] = {}
+    for pair in pairs:
+        method, sep, path = pair.partition("=")
+        if not sep or not method or not path:
+            raise UsageError(f"{pair!r} is not METHOD=FILE.pt2 (for one method: forward={path or pair})")
+        if not method.isidentifier():
+            raise UsageError(f"method name {method!r} is not a Python identifier")
+        if method in found:
+            raise UsageError(f"method {method!r} is given twice")
+        found[method] = Path(path)
+    return list(found.items())
+
+
+def _load_export(method: str, path: Path) -> torch.export.ExportedProgram:
+    from torchdelegate.serialize.tree_specs import check_tree_specs
+
+    if not path.is_file():
+        raise CommandError(f"method {method!r}: no file {str(path)!r}")
+    documents = _archive_documents(path)
+    for member, document in documents:
+        try:
+            check_tree_specs(document, f"{path}: {member}")
+        except FormatError as error:  # torch's reader would import what the file names
+            raise CommandError(f"method {method!r}: {error}; the file is not read") from error
+    try:
+        with loggers_quieted(["torch.export"]):  # our one-line error quotes what torch logs at length
+            return torch.export.load(path)
+    except Exception as error:
+        needs = _unregistered(documents)
+        if needs:
+            raise CommandError(
+                f"method {method!r}: {str(path)!r} needs {', '.join(needs)}, which this process has not registered; "
+                f"import what defines {'it' if len(needs) == 1 else 'them'}: {_import_hint(needs)}"
+            ) from error
+        raise CommandError(
+            f"method {method!r}: {str(path)!r} is not a torch.export.save file ({type(error).__name__}: {error})"
+        ) from error
+
+
+def _archive_documents(path: Path) -> list[tuple[str, Any]]:
+    """The program documents (JSON) of a torch.export.save archive; [] when it cannot be read so."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = [m for m in archive.namelist() if m.endswith(".json") and "/models/" in m]
+            return [(member, json.loads(archive.read(member))) for member in members]
+    except Exception:  # noqa: BLE001 - not an archive we can read: torch.export.load says what it is
+        return []
+
+
+def _unregistered(documents: list[tuple[str, Any]]) -> list[str]:
+    """The container types and operators the documents name that this process has not registered."""
+    from torchdelegate.serialize.allow_list import operators_named, unregistered_operators
+    from torchdelegate.serialize.tree_specs import unregistered_types
+
+    needs: dict[str, None] = {}
+    for member, document in documents:
+        try:
+            needs.update(dict.fromkeys(unregistered_types(document, member)))
+            needs.update(dict.fromkeys(unregistered_operators(operators_named(document))))
+        except Exception:  # noqa: BLE001 - only a hint: a document torch could not read either
+            continue
+    return list(needs)
+
+
+def _import_hint(needs: list[str]) -> str:
+    """``--import`` of the modules that define the types needed, where their names say which."""
+    modules = sorted(
+        {
+            module
+            for name in needs
+            if not name.startswith("torch.ops.") and (module := name.rpartition(".")[0]) not in ("", "__main__")
+        }
+    )
+    return " ".join(f"--import {m}" for m in modules) or "--import MODULE (the module that registers them)"
+
+
+def _compile_specs(values: Sequence[str]) -> dict[str, list[Any]]:
+    from torchdelegate.specs import CompileSpec
+
+    specs: dict[str, list[CompileSpec]] = {}
+    for value in values:
+        backend, sep, rest = value.partition(":")
+        key, eq, setting = rest.partition("=")
+        if not (sep and eq and backend and key):
+            example = "onnxruntime:intra_op_num_threads=2"
+            raise UsageError(f"--compile-spec {value!r} is not ID:KEY=VALUE (e.g. {example})")
+        specs.setdefault(backend, []).append(CompileSpec(key, setting.encode()))
+    return specs
+
+
+class _ProgressBar:
+    """A progress bar over preprocess on a terminal; one line per partition elsewhere."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def __enter__(self) -> _ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def run(self, edge: Any, partitioner: Any) -> Any:
+        from torchdelegate.progress import preprocess_progress
+        from torchdelegate.report import lower_with_report
+
+        with preprocess_progress(self.show):
+            return lower_with_report(edge, partitioner)
+
+    def show(self, step: PreprocessProgress) -> None:
+        text = f"preprocess {step.done}/{step.total}: {step.backend_id}, {step.where}"
+        if self.tty:
+            filled = round(24 * step.done / max(step.total, 1))
+            self.stream.write(f"\r[{'#' * filled}{'.' * (24 - filled)}] {text[:90]:<90}")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()

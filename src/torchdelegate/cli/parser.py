@@ -1,0 +1,135 @@
+"""The command line: every command, its arguments and their help."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from torchdelegate.cli.command import EXIT_USAGE
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="torchdelegate",
+        description="Lower torch.export programs to backends, inspect and run the files, or try the demo.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchdelegate {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    lower = commands.add_parser(
+        "lower",
+        help="lower torch.export files (one per method) and save one program file",
+        description="Lower torch.export.save files, one per method, to backends in priority order; save one file.",
+    )
+    lower.add_argument("methods", nargs="+", metavar="METHOD=FILE.pt2", help="a method name and its exported program")
+    lower.add_argument(
+        "--backend",
+        "-b",
+        action="append",
+        required=True,
+        dest="backends",
+        metavar="ID",
+        help="a backend, highest priority first (repeat): onnxruntime, inductor, reference",
+    )
+    lower.add_argument("-o", "--output", required=True, type=Path, help="the program file to write")
+    lower.add_argument(
+        "--compile-spec",
+        action="append",
+        default=[],
+        metavar="ID:KEY=VALUE",
+        help="a compile spec for one backend, e.g. onnxruntime:intra_op_num_threads=2 (repeat)",
+    )
+    lower.add_argument("--min-partition-size", type=int, default=1, metavar="N", help="smallest partition (default 1)")
+    lower.add_argument("--html", type=Path, metavar="FILE.html", help="also write the partition report as HTML")
+    lower.add_argument("--external-data", type=Path, metavar="FILE", help="put weights in this separate data file")
+
+    inspect = commands.add_parser(
+        "inspect", help="describe a program file", description="Describe a program file written by torchdelegate."
+    )
+    inspect.add_argument("file", type=Path)
+    inspect.add_argument("--html", type=Path, metavar="FILE.html", help="write the saved partition report as HTML")
+    inspect.add_argument("--report", action="store_true", help="print the saved partition report in full")
+
+    run = commands.add_parser(
+        "run",
+        help="run one method of a program file",
+        description="Run one method of a program file on inputs from .npy files (or numbers), in call order.",
+    )
+    run.add_argument("file", type=Path)
+    run.add_argument("--method", "-m", default=None, help="the method (default: the only one, or 'forward')")
+    run.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        default=[],
+        dest="inputs",
+        metavar="[NAME=]X.npy|NUMBER",
+        help="one input, in call order (repeat); NAME= passes it by keyword",
+    )
+    run.add_argument("--save", type=Path, metavar="OUT.npz", help="save the outputs as output_0, output_1, ...")
+
+    prepare = commands.add_parser(
+        "prepare",
+        help="do a program's machine-specific loading work once, so that loads on this machine start faster",
+        description="Do once the work a program's backends would repeat at every load because it depends on this "
+        "machine (ONNX Runtime optimizes the model and packs the weights for this CPU), and keep it in the machine "
+        "cache (TORCHDELEGATE_CACHE, by default ~/.cache/torchdelegate), where later loads on this machine find "
+        "it. The file is not changed.",
+    )
+    prepare.add_argument("file", type=Path)
+    trust = (
+        "run this backend's native code from the file (AOTInductor's compiled libraries: --trust inductor); "
+        "without it such delegates are refused. Repeatable; or set TORCHDELEGATE_TRUSTED_BACKENDS to "
+        "comma-separated ids"
+    )
+    for sub in (inspect, run, prepare):
+        sub.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
+        sub.add_argument(
+            "--trust",
+            action="append",
+            default=[],
+            metavar="BACKEND",
+            help="accepted for symmetry with run: inspect never runs a delegate, so needs no trust"
+            if sub is inspect
+            else trust,
+        )
+
+    demo = commands.add_parser(
+        "demo",
+        help="lower, save, load and run a small language model, checked against eager",
+        description="A small decoder-only language model (built in, random weights from a fixed seed) as prefill + "
+        "decode with a KV cache: lowered to ONNX Runtime with reference as fallback, saved, loaded, generating "
+        "tokens checked against eager torch.",
+    )
+    demo.add_argument("--tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
+    demo.add_argument("--output-dir", type=Path, metavar="DIR", help="keep the program file and report here")
+    demo.add_argument("--rounds", type=int, default=3, metavar="R", help="timing rounds, median taken (default 3)")
+
+    for sub in (lower, inspect, run, prepare):
+        sub.add_argument(
+            "--import",
+            action="append",
+            default=[],
+            dest="imports",
+            metavar="MODULE",
+            help="import this module before reading the files (repeat; the current directory is searched last): "
+            "the one that registers the programs' output types or custom operators, e.g. "
+            "transformers.modeling_outputs",
+        )
+    for sub in (lower, inspect, run, prepare, demo):
+        sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
+    return parser
+
+
+def _version() -> str:
+    from torchdelegate import __version__
+
+    return __version__

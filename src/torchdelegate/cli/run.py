@@ -1,0 +1,87 @@
+"""``torchdelegate run``: one method of a program file on inputs from .npy files or numbers."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+
+from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, loaded
+from torchdelegate.cli.outputs import as_array, container_phrase, describe_value, output_names
+
+
+def run_command(args: argparse.Namespace, out: TextIO) -> int:
+    args_in, kwargs_in = _inputs(args.inputs)
+    if args.save:
+        args.save.parent.mkdir(parents=True, exist_ok=True)  # as lower does for -o: known before the run
+    with loaded(args.file, args.external_data, args.trust) as program:
+        method = args.method or _default_method(program.method_names)
+        if method not in program.method_names:
+            names = ", ".join(program.method_names)
+            raise CommandError(f"no method {method!r} in {args.file}; the methods are {names}")
+        started = time.perf_counter()
+        outputs = program.run(method, *args_in, **kwargs_in)
+        seconds = time.perf_counter() - started
+        container = container_phrase(program.method(method).output_type, program.plain_types)
+    flat = torch.utils._pytree.tree_flatten_with_path(outputs)[0]
+    print(f"{method}: {len(flat)} output(s) in {seconds * 1e3:.2f} ms{container}", file=out)
+    places = output_names([path for path, _ in flat])
+    for index, ((_, value), name) in enumerate(zip(flat, places, strict=True)):
+        print(f"  output_{index}{' ' + name if name else ''}: {describe_value(value)}", file=out)
+    if args.save:
+        arrays = {f"output_{i}": as_array(v) for i, (_, v) in enumerate(flat)}
+        np.savez(args.save, **arrays)  # type: ignore[arg-type]
+        print(f"saved {args.save}", file=out)
+    return EXIT_OK
+
+
+def _default_method(names: list[str]) -> str:
+    if len(names) == 1:
+        return names[0]
+    if "forward" in names:
+        return "forward"
+    raise CommandError(f"the file has several methods ({', '.join(names)}); choose one with --method")
+
+
+def _inputs(values: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+    """``--input`` values: positional ones in order, then ``NAME=VALUE`` ones by keyword."""
+    positional: list[Any] = []
+    keywords: dict[str, Any] = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name.isidentifier() or Path(value).is_file():
+            if keywords:
+                raise UsageError(f"input {value!r} comes after a NAME= input; give positional inputs first")
+            positional.append(_input(value))
+        elif name in keywords:
+            raise UsageError(f"input {name!r} is given twice")
+        else:
+            keywords[name] = _input(rest)
+    return positional, keywords
+
+
+def _input(value: str) -> Any:
+    """A .npy file as a tensor; otherwise an int, a float, or true/false."""
+    if value.endswith(".npy"):
+        path = Path(value)
+        if not path.is_file():
+            raise CommandError(f"no input file {value!r}")
+        try:
+            array = np.load(path, allow_pickle=False)
+        except ValueError as error:
+            raise CommandError(f"{value!r} is not a .npy array without objects: {error}") from error
+        return torch.from_numpy(np.ascontiguousarray(array))
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    raise CommandError(f"input {value!r} is neither a .npy file nor a number")
