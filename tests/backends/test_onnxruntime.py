@@ -21,7 +21,7 @@ from torchdelegate import CompileSpec
 
 pytest.importorskip("onnxruntime")
 from torchdelegate.backends import onnxruntime as ort_backend  # noqa: E402
-from torchdelegate.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartitioner, onnx_export  # noqa: E402
 
 
 def test_two_methods_share_each_weight_in_the_file_and_in_memory(tmp_path: Path) -> None:
@@ -329,7 +329,7 @@ def test_the_backend_is_available_and_found_by_entry_point() -> None:
 
 def test_a_missing_dependency_names_the_extra_to_install() -> None:
     with pytest.raises(ImportError, match=r"torchdelegate\[onnxruntime\]"):
-        ort_backend._require("onnxruntime_that_is_not_installed")
+        ort_backend.settings.require("onnxruntime_that_is_not_installed")
 
 
 def test_bfloat16_work_is_left_to_the_next_partitioner() -> None:
@@ -380,9 +380,9 @@ def test_a_partition_whose_fusions_fail_is_exported_unfused_with_a_warning(monke
     from models import attention_block, export
 
     def failing(model: object) -> dict[str, int]:
-        raise ort_backend._FusionError("onnxscript's fusions for ONNX Runtime failed (a rule raised)")
+        raise onnx_export.FusionError("onnxscript's fusions for ONNX Runtime failed (a rule raised)")
 
-    monkeypatch.setattr(ort_backend, "_fuse", failing)
+    monkeypatch.setattr(onnx_export, "fuse_for_ort", failing)
     model, x = attention_block(), torch.randn(1, 2, 32)
     with pytest.warns(UserWarning, match=r"method 'forward', partition 0: .*a rule raised.*without onnxscript's"):
         lowered = td.to_edge(export(model, x)).to_backend(OnnxRuntimePartitioner())

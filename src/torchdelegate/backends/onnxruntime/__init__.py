@@ -1,0 +1,44 @@
+"""The ONNX Runtime backend: partitions exported to ONNX, run by ONNX Runtime's CPU provider.
+
+Ahead of time each partition is exported with torch's ONNX exporter (dynamo, onnxscript);
+every initializer leaves the model and becomes named data keyed by the SHA-256 of its
+bytes, so a weight that ``prefill`` and ``decode`` (or two partitions) use is stored once.
+A model is a small JSON header (each initializer's key, dtype and shape; each branch's
+inputs and outputs) and the ONNX model, whose initializers of 1 KiB or more are external
+references (smaller ones, such as the axes of a reshape, stay inside: ONNX Runtime reads
+them while loading the model).
+
+Once every partition of every method is compiled, those with equal session settings that
+read weights in common become the branches of one model (``branches``), stored once as named
+data that their blobs name: ONNX Runtime packs weights per session, so one session packs each
+weight once for every method. At run time the delegates of a program share that model's one
+``InferenceSession``. Each external initializer names its named data as its file, which ONNX
+Runtime reads in place (a view of the mapped file: no copy); once the session has packed them,
+their pages leave the process's resident memory. ``prepare`` keeps a model optimized and its
+weights packed for this machine in the machine cache; a session made from there maps the packed
+weights from the entry's file instead of packing a copy of its own. Session options come from
+compile specs: ``intra_op_num_threads`` (an integer), ``graph_optimization_level``
+(``disable``, ``basic``, ``extended``, ``all``), ``disable_prepacking`` (``1`` reads the
+weights as they are; by default ONNX Runtime packs them for speed).
+
+Ahead of time, the exported model is rewritten with onnxscript's fusions for ONNX Runtime
+(attention, skip + layer normalization, bias + GELU, rotary embeddings, ...) into the
+provider's fused kernels (42 nodes instead of 104 for the benchmark stack). The compile spec
+``fusions`` = ``0`` keeps the exporter's model as it is; the fusions applied are recorded
+in the blob's header.
+
+Needs ``pip install torchdelegate[onnxruntime]``.
+
+The package's modules, in the order a blob meets them: ``settings`` (compile specs, the blob
+version, the optional dependencies), ``partitioner``, ``onnx_export`` (a partition's model),
+``linking`` and ``branches`` (partitions joined into one model), ``blob_header`` (what a blob
+names, checked), ``confinement`` (what a model may reach), ``session`` (a delegate's session),
+``prepared`` (the machine cache's entries) and ``packing_memory`` (the pages and heap packing
+leaves behind); ``backend`` joins them behind :class:`OnnxRuntimeBackend`.
+"""
+
+from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
+from torchdelegate.backends.onnxruntime.partitioner import OnnxRuntimePartitioner
+from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
+
+__all__ = ["BLOB_VERSION", "OnnxRuntimeBackend", "OnnxRuntimePartitioner"]

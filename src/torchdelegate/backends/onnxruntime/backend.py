@@ -1,0 +1,72 @@
+"""The ONNX Runtime backend as torchdelegate calls it: each hook handed to the module that does that work."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from torchdelegate.backend import SharedDataBackend
+from torchdelegate.backends.blob import table_keys, unpack
+from torchdelegate.backends.onnxruntime.linking import link_partitions
+from torchdelegate.backends.onnxruntime.onnx_export import export_partition
+from torchdelegate.backends.onnxruntime.session import delegate_handle, prepare_model
+from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
+from torchdelegate.data import NamedDataMap, NamedDataStore
+from torchdelegate.specs import CompileSpec
+
+
+class OnnxRuntimeBackend(SharedDataBackend):
+    """Runs partitions with ONNX Runtime (CPU provider); weights are shared named data."""
+
+    backend_id = "onnxruntime"
+    thread_safe_execute = True  # InferenceSession.run may be called from several threads
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            ort = importlib.import_module("onnxruntime")
+        except ImportError:
+            return False
+        return "CPUExecutionProvider" in ort.get_available_providers()
+
+    @classmethod
+    def compile_partition(
+        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+    ) -> bytes:
+        return export_partition(program, compile_specs, store, where)
+
+    @classmethod
+    def link_partitions(
+        cls, blobs: list[bytes], compile_specs: list[list[CompileSpec]], store: NamedDataStore
+    ) -> list[bytes]:
+        """Partitions that run with the same session settings and read weights in common become
+        branches of one model, run by one session."""
+        return link_partitions(blobs, compile_specs, store)
+
+    @classmethod
+    def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
+        header = unpack(processed, BLOB_VERSION, "onnxruntime", older=(1,))[0]
+        if "model" in header:
+            keys = header.get("keys")
+            listed = [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+            model = header["model"]
+            return sorted({*listed, model}) if isinstance(model, str) else listed
+        initializers = header.get("initializers")
+        return table_keys(list(initializers.values()) if isinstance(initializers, dict) else None)
+
+    @classmethod
+    def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
+        return delegate_handle(processed, compile_specs, named_data)
+
+    @classmethod
+    def prepare(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> str | None:
+        """The model optimized and its weights packed for this machine, kept in the machine cache: a
+        later load maps the packed weights from there instead of packing its own copy."""
+        return prepare_model(processed, compile_specs, named_data)
+
+    @classmethod
+    def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
+        return handle(inputs)

@@ -1,0 +1,81 @@
+"""A blob read back: its header in the current version's terms, the model it holds or names, and the
+named data its initializers name, each checked (a ``FormatError`` for a damaged or crafted blob).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeGuard
+
+from torchdelegate.backends.blob import unpack
+from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
+from torchdelegate.data import NamedDataMap
+from torchdelegate.errors import FormatError
+
+
+def unpacked(processed: memoryview) -> tuple[dict[str, Any], memoryview]:
+    """A blob's header and payload, a version-1 blob's header in version 2's terms."""
+    header, payload = unpack(processed, BLOB_VERSION, "onnxruntime", older=(1,))
+    if header["version"] == 1:  # one partition's model: inputs and outputs in the header
+        header = {
+            "initializers": header.get("initializers"),
+            "selector": None,
+            "branch": 0,
+            "branches": [{"inputs": header.get("inputs"), "outputs": header.get("outputs")}],
+        }
+    return header, payload
+
+
+def model_key(key: Any, named_data: NamedDataMap) -> str:
+    """The named data a blob names as its model, checked to be in the program."""
+    if not isinstance(key, str):
+        raise FormatError(f"onnxruntime blob: its model is named by {key!r:.80}, not a named-data key")
+    if key not in named_data:
+        raise FormatError(f"onnxruntime blob: its model, named data {key!r:.80}, is not in the program")
+    return key
+
+
+def model_of(processed: memoryview, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview]:
+    """The model a blob runs, in the blob or in the named data it names: its header and its ONNX bytes."""
+    header, payload = unpacked(processed)
+    if header.get("model") is None:
+        return header, payload
+    return stored_model(model_key(header["model"], named_data), named_data)
+
+
+def stored_model(key: str, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview]:
+    """The model stored as named data ``key``: its header and its ONNX bytes."""
+    return unpack(named_data.get_data(key), BLOB_VERSION, "onnxruntime model")
+
+
+def branch_names(table: Any) -> list[tuple[list[str], list[str]]]:
+    """Each branch's input and output names, checked to be lists of names."""
+    branches = []
+    for entry in table if isinstance(table, list) and table else [None]:
+        inputs, outputs = (entry.get(field) if isinstance(entry, dict) else None for field in ("inputs", "outputs"))
+        if not (_names(inputs) and _names(outputs)):
+            raise FormatError(f"onnxruntime blob: a branch is not lists of input and output names: {entry!r:.200}")
+        branches.append((inputs, outputs))
+    return branches
+
+
+def _names(value: Any) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and all(isinstance(name, str) for name in value)
+
+
+def initializer_table(header: dict[str, Any]) -> dict[str, Any]:
+    """A model's header's initializers: name -> entry naming its named data."""
+    initializers = header.get("initializers")
+    if not isinstance(initializers, dict):
+        raise FormatError("onnxruntime blob: its initializers are not a table")
+    return initializers
+
+
+def external_keys(initializers: dict[str, Any]) -> list[str]:
+    """The named data the model's external tensors name as their files, sorted."""
+    keys = set()
+    for name, entry in initializers.items():
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if not isinstance(key, str):
+            raise FormatError(f"onnxruntime blob: initializer {name!r} names no named-data key")
+        keys.add(key)
+    return sorted(keys)

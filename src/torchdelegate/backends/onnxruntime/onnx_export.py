@@ -1,0 +1,215 @@
+"""A partition as an ONNX model: torch's exporter, weights read in place, onnxscript's fusions for
+ONNX Runtime (undone when they fail), initializers moved out into named data, and the model
+checked by loading it into ONNX Runtime before its weights are stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+from torch.export import ExportedProgram
+
+from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, unpack
+from torchdelegate.backends.linear import recompose_linear
+from torchdelegate.backends.onnxruntime.session import Model
+from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
+from torchdelegate.data import NamedDataMap, NamedDataStore
+from torchdelegate.errors import PreprocessError, first_line
+from torchdelegate.lowering.structural_copy import with_identifier_state_names
+from torchdelegate.specs import CompileSpec
+from torchdelegate.torch_warnings import loggers_quieted
+
+
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """The exporter reports progress on stdout and warns about optional packages; keep it quiet."""
+    names = ("torch.onnx", "onnxscript", "onnx_ir", "torch.onnx._internal")
+    with loggers_quieted(names, logging.ERROR), warnings.catch_warnings(), contextlib.redirect_stdout(None):  # type: ignore[type-var]
+        warnings.simplefilter("ignore")
+        yield
+
+
+def export_partition(
+    program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+) -> bytes:
+    """The partition's blob, checked by loading it into ONNX Runtime; its weights go to ``store``.
+
+    If onnxscript's fusions fail or ONNX Runtime refuses the fused model (a fusion rule
+    gone wrong), the partition is exported again unfused, with a warning; an unfused model
+    that ONNX Runtime refuses is a ``PreprocessError``.
+    """
+    try:
+        options = Options(compile_specs)
+    except ValueError as e:
+        raise PreprocessError(f"onnxruntime: {where}: {e}") from None
+    program = recompose_linear(program)
+    if options.fusions:
+        try:
+            return _accepted_blob(program, True, compile_specs, store, where)
+        except Refused as e:
+            warnings.warn(
+                f"onnxruntime: {where}: {e}; this partition is exported without onnxscript's fusions", stacklevel=2
+            )
+    try:
+        return _accepted_blob(program, False, compile_specs, store, where)
+    except Refused as e:
+        raise PreprocessError(f"onnxruntime: {where}: {e}") from e
+
+
+class Refused(Exception):
+    """The partition's model could not be made or loaded this way."""
+
+
+class FusionError(Refused):
+    """onnxscript's fusions raised: the partition is exported without them."""
+
+
+def _accepted_blob(
+    program: ExportedProgram, fuse: bool, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+) -> bytes:
+    """The blob, once ONNX Runtime has loaded it as ``init`` will; only then do its weights join ``store``.
+
+    The check packs no weights: a packed copy of every weight would double the lowering's memory.
+    """
+    attempt = NamedDataStore()
+    blob = _exported_blob(program, fuse, attempt, where)
+    output = attempt.get_named_data_store_output()
+    try:
+        header, payload = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
+        Model(header, payload, compile_specs, NamedDataMap(output), pack_weights=False)
+    except Exception as e:  # any refusal is reported with the partition it concerns
+        raise Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
+    store.merge(output)
+    return blob
+
+
+def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, where: str) -> bytes:
+    """The partition as an ONNX model whose initializers are named data, with its header."""
+    ir = require("onnx_ir")
+    require("onnxscript")
+    try:
+        with quiet_exporter():
+            exportable, _ = with_identifier_state_names(program)  # initializers are keyed by content, not name
+            onnx_program = torch.onnx.export(exportable, (), dynamo=True, optimize=False, verbose=False)
+            assert onnx_program is not None
+            model = onnx_program.model
+            _read_weights_in_place(ir, model)
+            _optimize(model)
+    except Exception as e:
+        raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
+    fusions = fuse_for_ort(model) if fuse else {}
+    initializers = {}
+    for name, value in sorted(model.graph.initializers.items()):
+        tensor = value.const_value
+        if tensor is None or tensor.nbytes < SMALLEST_SHARED:
+            continue  # shape-like constants stay in the model: ONNX Runtime reads them while loading it
+        array = np.ascontiguousarray(tensor.numpy())
+        # A tensor over the exporter's array is stored as a view; other dtypes (bfloat16) are copied.
+        viewable = array.size and array.dtype.kind in "biuf" and array.dtype.itemsize in (1, 2, 4, 8)
+        data = torch.from_numpy(array) if viewable else array.tobytes()
+        key = store.add_by_content(data, alignment=WEIGHT_ALIGNMENT)
+        dtype = "bfloat16" if tensor.dtype == ir.DataType.BFLOAT16 else str(array.dtype)
+        if dtype not in ONNX_TYPES:
+            raise PreprocessError(f"onnxruntime: {where}: initializer {name!r} has unsupported dtype {dtype}")
+        initializers[name] = {"key": key, "dtype": dtype, "shape": list(array.shape)}
+        value.const_value = ir.ExternalTensor(
+            location=key, offset=0, length=array.nbytes, dtype=tensor.dtype, shape=tensor.shape, name=name
+        )
+    _strip_debug_metadata(ir, model)
+    branch = {"inputs": [v.name for v in model.graph.inputs], "outputs": [v.name for v in model.graph.outputs]}
+    header = {
+        "version": BLOB_VERSION,
+        "initializers": initializers,
+        "selector": None,
+        "branches": [branch],
+        "branch": 0,
+        "fusions": fusions,
+    }
+    return pack(header, ir.to_proto(model).SerializeToString())
+
+
+def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
+    """Each product with a transposed float weight, ``MatMul(x, Transpose(w))``, becomes
+    ``FusedMatMul(x, w, transB=1)``: the optimizer would fold the transpose into a transposed
+    copy of ``w`` (ONNX Runtime too, at every session), where ONNX Runtime's kernel reads ``w``
+    as it is.
+    """
+    for node in list(model.graph):
+        transpose = _weight_transpose(ir, node)
+        if transpose is None:
+            continue
+        attributes = {"transA": 0, "transB": 1, "alpha": 1.0}
+        product = ir.node("FusedMatMul", [node.inputs[0], transpose.inputs[0]], attributes, domain="com.microsoft")
+        model.graph.insert_before(node, product)
+        old, new = node.outputs[0], product.outputs[0]
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        name, old.name = old.name, None  # two values may not hold one name at once
+        new.name, new.shape, new.type = name, old.shape, old.type
+        model.graph.remove(node, safe=True)
+        if not transpose.outputs[0].uses():
+            model.graph.remove(transpose, safe=True)
+        model.opset_imports.setdefault("com.microsoft", 1)
+
+
+def _weight_transpose(ir: ModuleType, node: Any) -> Any:
+    """The ``Transpose`` of a 2-D float weight (an initializer of 1 KiB or more) whose result
+    ``node``, a ``MatMul``, multiplies by; None if it is not such a product."""
+    standard = ("", "ai.onnx")
+    if node.op_type != "MatMul" or node.domain not in standard or len(node.inputs) != 2 or node.inputs[1] is None:
+        return None
+    transpose = node.inputs[1].producer()
+    if transpose is None or transpose.op_type != "Transpose" or transpose.domain not in standard:
+        return None
+    weight, perm = transpose.inputs[0], transpose.attributes.get("perm")
+    tensor = weight.const_value if weight is not None and weight.is_initializer() else None
+    if tensor is None or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
+        return None
+    if tensor.nbytes < SMALLEST_SHARED or (perm is not None and list(perm.as_ints()) != [1, 0]):
+        return None
+    return transpose
+
+
+def _optimize(model: Any) -> None:
+    """What the exporter's ``optimize=True`` does: constant folding, clean-up and ONNX's own fusions."""
+    optimizer = require("onnxscript.optimizer")
+    onnx_fusions = require("onnxscript.rewriter.onnx_fusions")
+    optimizer.optimize_ir(model)
+    onnx_fusions.fuse(model)
+
+
+def _root_cause(error: BaseException) -> str:
+    """The root of an exporter error's chain, on one line: the exporter wraps it in pages of advice."""
+    for _ in range(16):
+        cause = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        if cause is None:
+            break
+        error = cause
+    return f"{type(error).__name__}: {first_line(error)}"
+
+
+def fuse_for_ort(model: Any) -> dict[str, int]:
+    """Rewrite ``model`` in place into ONNX Runtime's fused kernels; the count of each fusion applied."""
+    ort_fusions = require("onnxscript.rewriter.ort_fusions")
+    try:
+        with quiet_exporter():
+            _, counts = ort_fusions.optimize_for_ort(model)
+    except Exception as e:
+        raise FusionError(f"onnxscript's fusions for ONNX Runtime failed ({type(e).__name__}: {e})") from e
+    return {name: count for name, count in sorted(counts.items()) if count}
+
+
+def _strip_debug_metadata(ir: ModuleType, model: Any) -> None:
+    """Drop the exporter's per-node stack traces and module paths: most of a model's bytes."""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        node.metadata_props.clear()
+        for value in node.outputs:
+            value.metadata_props.clear()
+    for value in (*model.graph.inputs, *model.graph.outputs, *model.graph.initializers.values()):
+        value.metadata_props.clear()

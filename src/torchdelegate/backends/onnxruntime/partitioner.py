@@ -1,0 +1,69 @@
+"""What the backend claims: the ops torch's ONNX exporter translates into models ONNX Runtime's CPU
+provider runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
+from torchdelegate.backends.onnxruntime.onnx_export import quiet_exporter
+from torchdelegate.backends.onnxruntime.settings import require
+from torchdelegate.partition.capability import CapabilityPartitioner
+from torchdelegate.specs import CompileSpec, DelegationSpec
+
+_UNSUPPORTED_DTYPES = frozenset(
+    {torch.bfloat16, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2}
+)
+# Ops torch.onnx translates into models ONNX Runtime refuses (torch 2.13, onnxruntime 1.32):
+# _linalg_det's translation reads a tensor as a sequence.
+_TRANSLATIONS_REFUSED = frozenset({torch.ops.aten._linalg_det.default})
+
+
+@cache
+def _onnx_registry() -> Any:
+    with quiet_exporter():
+        registration = importlib.import_module("torch.onnx._internal.exporter._registration")
+        return registration.ONNXRegistry.from_torchlib()
+
+
+class OnnxRuntimePartitioner(CapabilityPartitioner):
+    """Claims the ops torch's ONNX exporter can translate: the capability partitioner over
+    :meth:`operator_support`.
+
+    The exporter's own registry decides (no hard-coded list); partitions with fewer than
+    ``min_partition_size`` computations are left to later partitioners, since each
+    delegate call costs a session run. A subclass narrows what it claims by overriding
+    :meth:`operator_support`.
+    """
+
+    def __init__(self, min_partition_size: int = 1, compile_specs: list[CompileSpec] | None = None) -> None:
+        require("onnxruntime")
+        spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
+        super().__init__(self.operator_support, spec, min_partition_size=min_partition_size)
+
+    def operator_support(self, node: Node) -> bool | str:
+        """True if the exporter translates this node's op, every value it makes is a tensor, and
+        every tensor it reads or makes has a dtype that ONNX Runtime's CPU provider and numpy
+        share; otherwise why not."""
+        if not isinstance(node.target, torch._ops.OpOverload) or not _onnx_registry().is_registered(node.target):
+            return f"torch.onnx has no translation for {node.target}"
+        if node.target in _TRANSLATIONS_REFUSED:
+            return f"torch.onnx's translation of {node.target} makes a model ONNX Runtime refuses"
+        value = node.meta.get("val")
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        for v in values:
+            if not isinstance(v, torch.Tensor):
+                return f"makes a non-tensor value ({type(v).__name__})"
+            if v.dtype in _UNSUPPORTED_DTYPES:
+                return f"makes {v.dtype}, which the CPU provider does not run"
+        for source in node.all_input_nodes:
+            v = source.meta.get("val")
+            if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
+                return f"reads {v.dtype} ({source.name}), which the CPU provider does not run"
+        return True

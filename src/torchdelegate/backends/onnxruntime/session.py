@@ -1,0 +1,229 @@
+"""A delegate at run time: a branch of its model's ``InferenceSession``, one session per model and
+settings for every delegate of a loaded program, its weights read in place from named data, or
+mapped packed from the machine cache when the program was prepared here (``prepare_model``).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchdelegate.backends.onnxruntime.blob_header import (
+    branch_names,
+    external_keys,
+    initializer_table,
+    model_key,
+    model_of,
+    stored_model,
+    unpacked,
+)
+from torchdelegate.backends.onnxruntime.confinement import confined_model
+from torchdelegate.backends.onnxruntime.packing_memory import pages_released_while_packing, return_freed_memory
+from torchdelegate.backends.onnxruntime.prepared import PREPARED, prepared_key, prepared_session, save_prepared
+from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES, Options, require
+from torchdelegate.data import NamedDataMap
+from torchdelegate.errors import FormatError
+from torchdelegate.machine_cache import cache_directory, entry_lock, entry_path, entry_size, find_entry, new_entry
+from torchdelegate.specs import CompileSpec
+
+
+def delegate_handle(processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> _Delegate:
+    """A delegate's branch of its model's session: the one every blob naming that model shares."""
+    header, payload = unpacked(processed)
+    branch = header.get("branch")
+    key = header.get("model")
+    if key is None:
+        model = Model(header, payload, compile_specs, named_data)
+    else:
+        model = _shared_model(model_key(key, named_data), compile_specs, named_data)
+    if type(branch) is not int or not 0 <= branch < len(model.branches):
+        raise FormatError(f"onnxruntime blob: branch {branch!r:.80} of a model with {len(model.branches)} branches")
+    return _Delegate(model, branch)
+
+
+class _ProgramModels:
+    """The models of one loaded program's named data: each one's session while a delegate uses it,
+    and a lock per model, so two delegates never build one session twice and other models need not wait."""
+
+    def __init__(self) -> None:
+        self.sessions: weakref.WeakValueDictionary[Any, Model] = weakref.WeakValueDictionary()
+        self.building: dict[Any, threading.Lock] = {}
+
+
+_PROGRAM_MODELS: weakref.WeakKeyDictionary[NamedDataMap, _ProgramModels] = weakref.WeakKeyDictionary()
+_PROGRAM_MODELS_LOCK = threading.Lock()
+
+
+def _shared_model(key: str, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Model:
+    """The session of the model stored as named data ``key``: one per named data and settings, while used."""
+    settings = Options(compile_specs).session_settings()
+    with _PROGRAM_MODELS_LOCK:
+        models = _PROGRAM_MODELS.setdefault(named_data, _ProgramModels())
+        building = models.building.setdefault((key, settings), threading.Lock())
+    with building:
+        model = models.sessions.get((key, settings))
+        if model is None:
+            model = Model(*stored_model(key, named_data), compile_specs, named_data)
+            with _PROGRAM_MODELS_LOCK:
+                models.sessions[(key, settings)] = model
+        return model
+
+
+class Model:
+    """One InferenceSession over a model of one or several branches: from the machine cache when the
+    program was prepared here, else with its initializers read in place from named data."""
+
+    def __init__(
+        self,
+        header: dict[str, Any],
+        model: memoryview,
+        compile_specs: list[CompileSpec],
+        named_data: NamedDataMap,
+        pack_weights: bool = True,
+    ) -> None:
+        ort = require("onnxruntime")
+        self._selector = header.get("selector")
+        self.branches = branch_names(header.get("branches"))
+        if not (self._selector is None and len(self.branches) == 1 or isinstance(self._selector, str)):
+            count, selector = len(self.branches), self._selector
+            raise FormatError(f"onnxruntime blob: {count} branches and the selector {selector!r:.80}")
+        settings = Options(compile_specs)
+        prepared = None
+        if pack_weights and settings.prepacking and cache_directory() is not None:
+            prepared = find_entry(PREPARED, prepared_key(header, model, settings, named_data))
+        session = prepared_session(ort, prepared, settings) if prepared is not None else None
+        self._files: dict[str, memoryview] = {}
+        if session is None:
+            session, self._files = _built_session(header, model, settings, named_data, pack_weights)
+        self._session = session  # self._files: the session reads them, keep them alive as long as it lives
+        return_freed_memory()
+        # The binding's run, without the Python wrapper's per-call checks of names we already know.
+        self._run = self._session._sess.run
+        _check_names(self._session, self.branches, self._selector)
+        self._unread = _unread_inputs(self._session, self._selector)
+
+    def run(self, branch: int, inputs: list[Any]) -> list[torch.Tensor]:
+        names, outputs = self.branches[branch]
+        feed = dict(self._unread)
+        feed.update((name, _as_numpy(value)) for name, value in zip(names, inputs, strict=True))
+        if self._selector is not None:
+            feed[self._selector] = np.array(branch, dtype=np.int64)
+        return [torch.from_numpy(array) for array in self._run(outputs, feed, None)]
+
+
+def _built_session(
+    header: dict[str, Any],
+    model: memoryview,
+    settings: Options,
+    named_data: NamedDataMap,
+    pack_weights: bool = True,
+    prepared_into: Path | None = None,
+) -> tuple[Any, dict[str, memoryview]]:
+    """A session of ``model`` and the views of named data it reads (in place: keep them while it lives).
+
+    ``prepared_into``: a directory where ONNX Runtime also writes the optimized model and its packed weights.
+    """
+    ort = require("onnxruntime")
+    initializers = initializer_table(header)
+    packing = pack_weights and settings.prepacking
+    with named_data.reading(external_keys(initializers)) as files:  # checksums checked meanwhile
+        supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
+        model_bytes = confined_model(require("onnx"), bytes(model), supplied, "onnxruntime blob")
+        options = settings.session_options(pack_weights)
+        if prepared_into is not None:
+            save_prepared(options, prepared_into)
+        with pages_released_while_packing(named_data, list(files) if packing else []):
+            session = _session(ort, model_bytes, options, files)
+    return session, files
+
+
+class _Delegate:
+    """One delegate: a branch of a model's session."""
+
+    def __init__(self, model: Model, branch: int) -> None:
+        self.model, self.branch = model, branch
+        self._arity = len(model.branches[branch][0])
+
+    def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:
+        if len(inputs) != self._arity:
+            raise ValueError(f"expected {self._arity} inputs, got {len(inputs)}")
+        return self.model.run(self.branch, inputs)
+
+
+def _check_names(session: Any, branches: list[tuple[list[str], list[str]]], selector: str | None) -> None:
+    """Every name the header gives is one of the model's inputs or outputs: a ``FormatError`` now, not at a call."""
+    inputs, outputs = {v.name for v in session.get_inputs()}, {v.name for v in session.get_outputs()}
+    missing = [name for names, _ in branches for name in names if name not in inputs]
+    missing += [name for _, names in branches for name in names if name not in outputs]
+    missing += [selector] if selector is not None and selector not in inputs else []
+    if missing:
+        raise FormatError(
+            f"onnxruntime blob: its header names {missing[0]!r:.80}, which the model neither takes nor returns"
+        )
+
+
+# The numpy dtype of each input type ONNX Runtime names ("tensor(float)"); numpy has no bfloat16.
+_ORT_NAMES = {"float32": "float", "float64": "double"}
+_NUMPY_TYPES = {f"tensor({_ORT_NAMES.get(n, n)})": np.dtype(n) for n in ONNX_TYPES if n != "bfloat16"}
+
+
+def _unread_inputs(session: Any, selector: str | None) -> dict[str, np.ndarray]:
+    """A value for every input of a model of several branches, for the branches a call does not take.
+
+    ``If`` never reads them; zeros of a size that is never touched (a symbolic size is 0).
+    """
+    if selector is None:
+        return {}
+    unread = {}
+    for value in session.get_inputs():
+        if value.name == selector:
+            continue
+        dtype = _NUMPY_TYPES.get(value.type)
+        if dtype is None:
+            raise FormatError(f"onnxruntime blob: input {value.name!r} is a {value.type}, which no delegate can feed")
+        unread[value.name] = np.zeros([d if isinstance(d, int) else 0 for d in value.shape], dtype)
+    return unread
+
+
+def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memoryview]) -> Any:
+    """An InferenceSession of ``model`` whose external tensors are read in place from ``files``."""
+    if files:
+        # No copy, whatever their number: the session reads the views it is given.
+        options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
+        options.add_external_initializers_from_files_in_memory(
+            list(files), list(files.values()), [len(view) for view in files.values()]
+        )
+    # Settings come from compile specs only, never from the model's metadata (ORT_LOAD_CONFIG_FROM_MODEL).
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"], read_config_from_model=0)
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            value = value.detach()
+        return (value if value.is_contiguous() else value.contiguous()).numpy()
+    return np.asarray(value, dtype=np.int64)
+
+
+def prepare_model(processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> str | None:
+    """Optimize the blob's model and pack its weights for this machine, into the machine cache."""
+    settings = Options(compile_specs)
+    if not settings.prepacking:
+        return None
+    header, payload = model_of(processed, named_data)
+    key = prepared_key(header, payload, settings, named_data)
+    with entry_lock(PREPARED, key):  # another process preparing this model: its entry is used
+        place = find_entry(PREPARED, key, verify=True, quiet=True)  # a damaged one is written again
+        if place is None:
+            with new_entry(PREPARED, key) as scratch:
+                _built_session(header, payload, settings, named_data, prepared_into=scratch)
+            return_freed_memory()
+            place = entry_path(PREPARED, key)
+        size = entry_size(place) / 1e6
+    return f"onnxruntime model {key[:12]}, optimized and packed for this machine: {size:,.1f} MB in {place}"
