@@ -27,7 +27,7 @@ from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError
 from torchdelegate.lowered_module import LoweredBackendModule
-from torchdelegate.partition.capability import CapabilityPartitioner
+from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.container import canonical_json
@@ -183,9 +183,4 @@ def reference_support(node: Node) -> bool | str:
     """True if ``node`` is an ATen op or control flow that makes tensors only; otherwise why not."""
     if not isinstance(node.target, torch._ops.OpOverload) and node.target not in _CONTROL_FLOW:
         return f"not an ATen operator ({getattr(node.target, '__name__', node.target)})"
-    value = node.meta.get("val")
-    values = value if isinstance(value, (tuple, list)) else (value,)
-    for v in values:
-        if not isinstance(v, torch.Tensor):
-            return f"makes a non-tensor value ({type(v).__name__})"
-    return True
+    return non_tensor_value(node) or True

@@ -105,6 +105,16 @@ def op_name(node: Node) -> str:
     return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
 
 
+def non_tensor_value(node: Node) -> str | None:
+    """Why a backend that takes and returns only tensors cannot run ``node``: a value it makes (its
+    traced ``val``, or each item of a tuple or list of them) that is not a tensor; None if all are."""
+    value = node.meta.get("val")
+    for made in value if isinstance(value, (tuple, list)) else (value,):
+        if not isinstance(made, torch.Tensor):
+            return f"makes a non-tensor value ({type(made).__name__})"
+    return None
+
+
 class UnitGraph:
     """The graph's computations as units: a node with its tuple items, a group of an earlier backend,
     or an *atom* (nodes that must stay together, such as a pattern's match). A unit is named by the

@@ -14,7 +14,7 @@ from torch.fx import Node
 from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
 from torchdelegate.backends.onnxruntime.onnx_export import quiet_exporter
 from torchdelegate.backends.onnxruntime.settings import require
-from torchdelegate.partition.capability import CapabilityPartitioner
+from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 _UNSUPPORTED_DTYPES = frozenset(
@@ -55,11 +55,11 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
             return f"torch.onnx has no translation for {node.target}"
         if node.target in _TRANSLATIONS_REFUSED:
             return f"torch.onnx's translation of {node.target} makes a model ONNX Runtime refuses"
+        not_tensor = non_tensor_value(node)
+        if not_tensor is not None:
+            return not_tensor
         value = node.meta.get("val")
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        for v in values:
-            if not isinstance(v, torch.Tensor):
-                return f"makes a non-tensor value ({type(v).__name__})"
+        for v in value if isinstance(value, (tuple, list)) else (value,):
             if v.dtype in _UNSUPPORTED_DTYPES:
                 return f"makes {v.dtype}, which the CPU provider does not run"
         for source in node.all_input_nodes:
