@@ -159,6 +159,13 @@ def test_a_valid_small_file_runs(small_file: bytes, tmp_path: Path) -> None:
         assert program.run("forward", torch.randn(2, 4)).shape == (2, 4)
 
 
+def test_saving_into_a_missing_directory_names_the_directory(tmp_path: Path) -> None:
+    lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(ReferencePartitioner())
+    with pytest.raises(FileNotFoundError, match=r"its directory '.*nodir' does not exist; create it first"):
+        lowered.save(tmp_path / "nodir" / "m.tdp")
+    assert not (tmp_path / "nodir").exists()
+
+
 def test_a_file_whose_graph_calls_delegates_by_their_name_before_the_rename_runs(tmp_path: Path) -> None:
     """Files written before the saved operator took the in-memory name call it ``delegate_call``."""
     torch.manual_seed(0)

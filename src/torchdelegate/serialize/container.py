@@ -100,6 +100,9 @@ def write_container(
         magic, FORMAT_VERSION, 0, len(manifest_bytes), data_offset, hashlib.sha256(manifest_bytes).digest()
     )
     path = Path(path)
+    if not path.parent.is_dir():
+        where = f"cannot save {str(path)!r}: its directory {str(path.parent)!r}"
+        raise FileNotFoundError(f"{where} does not exist; create it first")
     # A unique name beside the target (so the rename is atomic), created with the user's umask.
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:

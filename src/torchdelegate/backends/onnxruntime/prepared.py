@@ -1,5 +1,6 @@
 """The machine cache's entries of models optimized and their weights packed on this machine: their
-key, a session made from one, and the settings that make a session write one.
+key, a session made from one, and the settings that make a session write one (``session.prepare_model``
+builds that session).
 """
 
 from __future__ import annotations
