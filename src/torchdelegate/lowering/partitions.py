@@ -21,7 +21,7 @@ from torch.fx import GraphModule, Node
 
 from torchdelegate.errors import PartitionError
 from torchdelegate.lowering.exported_programs import STATE_KINDS
-from torchdelegate.partition.partitioner import DELEGATION_TAG, NO_COPY, is_tuple_item
+from torchdelegate.partition.partitioner import NO_COPY, is_tuple_item, tags_in
 from torchdelegate.partition.topological_order import topological_order
 from torchdelegate.specs import DelegationSpec
 
@@ -89,7 +89,7 @@ def find_partitions(
     specs = {s.arg.name: s for s in signature.input_specs if hasattr(s.arg, "name")} if signature else {}
     nodes = list(gm.graph.nodes)
     if tags is None:
-        tags = {node: node.meta[DELEGATION_TAG] for node in nodes if node.meta.get(DELEGATION_TAG) is not None}
+        tags = tags_in(nodes)
     index = {node: i for i, node in enumerate(nodes)}
     groups: dict[str, Partition] = {}
     group_of: dict[Node, Partition] = {}

@@ -105,11 +105,16 @@ def op_name(node: Node) -> str:
     return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
 
 
-def non_tensor_value(node: Node) -> str | None:
-    """Why a backend that takes and returns only tensors cannot run ``node``: a value it makes (its
-    traced ``val``, or each item of a tuple or list of them) that is not a tensor; None if all are."""
+def values_made(node: Node) -> tuple[object, ...]:
+    """The values ``node`` makes, as export traced them: its ``val``, or each item of a tuple or list."""
     value = node.meta.get("val")
-    for made in value if isinstance(value, (tuple, list)) else (value,):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def non_tensor_value(node: Node) -> str | None:
+    """Why a backend that takes and returns only tensors cannot run ``node``: a value it makes
+    that is not a tensor; None if all are."""
+    for made in values_made(node):
         if not isinstance(made, torch.Tensor):
             return f"makes a non-tensor value ({type(made).__name__})"
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,11 @@ from torchdelegate.specs import DelegationSpec
 
 DELEGATION_TAG = "delegation_tag"
 """The ``node.meta`` key a partitioner sets to put a node in a partition."""
+
+
+def tags_in(nodes: Iterable[Node]) -> dict[Node, str]:
+    """Each of ``nodes`` a partitioner tagged, with its tag (``node.meta[DELEGATION_TAG]``)."""
+    return {node: node.meta[DELEGATION_TAG] for node in nodes if node.meta.get(DELEGATION_TAG) is not None}
 
 
 def overloads_of(op: Any) -> list[OpOverload] | None:

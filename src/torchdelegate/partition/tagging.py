@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from torchdelegate.partition.partitioner import DELEGATION_TAG
+from torchdelegate.partition.partitioner import DELEGATION_TAG, tags_in
 
 
 def _state_placeholders(program: ExportedProgram) -> dict[str, str]:
@@ -37,9 +37,7 @@ def tag_constant_data(program: ExportedProgram) -> list[str]:
     it carries it inside. Mutated buffers are left to :func:`tag_mutated_buffers`. Returns
     the FQNs tagged.
     """
-    nodes = program.graph.nodes
-    tags = {node: node.meta[DELEGATION_TAG] for node in nodes if node.meta.get(DELEGATION_TAG) is not None}
-    constants = constant_data_tags(program, tags)
+    constants = constant_data_tags(program, tags_in(program.graph.nodes))
     state = _state_placeholders(program)
     for node, tag in constants.items():
         node.meta[DELEGATION_TAG] = tag

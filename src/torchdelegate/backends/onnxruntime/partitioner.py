@@ -14,7 +14,7 @@ from torch.fx import Node
 from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
 from torchdelegate.backends.onnxruntime.onnx_export import quiet_exporter
 from torchdelegate.backends.onnxruntime.settings import require
-from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value
+from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value, values_made
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 _UNSUPPORTED_DTYPES = frozenset(
@@ -58,9 +58,8 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
         not_tensor = non_tensor_value(node)
         if not_tensor is not None:
             return not_tensor
-        value = node.meta.get("val")
-        for v in value if isinstance(value, (tuple, list)) else (value,):
-            if v.dtype in _UNSUPPORTED_DTYPES:
+        for v in values_made(node):
+            if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
                 return f"makes {v.dtype}, which the CPU provider does not run"
         for source in node.all_input_nodes:
             v = source.meta.get("val")
