@@ -27,6 +27,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.utils.flop_counter import flop_registry
 
+from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.lowering.partitions import Partition, find_partitions
 from torchdelegate.partition.capability import PartitionPlan
@@ -278,10 +279,8 @@ def _weight_bytes(program: ExportedProgram) -> dict[str, int]:
     mutated = set(program.graph_signature.buffers_to_mutate.values())
     found = {}
     for spec in program.graph_signature.input_specs:
-        if spec.kind in TENSOR_STATE_KINDS and spec.target not in mutated:
-            value = program.state_dict.get(spec.target) if spec.target else None
-            if value is None:
-                value = program.constants.get(spec.target) if spec.target else None
+        if spec.kind in TENSOR_STATE_KINDS and spec.target is not None and spec.target not in mutated:
+            value = state_value(program, spec.target)
             if isinstance(value, torch.Tensor):
                 found[spec.arg.name] = value.numel() * value.element_size()
     return found

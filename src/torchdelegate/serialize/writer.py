@@ -21,7 +21,7 @@ from torch.export import ExportedProgram
 from torchdelegate.backend import delegate_info_problem, get_backend
 from torchdelegate.data import NamedDataStoreOutput, tensor_bytes
 from torchdelegate.errors import SerializationError, first_line
-from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.lowered_module import LoweredBackendModule, state_value
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.container import (
@@ -102,7 +102,6 @@ def save_program(
     external_record = None
     if external is not None:
         external_record = ExternalDataRecord(external.name, [(d.hex(), len(s.data)) for d, s in data.sources.items()])
-        _extend_data_file(external, data)
     manifest = ProgramManifest(
         {"torch": torch.__version__},
         methods,
@@ -112,7 +111,19 @@ def save_program(
         external_record,
         None if report is None else dict(report),
     )
-    _write(path, PROGRAM_MAGIC, manifest.to_json(), local, manifest)
+    try:
+        if external is not None:
+            _extend_data_file(external, data)
+        _write(path, PROGRAM_MAGIC, manifest.to_json(), local)
+    except ChangedDataError as e:
+        changed = e.digest.hex()
+        users = [f"named data {n.key!r}" for n in named if n.data == changed]
+        users += [f"state {s.name!r}" for s in state if s.data == changed]
+        written = str(path) if external is None else f"{path} or {external}"
+        raise SerializationError(
+            f"{', '.join(users) or 'a segment'} changed after it was lowered (a tensor written in place?); "
+            f"lower the program again from the changed model. Nothing was written to {written}"
+        ) from None
 
 
 def _check_named_data(delegates: Mapping[LoweredBackendModule, int], named_data: NamedDataStoreOutput) -> None:
@@ -135,21 +146,11 @@ def _check_named_data(delegates: Mapping[LoweredBackendModule, int], named_data:
             )
 
 
-def _write(
-    path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segments, records: ProgramManifest | None = None
-) -> None:
+def _write(path: Path, magic: bytes, manifest: dict[str, Any], segments: _Segments) -> None:
+    """One container file; a ``ChangedDataError`` if a segment's bytes changed since they were added."""
     sources = list(segments.sources.values())
     table, data_length, largest = layout_segments(sources)
-    try:
-        write_container(path, magic, {**manifest, "segments": table, "data_length": data_length}, sources, largest)
-    except ChangedDataError as e:
-        changed = e.digest.hex()
-        users = [f"named data {n.key!r}" for n in (records.named_data if records else []) if n.data == changed]
-        users += [f"state {s.name!r}" for s in (records.state if records else []) if s.data == changed]
-        raise SerializationError(
-            f"{', '.join(users) or 'a segment'} changed after it was lowered (a tensor written in place?); "
-            f"lower the program again from the changed model. Nothing was written to {path}"
-        ) from None
+    write_container(path, magic, {**manifest, "segments": table, "data_length": data_length}, sources, largest)
 
 
 def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> DelegateRecord:
@@ -217,7 +218,7 @@ def _state_entries(programs: Mapping[str, ExportedProgram], segments: _Segments)
             if spec.kind not in TENSOR_STATE_KINDS or spec.target is None:
                 continue
             fqn = spec.target
-            value = program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
+            value = state_value(program, fqn)
             if not isinstance(value, torch.Tensor):
                 raise SerializationError(f"method {method!r}: {fqn!r} is a {type(value).__name__}, not a tensor")
             if fqn in found:
