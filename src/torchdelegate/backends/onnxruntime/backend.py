@@ -9,11 +9,10 @@ import torch
 from torch.export import ExportedProgram
 
 from torchdelegate.backend import SharedDataBackend
-from torchdelegate.backends.blob import table_keys, unpack
+from torchdelegate.backends.onnxruntime.blob_header import named_data_keys
 from torchdelegate.backends.onnxruntime.linking import link_partitions
 from torchdelegate.backends.onnxruntime.onnx_export import export_partition
 from torchdelegate.backends.onnxruntime.session import delegate_handle, prepare_model
-from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.specs import CompileSpec
 
@@ -48,14 +47,7 @@ class OnnxRuntimeBackend(SharedDataBackend):
 
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
-        header = unpack(processed, BLOB_VERSION, "onnxruntime", older=(1,))[0]
-        if "model" in header:
-            keys = header.get("keys")
-            listed = [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
-            model = header["model"]
-            return sorted({*listed, model}) if isinstance(model, str) else listed
-        initializers = header.get("initializers")
-        return table_keys(list(initializers.values()) if isinstance(initializers, dict) else None)
+        return named_data_keys(processed)
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-from torchdelegate.backends.blob import unpack
+from torchdelegate.backends.blob import table_keys, unpack
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
 from torchdelegate.data import NamedDataMap
 from torchdelegate.errors import FormatError
@@ -23,6 +23,18 @@ def unpacked(processed: memoryview) -> tuple[dict[str, Any], memoryview]:
             "branches": [{"inputs": header.get("inputs"), "outputs": header.get("outputs")}],
         }
     return header, payload
+
+
+def named_data_keys(processed: memoryview) -> list[str] | None:
+    """Every named data a blob reads: its model's and that model's weights, or its own weights."""
+    header = unpacked(processed)[0]
+    if "model" in header:
+        keys = header.get("keys")
+        listed = [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+        model = header["model"]
+        return sorted({*listed, model}) if isinstance(model, str) else listed
+    initializers = header.get("initializers")
+    return table_keys(list(initializers.values()) if isinstance(initializers, dict) else None)
 
 
 def model_key(key: Any, named_data: NamedDataMap) -> str:
