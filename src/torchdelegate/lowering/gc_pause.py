@@ -1,8 +1,5 @@
-"""Python's cyclic garbage collector paused while lowering builds graphs.
-
-A full collection walks every live object, and building graphs allocates enough nodes to
-trigger several: with the collector on, the cost of lowering grows faster than the graphs.
-"""
+"""Python's cyclic garbage collector paused while lowering builds graphs (``benchmarks/lowering.py``
+measures what it saves)."""
 
 from __future__ import annotations
 
@@ -18,12 +15,12 @@ _gc_was_enabled = True
 
 @contextlib.contextmanager
 def cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while lowering builds graphs (reentrant).
+    """Pause Python's cyclic garbage collector while lowering builds graphs (reentrant, across threads).
 
     A full collection walks every live object, and building graphs allocates enough nodes to
-    trigger several: with the collector on, lowering two methods together costs 20% more
-    than lowering them one by one. Reference counting still frees acyclic garbage. Never
-    held around a partitioner's or a backend's code.
+    trigger several, so with the collector on the cost of lowering grows faster than the graphs.
+    Reference counting still frees acyclic garbage. Never held around a partitioner's or a
+    backend's code.
     """
     global _gc_pauses, _gc_was_enabled
     with _gc_lock:

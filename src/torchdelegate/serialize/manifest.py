@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -203,7 +203,7 @@ class ProgramManifest:
     state: list[StateRecord]
     named_data: list[NamedDataRecord]
     external_data: ExternalDataRecord | None = None
-    report: dict[str, Any] | None = field(default=None)
+    report: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         manifest: dict[str, Any] = {
