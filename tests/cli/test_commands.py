@@ -261,6 +261,21 @@ def test_a_file_needing_an_operator_library_says_to_import_it(
         assert error.endswith("(with this command: --import MODULE)\n")
 
 
+def test_a_moved_data_file_says_how_to_name_it_with_this_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    td.to_edge(torch.export.export(TwoLinears(), (torch.randn(2, 4),))).save(
+        tmp_path / "m.tdp", external_data_path=tmp_path / "m.tdd"
+    )
+    (tmp_path / "m.tdd").rename(tmp_path / "moved.tdd")
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", "m.tdp"]) == 1
+    error = capsys.readouterr().err
+    assert "keeps its data in an external file 'm.tdd'" in error
+    assert error.endswith("(with this command: --external-data FILE)\n")
+    assert main(["inspect", "m.tdp", "--external-data", "moved.tdd"]) == 0
+
+
 def test_outputs_are_named_by_their_place_unless_they_are_a_flat_tuple() -> None:
     from torch.utils._pytree import MappingKey, SequenceKey
 

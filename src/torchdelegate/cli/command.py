@@ -72,7 +72,7 @@ def import_module(module: str) -> None:
 
 
 def loaded(path: Path, external_data: Path | None, trust: Sequence[str]) -> Any:
-    """``load`` for the commands: a missing operator library says how to import it here."""
+    """``load`` for the commands: a missing operator library or data file says how to give it here."""
     from torchdelegate.errors import OperatorNotFoundError
     from torchdelegate.runtime.program import load
 
@@ -80,3 +80,7 @@ def loaded(path: Path, external_data: Path | None, trust: Sequence[str]) -> Any:
         return load(path, external_data_path=external_data, trusted_backends=trust)
     except OperatorNotFoundError as error:
         raise CommandError(f"{error} (with this command: --import MODULE)") from error
+    except FileNotFoundError as error:
+        if external_data is not None or not path.is_file():
+            raise
+        raise CommandError(f"{error} (with this command: --external-data FILE)") from error  # its data file

@@ -53,7 +53,7 @@ class ProgramFile:
         if not exists:
             raise FileNotFoundError(
                 f"{self.path} keeps its data in an external file {name!r}, not found at {str(path)!r}; "
-                "pass external_data_path= (with the torchdelegate command: --external-data FILE) to say where it is"
+                "pass external_data_path= to say where it is"
             )
         external = Container(path, DATA_MAGIC, "external data")
         check_data_manifest(external.manifest, external.path)
