@@ -14,7 +14,7 @@ import inspect
 import json
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any, ClassVar
 
@@ -150,13 +150,59 @@ class BackendDetails(ABC):
         edge_programs: dict[str, list[ExportedProgram]],
         compile_specs: dict[str, list[list[CompileSpec]]],
     ) -> dict[str, list[PreprocessResult]]:
-        """Compile every partition of every method at once; override to share data between them."""
-        return {
-            method: [
-                cls.preprocess(program, specs) for program, specs in zip(programs, compile_specs[method], strict=True)
-            ]
-            for method, programs in edge_programs.items()
-        }
+        """Compile every partition of every method at once.
+
+        The default compiles each partition alone (:meth:`preprocess_partition`), then hands
+        all results to :meth:`link_results`. A backend that keeps this default compiles its
+        partitions independently, so lowering may run them in parallel (on worker processes or
+        a cluster) and answer them from its compile cache; a backend that overrides this method
+        is always called once, in the lowering process.
+        """
+        flat = [
+            (m, p, s) for m, programs in edge_programs.items() for p, s in zip(programs, compile_specs[m], strict=True)
+        ]
+        results = []
+        for index, (method, program, specs) in enumerate(flat):
+            where = f"method {method!r}, partition {index}"
+            results.append(cls.preprocess_partition(program, specs, where))
+            partition_compiled(cls.backend_id, where)
+        linked = iter(cls.link_results(results, [specs for _, _, specs in flat]))
+        return {method: [next(linked) for _ in programs] for method, programs in edge_programs.items()}
+
+    @classmethod
+    def preprocess_partition(
+        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec], where: str = "sub-program"
+    ) -> PreprocessResult:
+        """One partition compiled on its own, perhaps in another process or on another machine
+        (default: :meth:`preprocess`); ``where`` names it in messages. What it returns depends on
+        nothing but the sub-program, the compile specs and the versions :meth:`compile_cache_identity`
+        names."""
+        del where
+        return cls.preprocess(edge_program, compile_specs)
+
+    @classmethod
+    def link_results(
+        cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
+    ) -> list[PreprocessResult]:
+        """Every partition's result of one lowering (all methods, in order), once all are compiled:
+        a backend may join them here (the default keeps them). Runs in the lowering process."""
+        del compile_specs
+        return results
+
+    compile_cache_version: ClassVar[str | None] = None
+    """Names the backend's compiler: change it whenever :meth:`preprocess_partition` may return other
+    bytes for the same input. None (the default): results are never taken from the compile cache."""
+    weights_by_reference: ClassVar[bool] = False
+    """True when a state tensor whose exact bytes a result stores as named data reaches nothing
+    else in that result (no folded constant, no size or value chosen from it): the compile cache
+    then answers a partition of other weights with the same compiled blob, its named data
+    keys replaced. False: the cache key covers every weight's bytes."""
+
+    @classmethod
+    def compile_cache_identity(cls) -> dict[str, str] | None:
+        """What a compiled result depends on besides the sub-program and compile specs (the
+        backend's and its runtime's versions), as strings; None: never cached."""
+        return None if cls.compile_cache_version is None else {"compiler": cls.compile_cache_version}
 
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
@@ -207,9 +253,10 @@ class BackendDetails(ABC):
 class SharedDataBackend(BackendDetails):
     """A backend whose blobs keep their weights in named data that all its partitions share.
 
-    Implement :meth:`compile_partition`; every partition of every method of one lowering
-    adds to one :class:`NamedDataStore`, so a weight that several partitions or methods use
-    is stored once.
+    Implement :meth:`compile_partition`; each partition is compiled into a store of its own,
+    and :meth:`link_results` merges them in order into one :class:`NamedDataStore` for every
+    partition of every method of the lowering, so a weight that several partitions or methods
+    use is stored once.
     """
 
     @classmethod
@@ -234,34 +281,32 @@ class SharedDataBackend(BackendDetails):
 
     @classmethod
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
+        return cls.preprocess_partition(edge_program, compile_specs)
+
+    @classmethod
+    def preprocess_partition(
+        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec], where: str = "sub-program"
+    ) -> PreprocessResult:
         store = NamedDataStore()
-        blob = cls.compile_partition(edge_program, compile_specs, store, "sub-program")
+        blob = cls.compile_partition(edge_program, compile_specs, store, where)
         return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
 
     @classmethod
-    def preprocess_multimethod(
-        cls,
-        edge_programs: dict[str, list[ExportedProgram]],
-        compile_specs: dict[str, list[list[CompileSpec]]],
-    ) -> dict[str, list[PreprocessResult]]:
+    def link_results(
+        cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
+    ) -> list[PreprocessResult]:
+        """Every result's named data in one store (in order), then :meth:`link_partitions`."""
         store = NamedDataStore()
-        results: dict[str, list[PreprocessResult]] = {}
-        for method, programs in edge_programs.items():
-            results[method] = []
-            for index, (program, specs) in enumerate(zip(programs, compile_specs[method], strict=True)):
-                where = f"method {method!r}, partition {index}"
-                results[method].append(PreprocessResult(cls.compile_partition(program, specs, store, where)))
-                partition_compiled(cls.backend_id, where)
-        flat = [result for method_results in results.values() for result in method_results]
-        flat_specs = [specs for method in results for specs in compile_specs[method]]
-        blobs = cls.link_partitions([result.processed_bytes for result in flat], flat_specs, store)
-        for result, blob in zip(flat, blobs, strict=True):
-            result.processed_bytes = blob
+        for result in results:
+            if result.data_store_output is not None:
+                store.merge(result.data_store_output)
+        blobs = cls.link_partitions([result.processed_bytes for result in results], compile_specs, store)
         output = store.get_named_data_store_output()
-        for method_results in results.values():
-            for result in method_results:
-                result.data_store_output = output  # one store: the lowering merges it once
-        return results
+        # one store: the lowering merges it once
+        return [
+            replace(result, processed_bytes=blob, data_store_output=output)
+            for result, blob in zip(results, blobs, strict=True)
+        ]
 
 
 def register_backend(cls: type[BackendDetails]) -> None:

@@ -1,8 +1,9 @@
 """Preprocess: each partition's sub-program handed to its backend, and what comes back checked.
 
 Partitions are grouped by backend id in order of first appearance: one
-``preprocess_multimethod`` call per backend that overrides it, else ``preprocess`` per
-partition (so an error names the partition). Results are checked (type, count, bytes,
+``preprocess_multimethod`` call per backend that overrides it; else each partition is a unit
+compiled on its own (``compile_units.py``: perhaps in parallel, perhaps from the compile
+cache) and the backend's ``link_results`` sees them all. Results are checked (type, count, bytes,
 ``delegate_info``), and so is each sub-program, which stays the delegate's
 ``original_module``. Named data from every result merges into one store.
 """
@@ -19,9 +20,10 @@ from torchdelegate.backend import BackendDetails, PreprocessResult, checked_dele
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
 from torchdelegate.errors import BackendNotFoundError, NamedDataConflictError, PreprocessError
 from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.lowering.compile_units import CompileUnit, compile_units
 from torchdelegate.lowering.partitions import Partition
 from torchdelegate.lowering.validation import program_fingerprint
-from torchdelegate.progress import expect_partitions, partition_compiled, partitions_compiled_until, steps_done
+from torchdelegate.progress import expect_partitions, partitions_compiled_until, steps_done
 from torchdelegate.specs import CompileSpec
 
 
@@ -34,6 +36,7 @@ class PartitionJob:
     subprogram: ExportedProgram
     result: PreprocessResult | None = None
     delegate: LoweredBackendModule | None = None
+    cache: str | None = None
 
 
 def preprocess_jobs(jobs: list[PartitionJob]) -> None:
@@ -54,11 +57,7 @@ def preprocess_jobs(jobs: list[PartitionJob]) -> None:
             _preprocess_multimethod(backend, backend_jobs)
             partitions_compiled_until(until, backend_id, f"{len(backend_jobs)} partition(s)")
         else:
-            for job in backend_jobs:
-                specs = list(job.partition.spec.compile_specs)
-                result = preprocess_one(backend, job.subprogram, specs, job.method, job.partition.tag)
-                job.result = checked_result(result, backend_id, job.method)
-                partition_compiled(backend_id, f"method {job.method!r}, partition {job.partition.tag!r}")
+            _preprocess_units(backend, backend_jobs)
         for job, fingerprint in zip(backend_jobs, before, strict=True):
             check_unchanged(job.subprogram, fingerprint, backend_id, f"partition {job.partition.tag!r}", job.method)
 
@@ -86,6 +85,28 @@ def preprocess_one(
             f"backend {backend.backend_id!r} failed to preprocess partition {tag!r} of method {method!r}: "
             f"{type(e).__name__}: {e}"
         ) from e
+
+
+def _preprocess_units(backend: type[BackendDetails], jobs: list[PartitionJob]) -> None:
+    units = [CompileUnit(j.method, j.partition.tag, j.subprogram, tuple(j.partition.spec.compile_specs)) for j in jobs]
+    compiled = compile_units(backend, units)
+    for job, unit in zip(jobs, compiled, strict=True):
+        checked_result(unit.result, backend.backend_id, job.method)
+        job.cache = unit.cache
+    specs = [list(unit.compile_specs) for unit in units]
+    try:
+        linked = backend.link_results([unit.result for unit in compiled], specs)
+    except Exception as e:
+        raise PreprocessError(
+            f"backend {backend.backend_id!r} failed to link its {len(jobs)} partition(s): {type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(linked, (list, tuple)) or len(linked) != len(jobs):
+        raise PreprocessError(
+            f"backend {backend.backend_id!r}: link_results returned {type(linked).__name__}; expected a list "
+            f"of {len(jobs)} PreprocessResult, one per partition in the order given"
+        )
+    for job, result in zip(jobs, linked, strict=True):
+        job.result = checked_result(result, backend.backend_id, job.method)
 
 
 def _preprocess_multimethod(backend: type[BackendDetails], jobs: list[PartitionJob]) -> None:
@@ -182,6 +203,6 @@ def make_delegate(job: PartitionJob, named_data: NamedDataStore) -> LoweredBacke
         job.subprogram,
         job.result.data_store_output,
         named_data=named_data,
-        meta=delegate_meta(job.result, job.method, job.partition.tag, spec.backend_id),
+        meta=delegate_meta(job.result, job.method, job.partition.tag, spec.backend_id) | {"compile_cache": job.cache},
         name=delegate_name(job),
     )
