@@ -8,6 +8,8 @@ from torchdelegate.backend import (
     register_backend,
     registered_backend_ids,
 )
+from torchdelegate.compile.cache import CompileCache
+from torchdelegate.compile.options import preprocessing
 from torchdelegate.data import DataEntry, NamedDataMap, NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.edge_program_manager import EdgeProgramManager, to_edge, to_edge_transform_and_lower
 from torchdelegate.errors import (
@@ -74,6 +76,7 @@ __all__ = [
     "BackendRegistrationError",
     "BackendUnavailableError",
     "CapabilityPartitioner",
+    "CompileCache",
     "CompileSpec",
     "DataEntry",
     "DelegateExecutionError",
@@ -122,6 +125,7 @@ __all__ = [
     "lowered_module_of",
     "lowered_modules",
     "lowered_submodules",
+    "preprocessing",
     "print_delegated_graph",
     "register_backend",
     "registered_backend_ids",

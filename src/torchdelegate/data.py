@@ -173,6 +173,13 @@ class NamedDataStore:
         self._add(key, buffer, alignment, digest, None)
         return key
 
+    def add_with_digest(
+        self, key: str, data: bytes | bytearray | memoryview | torch.Tensor, alignment: int, digest: bytes
+    ) -> None:
+        """Store ``data`` under ``key`` when its SHA-256 (``digest``) is already known: it is not hashed again."""
+        _check_alignment(key, alignment)
+        self._add(key, _as_buffer(data), alignment, digest, None)
+
     def merge(self, output: NamedDataStoreOutput, owner: str | None = None) -> None:
         """Add every entry of ``output``; a key already stored with other bytes is a ``ValueError``.
 

@@ -45,6 +45,8 @@ class InductorBackend(SharedDataBackend):
 
     backend_id = "inductor"
     runs_native_code = True  # a blob is a compiled shared library, loaded into the process
+    compile_cache_version = f"blob {BLOB_VERSION}"
+    weights_by_reference = True  # user-managed constants, no freezing: the code never reads a weight's value
 
     @classmethod
     def is_available(cls) -> bool:

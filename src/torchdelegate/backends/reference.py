@@ -45,6 +45,8 @@ class ReferenceBackend(SharedDataBackend):
 
     backend_id = "reference"
     thread_safe_execute = True  # a handle that owns state locks itself
+    compile_cache_version = f"blob {BLOB_VERSION}"
+    weights_by_reference = True  # a weight is its table's key, nothing else
 
     @classmethod
     def compile_partition(

@@ -1,0 +1,196 @@
+"""A compiled partition as the compile cache keeps it and a worker returns it: the blob with the
+keys of weights it stored unchanged replaced by slots, the named data it derived, its debug map
+and delegate info; checksummed, nothing executable.
+
+Weights are not kept. A result is made again from an entry and the unit's own state tensors
+(:func:`refit`): each slot's key becomes that tensor's SHA-256, and its bytes are the tensor
+itself (a view, no copy), exactly as the backend would have stored them.
+
+Layout: ``MAGIC``, the SHA-256 of the rest, an 8-byte little-endian header length, the header
+(canonical JSON), then the payload the header's ``[offset, length]`` pairs point into.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchdelegate.backend import PreprocessResult, delegate_info_problem, json_data_problem
+from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.serialize.container import canonical_json
+
+MAGIC = b"TDCUNIT1"
+_SLOT = "<torchdelegate weight slot {:06d}>"
+
+
+class EntryError(ValueError):
+    """An entry that is not whole or not of this format."""
+
+
+@dataclass(frozen=True)
+class NamedItem:
+    """One named data entry: from a state tensor (``slot``: its name; ``key`` None when keyed by
+    content and named in the blob in the clear; ``bound`` when keyed by content the blob holds in
+    another form, so only these bytes fit) or derived bytes kept in the entry (``data``)."""
+
+    key: str | None
+    slot: str | None
+    alignment: int
+    data: bytes | memoryview | None = None
+    bound: bool = False
+
+
+@dataclass(frozen=True)
+class Entry:
+    blob: bytes
+    named_data: list[NamedItem]
+    debug_handle_map: list[list[Any]] | None
+    delegate_info: dict[str, Any] | None
+
+
+def slot_token(index: int) -> bytes:
+    """What stands for the ``index``-th slot's key in a blob: as long as a hex SHA-256, never one."""
+    token = _SLOT.format(index).ljust(64, "~").encode()
+    assert len(token) == 64
+    return token
+
+
+def template(result: PreprocessResult, digests: Mapping[str, str]) -> Entry | str:
+    """``result`` with the keys of state tensors it stored unchanged as slots, or why it cannot be kept
+    (a debug map or delegate info that is not JSON data)."""
+    by_digest: dict[str, str] = {}
+    for state_name, digest in sorted(digests.items()):
+        by_digest.setdefault(digest, state_name)
+    output = result.data_store_output or NamedDataStoreOutput()
+    blob = result.processed_bytes
+    handles = _pairs(result.debug_handle_map)
+    if isinstance(handles, str):
+        return handles
+    info = result.delegate_info
+    problem = None if info is None else delegate_info_problem(info)
+    if problem:
+        return f"its delegate_info is not JSON data ({problem})"
+    texts = canonical_json({"handles": handles, "info": info})
+    items = []
+    slots = 0
+    for key, entry in output.entries.items():
+        digest = output.digests[entry.buffer_index].hex()
+        name = by_digest.get(digest)
+        if name is None:
+            items.append(NamedItem(key, None, entry.alignment, output.buffers[entry.buffer_index]))
+        elif key == digest and (key.encode() in blob or key.encode() in texts):
+            token = slot_token(slots)
+            slots += 1
+            blob, texts = blob.replace(key.encode(), token), texts.replace(key.encode(), token)
+            items.append(NamedItem(None, name, entry.alignment))
+        else:
+            items.append(NamedItem(key, name, entry.alignment, bound=key == digest))
+    restored = json.loads(texts)
+    return Entry(blob, items, restored["handles"], restored["info"])
+
+
+def _pairs(handles: Any) -> list[list[Any]] | None | str:
+    if handles is None:
+        return None
+    if not isinstance(handles, Mapping):
+        return f"its debug_handle_map is a {type(handles).__name__}"
+    pairs = [[k, v] for k, v in handles.items()]
+    problem = json_data_problem(pairs)
+    return f"its debug_handle_map is not JSON data ({problem})" if problem else pairs
+
+
+def passed_through(entry: Entry) -> set[str]:
+    """The state tensors whose bytes the entry's result stored unchanged, under their own name or
+    under a key the blob names in the clear (so that another tensor can take the slot); a key the
+    blob holds in another form (compressed, say) binds its tensor's bytes."""
+    return {item.slot for item in entry.named_data if item.slot is not None and not item.bound}
+
+
+def refit(entry: Entry, state: Mapping[str, torch.Tensor], digests: Mapping[str, str]) -> PreprocessResult:
+    """The result the entry stands for, with these state tensors in its slots."""
+    store = NamedDataStore()
+    blob, texts = entry.blob, canonical_json({"handles": entry.debug_handle_map, "info": entry.delegate_info})
+    slots = 0
+    for item in entry.named_data:
+        if item.slot is None:
+            assert item.key is not None and item.data is not None
+            store.add_named_data(item.key, item.data, item.alignment)
+            continue
+        digest = digests[item.slot]
+        if item.key is None:
+            token = slot_token(slots)
+            slots += 1
+            blob, texts = blob.replace(token, digest.encode()), texts.replace(token, digest.encode())
+        store.add_with_digest(item.key or digest, state[item.slot], item.alignment, bytes.fromhex(digest))
+    restored = json.loads(texts)
+    handles = restored["handles"]
+    return PreprocessResult(
+        blob,
+        debug_handle_map=None if handles is None else {_hashable(k): v for k, v in handles},
+        data_store_output=store.get_named_data_store_output(),
+        delegate_info=restored["info"],
+    )
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def encode(entry: Entry) -> bytes:
+    payload = bytearray()
+
+    def place(data: bytes | memoryview) -> list[int]:
+        start = len(payload)
+        payload.extend(data)
+        return [start, len(data)]
+
+    header = {
+        "blob": place(entry.blob),
+        "named_data": [
+            {
+                "key": i.key,
+                "slot": i.slot,
+                "alignment": i.alignment,
+                "data": None if i.data is None else place(i.data),
+                "bound": i.bound,
+            }
+            for i in entry.named_data
+        ],
+        "debug_handle_map": entry.debug_handle_map,
+        "delegate_info": entry.delegate_info,
+    }
+    text = canonical_json(header)
+    rest = len(text).to_bytes(8, "little") + text + bytes(payload)
+    return MAGIC + hashlib.sha256(rest).digest() + rest
+
+
+def decode(data: bytes) -> Entry:
+    """The entry ``data`` holds; an ``EntryError`` saying why it is not whole."""
+    if len(data) < 48 or data[:8] != MAGIC:
+        raise EntryError(f"it is not a compile cache entry of this version ({len(data)} bytes)")
+    rest = memoryview(data)[40:]
+    if hashlib.sha256(rest).digest() != data[8:40]:
+        raise EntryError("its checksum does not match (truncated or damaged)")
+    size = int.from_bytes(rest[:8], "little")
+    payload = rest[8 + size :]
+    try:
+        header = json.loads(bytes(rest[8 : 8 + size]))
+
+        def part(span: list[int]) -> memoryview:
+            start, length = span
+            if not (0 <= start and 0 <= length and start + length <= len(payload)):
+                raise EntryError(f"a span {span} lies outside its payload")
+            return payload[start : start + length]
+
+        items = [
+            NamedItem(i["key"], i["slot"], i["alignment"], None if i["data"] is None else part(i["data"]), i["bound"])
+            for i in header["named_data"]
+        ]
+        return Entry(bytes(part(header["blob"])), items, header["debug_handle_map"], header["delegate_info"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise EntryError(f"its header is malformed ({type(e).__name__}: {e})") from e

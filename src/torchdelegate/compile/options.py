@@ -1,0 +1,118 @@
+"""``torchdelegate.preprocessing``: how the lowerings inside a block compile their partitions.
+
+    with torchdelegate.preprocessing(cache="~/.cache/torchdelegate", jobs=2):
+        lowered = torchdelegate.to_edge_transform_and_lower(programs, partitioner=[...])
+
+``cache``: a :class:`CompileCache`, a directory or an fsspec URL; ``False`` turns the cache
+off; left out, ``TORCHDELEGATE_CACHE`` decides (unset or ``off``: no cache). Partitions are
+compiled on ``executor`` (any ``concurrent.futures.Executor``: a Dask ``Client.get_executor()``),
+or on ``jobs`` worker processes of this machine started for the block, or on the Dask cluster
+whose scheduler is at ``cluster`` (``tcp://HOST:PORT``; needs ``torchdelegate[distributed]``).
+Outside any block, the environment's cache (if any) is used and partitions compile here, one by
+one. Whatever the path, the saved file is the same, byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from typing import Any
+
+from torchdelegate.compile.cache import CompileCache
+from torchdelegate.compile.compiler import UnitCompiler
+from torchdelegate.compile.worker import warm_up
+from torchdelegate.lowering.compile_units import compiling_with, use_environment_compiler
+from torchdelegate.machine_cache import CACHE_VARIABLE
+
+_OFF = ("off", "0", "none", "false", "no")
+
+
+def environment_cache() -> CompileCache | None:
+    """The cache ``TORCHDELEGATE_CACHE`` names (a directory or URL), or None when it is unset or off."""
+    chosen = os.environ.get(CACHE_VARIABLE, "").strip()
+    if not chosen or chosen.lower() in _OFF:
+        return None
+    return CompileCache(chosen)
+
+
+def _chosen_cache(cache: CompileCache | str | os.PathLike[str] | bool | None) -> CompileCache | None:
+    if cache is None or cache is True:
+        return environment_cache()
+    if cache is False:
+        return None
+    if isinstance(cache, CompileCache):
+        return cache
+    if isinstance(cache, (str, os.PathLike)):
+        return CompileCache(cache)
+    raise TypeError(f"cache must be a CompileCache, a directory, a URL or False, got {type(cache).__name__}")
+
+
+def process_pool(jobs: int) -> ProcessPoolExecutor:
+    """``jobs`` worker processes, forked from a server that imported the backends once, warming up now."""
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"jobs must be a number of worker processes >= 1, got {jobs!r}")
+    context: Any = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torchdelegate.compile.worker"])
+    pool = ProcessPoolExecutor(jobs, mp_context=context)
+    for _ in range(jobs):
+        pool.submit(warm_up)
+    return pool
+
+
+def cluster_executor(address: str, stack: contextlib.ExitStack) -> Executor:
+    """An executor over the Dask cluster whose scheduler is at ``address``, closed with ``stack``."""
+    try:
+        import distributed
+    except ImportError as e:
+        raise ImportError(f"compiling on a cluster needs Dask: pip install 'torchdelegate[distributed]' ({e})") from e
+    try:
+        client = stack.enter_context(distributed.Client(address, timeout=30))
+    except OSError as e:
+        raise OSError(f"no Dask scheduler answers at {address} ({e}); start one with `dask scheduler`") from e
+    return client.get_executor(pure=False)
+
+
+@contextlib.contextmanager
+def preprocessing(
+    *,
+    cache: CompileCache | str | os.PathLike[str] | bool | None = None,
+    executor: Executor | None = None,
+    jobs: int | None = None,
+    cluster: str | None = None,
+) -> Iterator[UnitCompiler]:
+    """Lowerings inside the block compile partitions through ``cache`` on ``executor``, ``jobs``
+    local worker processes or the Dask ``cluster`` (at most one of the three)."""
+    given = [
+        name for name, value in (("executor", executor), ("jobs", jobs), ("cluster", cluster)) if value is not None
+    ]
+    if len(given) > 1:
+        raise ValueError(f"give one of executor, jobs and cluster, not {' and '.join(given)}")
+    chosen = _chosen_cache(cache)
+    with contextlib.ExitStack() as stack:
+        restart = None
+        if jobs is not None:
+            executor = process_pool(jobs)
+            pools = [executor]
+
+            def restart() -> Executor:
+                pools[-1].shutdown(wait=False, cancel_futures=True)
+                pools.append(process_pool(jobs))
+                return pools[-1]
+
+            stack.callback(lambda: pools[-1].shutdown(wait=True, cancel_futures=True))
+        elif cluster is not None:
+            executor = cluster_executor(cluster, stack)
+        compiler = UnitCompiler(chosen, executor, restart)
+        with compiling_with(compiler):
+            yield compiler
+
+
+def _from_environment() -> UnitCompiler | None:
+    cache = environment_cache()
+    return None if cache is None else UnitCompiler(cache)
+
+
+use_environment_compiler(_from_environment)

@@ -1,0 +1,96 @@
+"""A compile unit as data: its sub-program in torch.export's serialized form, its state tensors,
+their digests, and the key of its structure.
+
+The form is what travels to a worker (``worker.py``) and what the compile cache's key covers:
+the sub-program's JSON (graph, signature, node metadata; stack traces left out of the key, since
+they name the files of one checkout), the backend, its declared identity, torch's and
+torchdelegate's versions and the compile specs. Weights are covered by their SHA-256 where the
+backend needs them to be (``entry.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchdelegate.backend import BackendDetails
+from torchdelegate.data import tensor_bytes
+from torchdelegate.errors import SerializationError
+from torchdelegate.lowered_module import state_value
+from torchdelegate.lowering.compile_units import CompileUnit
+from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
+from torchdelegate.serialize.allow_list import walk
+from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.graph import program_to_json
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class UnitForm:
+    """A unit's sub-program as torch.export's JSON, and its state tensors by name with their digests."""
+
+    document: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    digests: dict[str, str]
+
+
+def unit_form(unit: CompileUnit) -> UnitForm | str:
+    """The unit's form, or why it has none (a sub-program torch.export cannot serialize: it
+    holds delegates of an earlier stage, or script objects); such a unit is compiled here, uncached."""
+    try:
+        document = program_to_json(unit.program, unit.where, debug_info=True)
+    except SerializationError as e:
+        return str(e)
+    state = {}
+    for spec in unit.program.graph_signature.input_specs:
+        if spec.kind in TENSOR_STATE_KINDS and spec.target is not None:
+            value = state_value(unit.program, spec.target)
+            if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+                return f"{unit.where}: {spec.target!r} is not a tensor on the CPU"
+            state[spec.target] = value
+    return UnitForm(document, state, {name: tensor_digest(t) for name, t in sorted(state.items())})
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """The hex SHA-256 of a tensor's bytes: its named data key when stored by content."""
+    return hashlib.sha256(tensor_bytes(tensor)).hexdigest()
+
+
+def structure_key(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm, identity: dict[str, str]) -> str:
+    """What the compiled result depends on, but the weights' bytes."""
+    described = {
+        "format": FORMAT,
+        "backend": backend.backend_id,
+        "identity": identity,
+        "torch": torch.__version__,
+        "torchdelegate": _version(),
+        "compile_specs": [[spec.key, spec.value.hex()] for spec in unit.compile_specs],
+        "program": _without_stack_traces(form.document),
+    }
+    return hashlib.sha256(canonical_json(described)).hexdigest()
+
+
+def _without_stack_traces(document: dict[str, Any]) -> dict[str, Any]:
+    copy: dict[str, Any] = _copied(document)
+    for key, value in walk(copy):
+        if key == "metadata" and isinstance(value, dict):
+            value.pop("stack_trace", None)
+    return copy
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
+
+
+def _version() -> str:
+    from torchdelegate import __version__
+
+    return __version__

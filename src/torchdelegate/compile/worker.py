@@ -1,0 +1,101 @@
+"""What a worker process (of this machine's pool, or of a Dask cluster) does with a compile unit.
+
+A request is a unit's form as bytes: a canonical JSON header (backend id and the module that
+defines it, compile specs, the sub-program's torch.export JSON, each state tensor's dtype,
+shape and place, their digests) and the tensors' bytes. The worker rebuilds the sub-program
+over those bytes, compiles it with the backend's ``preprocess_partition`` and answers with the
+result as a compile cache entry (``entry.py``), so weights the backend stored unchanged do not
+travel back. Nothing in either direction is pickled but ``bytes``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+from typing import Any
+
+from torchdelegate.backend import BackendDetails, PreprocessResult, get_backend
+from torchdelegate.compile.entry import encode, template
+from torchdelegate.compile.unit_form import UnitForm
+from torchdelegate.data import tensor_bytes
+from torchdelegate.lowering.compile_units import CompileUnit
+from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.graph import program_from_json
+from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
+from torchdelegate.specs import CompileSpec
+
+
+class WorkerError(Exception):
+    """The backend failed in the worker: its message, and where it ran."""
+
+
+def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm) -> bytes:
+    """The unit's form as the bytes a worker reads."""
+    tensors = []
+    parts = []
+    offset = 0
+    for name, tensor in form.state.items():
+        data = tensor_bytes(tensor)
+        tensors.append({"name": name, "dtype": dtype_name(tensor, unit.where), "shape": list(tensor.shape)})
+        tensors[-1]["span"] = [offset, len(data)]
+        parts.append(data)
+        offset += len(data)
+    header = {
+        "backend": backend.backend_id,
+        "module": backend.__module__,
+        "compile_specs": [[spec.key, spec.value.hex()] for spec in unit.compile_specs],
+        "where": unit.where,
+        "document": form.document,
+        "tensors": tensors,
+        "digests": form.digests,
+    }
+    text = canonical_json(header)
+    return b"".join([len(text).to_bytes(8, "little"), text, *parts])
+
+
+def compile_request(data: bytes) -> bytes:
+    """Run in the worker: the request compiled, as an entry's bytes; a ``WorkerError`` if the backend fails."""
+    size = int.from_bytes(data[:8], "little")
+    header: dict[str, Any] = json.loads(data[8 : 8 + size])
+    payload = memoryview(data)[8 + size :]
+    where = header["where"]
+    backend = _backend(header["backend"], header["module"])
+    tensors = {}
+    for t in header["tensors"]:
+        start, length = t["span"]
+        tensors[t["name"]] = tensor_from_bytes(payload[start : start + length], t["dtype"], t["shape"], where)
+    program = program_from_json(header["document"], tensors, where)
+    specs = [CompileSpec(key, bytes.fromhex(value)) for key, value in header["compile_specs"]]
+    try:
+        result = backend.preprocess_partition(program, specs, where)
+    except Exception as e:
+        raise WorkerError(f"{type(e).__name__}: {e} (on {worker_name()})") from None
+    if not isinstance(result, PreprocessResult):
+        raise WorkerError(f"preprocess_partition returned {type(result).__name__}; expected a PreprocessResult")
+    entry = template(result, header["digests"])
+    if isinstance(entry, str):
+        raise WorkerError(f"its result cannot travel back: {entry}")
+    return encode(entry)
+
+
+def _backend(backend_id: str, module: str) -> type[BackendDetails]:
+    if module != "__main__":  # a script's backends are defined again as it is imported in the worker
+        importlib.import_module(module)
+    return get_backend(backend_id)
+
+
+def worker_name() -> str:
+    return f"process {os.getpid()} on {socket.gethostname()}"
+
+
+def warm_up() -> str:
+    """Run once in each new worker: what every compile imports, imported before the first unit."""
+    import torchdelegate.backends.reference  # noqa: F401
+
+    try:
+        import torchdelegate.backends.onnxruntime.onnx_export  # noqa: F401
+    except ImportError:
+        pass
+    return worker_name()
