@@ -75,10 +75,15 @@ def structure_key(backend: type[BackendDetails], unit: CompileUnit, form: UnitFo
 
 
 def _without_stack_traces(document: dict[str, Any]) -> dict[str, Any]:
+    """The document as the key covers it: no stack traces, and module paths without the keys export
+    gave each module call (non-strict export keys them by ``id()`` of the module object)."""
     copy: dict[str, Any] = _copied(document)
     for key, value in walk(copy):
         if key == "metadata" and isinstance(value, dict):
             value.pop("stack_trace", None)
+            stack = value.get("nn_module_stack")
+            if isinstance(stack, str):
+                value["nn_module_stack"] = ";".join(item.partition(",")[2] for item in stack.split(";"))
     return copy
 
 

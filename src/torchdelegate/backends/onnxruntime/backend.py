@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 from typing import Any
 
 import torch
@@ -13,8 +14,16 @@ from torchdelegate.backends.onnxruntime.blob_header import named_data_keys
 from torchdelegate.backends.onnxruntime.linking import link_partitions
 from torchdelegate.backends.onnxruntime.onnx_export import export_partition
 from torchdelegate.backends.onnxruntime.session import delegate_handle, prepare_model
+from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.specs import CompileSpec
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "absent"
 
 
 class OnnxRuntimeBackend(SharedDataBackend):
@@ -22,6 +31,14 @@ class OnnxRuntimeBackend(SharedDataBackend):
 
     backend_id = "onnxruntime"
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
+    compile_cache_version = f"blob {BLOB_VERSION}, weights lifted while optimizing"
+    weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
+
+    @classmethod
+    def compile_cache_identity(cls) -> dict[str, str] | None:
+        """The blob's version and every library that writes the model."""
+        versions = {name: _version(name) for name in ("onnxruntime", "onnx", "onnxscript", "onnx_ir")}
+        return {"compiler": str(cls.compile_cache_version), **versions}
 
     @classmethod
     def is_available(cls) -> bool:

@@ -101,10 +101,15 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
             assert onnx_program is not None
             model = onnx_program.model
             _read_weights_in_place(ir, model)
+            state = {s.target for s in exportable.graph_signature.input_specs if s.target is not None}
+            lifted = _lift_weights(model, state)
             _optimize(model)
     except Exception as e:
         raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
-    fusions = fuse_for_ort(model) if fuse else {}
+    try:
+        fusions = fuse_for_ort(model) if fuse else {}
+    finally:
+        _restore_weights(model, lifted)
     initializers = {}
     for name, value in sorted(model.graph.initializers.items()):
         tensor = value.const_value
@@ -156,6 +161,33 @@ def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
         if not transpose.outputs[0].uses():
             model.graph.remove(transpose, safe=True)
         model.opset_imports.setdefault("com.microsoft", 1)
+
+
+def _lift_weights(model: Any, state: set[str]) -> list[tuple[Any, Any]]:
+    """The weights that will be named data, made graph inputs while the optimizer and fusions run,
+    so that nothing they produce depends on a weight's values: the blob names each weight and
+    holds nothing computed from one (``weights_by_reference``; ONNX Runtime folds what it can
+    when it loads the model). Returns what :func:`_restore_weights` puts back."""
+    lifted = []
+    for name in sorted(state):
+        value = model.graph.initializers.get(name)
+        tensor = None if value is None else value.const_value
+        if tensor is None or tensor.nbytes < SMALLEST_SHARED:
+            continue
+        model.graph.initializers.pop(name)
+        value.const_value = None
+        model.graph.inputs.append(value)
+        lifted.append((value, tensor))
+    return lifted
+
+
+def _restore_weights(model: Any, lifted: list[tuple[Any, Any]]) -> None:
+    """The lifted weights initializers again (those the optimizer left in use)."""
+    for value, tensor in lifted:
+        model.graph.inputs.remove(value)
+        if value.uses() or value in model.graph.outputs:
+            value.const_value = tensor
+            model.graph.register_initializer(value)
 
 
 def _weight_transpose(ir: ModuleType, node: Any) -> Any:
