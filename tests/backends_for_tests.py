@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import mmap
+import os
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -255,3 +256,22 @@ def describing_partitioner() -> ReferencePartitioner:
     partitioner = ReferencePartitioner()
     partitioner.spec = DelegationSpec(DescribingReference.backend_id)
     return partitioner
+
+
+class DyingReference(ReferenceBackend):
+    """The reference backend, whose compile kills its worker process: always (compile spec
+    ``die=always``), or the first time only (``die=once:MARKER``, a file it creates before dying)."""
+
+    backend_id = "TestDying"
+    compile_cache_version = None
+
+    @classmethod
+    def compile_partition(
+        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+    ) -> bytes:
+        how = next((s.value.decode() for s in compile_specs if s.key == "die"), "")
+        if how == "always" or (how.startswith("once:") and not os.path.exists(how[5:])):
+            if how.startswith("once:"):
+                open(how[5:], "w").close()
+            os._exit(3)
+        return super().compile_partition(program, [s for s in compile_specs if s.key != "die"], store, where)

@@ -183,7 +183,8 @@ def test_torch_exports_serializer_failing_names_the_partition() -> None:
         program.to_backend(_tag(torch.ops.aten.mul.Tensor, ReferenceBackend.backend_id))
     assert isinstance(info.value.__cause__, SerializationError)
     assert str(info.value.__cause__).startswith(
-        "partition 't' of method 'forward': torch.export's serializer failed: Failed serializing node _local_scalar_dense"
+        "partition 't' of method 'forward': torch.export's serializer failed: "
+        "Failed serializing node _local_scalar_dense"
     )
 
 

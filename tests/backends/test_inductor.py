@@ -63,7 +63,8 @@ def test_a_plain_sequential_runs_from_the_file_though_its_small_constants_are_bu
 def test_a_partition_owning_a_buffer_it_writes_is_refused_before_compiling() -> None:
     edge = td.to_edge(torch.export.export(ReadThenWrite(), (torch.randn(4),)))
     with pytest.raises(
-        td.PreprocessError, match=r"inductor: partition '\w+' of method 'forward' writes a buffer it owns; leave mutable"
+        td.PreprocessError,
+        match=r"inductor: partition '\w+' of method 'forward' writes a buffer it owns; leave mutable",
     ):
         edge.to_backend(every_op("inductor", "b_state"))
 

@@ -384,7 +384,9 @@ def test_a_partition_whose_fusions_fail_is_exported_unfused_with_a_warning(monke
 
     monkeypatch.setattr(onnx_export, "fuse_for_ort", failing)
     model, x = attention_block(), torch.randn(1, 2, 32)
-    with pytest.warns(UserWarning, match=r"partition 'onnxruntime_0' of method 'forward': .*a rule raised.*without onnxscript's"):
+    with pytest.warns(
+        UserWarning, match=r"partition 'onnxruntime_0' of method 'forward': .*a rule raised.*without onnxscript's"
+    ):
         lowered = td.to_edge(export(model, x)).to_backend(OnnxRuntimePartitioner())
     assert _fusions(lowered) == {}
     torch.testing.assert_close(lowered.exported_program().module()(x), model(x), atol=1e-5, rtol=1e-5)
@@ -435,7 +437,7 @@ def test_a_model_onnx_runtime_refuses_is_a_preprocess_error_with_its_reason() ->
     edge = td.to_edge(torch.export.export(Int16MatMul(), (ones, ones)))
     with pytest.raises(
         td.PreprocessError,
-        match=r"of method 'forward': ONNX Runtime refused the model \(\[ONNXRuntimeError\] : 10 : INVALID_GRAPH : .*int16",
+        match=r"'forward': ONNX Runtime refused the model \(\[ONNXRuntimeError\] : 10 : INVALID_GRAPH : .*int16",
     ):
         edge.to_backend(every_op("onnxruntime"))
 
@@ -466,7 +468,9 @@ def test_an_initializer_of_a_dtype_onnx_runtime_cannot_take_is_named() -> None:
             return x + 1, torch.cat([self.table, self.table])  # the exporter folds cat into an initializer
 
     edge = td.to_edge(torch.export.export(Float8Table(), (torch.randn(512),)))
-    with pytest.raises(td.PreprocessError, match=r"of method 'forward': initializer 'cat' has unsupported dtype float8_e4m3fn"):
+    with pytest.raises(
+        td.PreprocessError, match=r"of method 'forward': initializer 'cat' has unsupported dtype float8_e4m3fn"
+    ):
         edge.to_backend(every_op("onnxruntime", "b_table"))
 
 

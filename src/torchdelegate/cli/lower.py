@@ -4,6 +4,7 @@ order and saved as one program file with its partition report."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -32,15 +33,19 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
         supports = backend_supports(args.backends, _compile_specs(args.compile_spec))
     except (BackendNotFoundError, ValueError) as error:
         raise UsageError(str(error.args[0] if error.args else error)) from error
-    programs = {method: _load_export(method, path) for method, path in methods}
-    partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
-    started = time.perf_counter()
-    edge = to_edge(programs)
-    with _ProgressBar(sys.stderr) as bar:
-        lowered, report = bar.run(edge, partitioner)
-    seconds = time.perf_counter() - started
+    with contextlib.ExitStack() as stack:
+        _start_preprocessing(args, stack)  # worker processes start while the programs load
+        programs = {method: _load_export(method, path) for method, path in methods}
+        partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
+        started = time.perf_counter()
+        edge = to_edge(programs)
+        with _ProgressBar(sys.stderr) as bar:
+            lowered, report = bar.run(edge, partitioner)
+        seconds = time.perf_counter() - started
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    lowered.save(args.output, external_data_path=args.external_data, report=report.to_json())
+    # The file's report leaves out the cache's answers: the file is the same however it was compiled.
+    saved = report.with_blob_sizes(_blob_sizes(report))
+    lowered.save(args.output, external_data_path=args.external_data, report=saved.to_json())
     print(render_text(report), file=out)
     print("", file=out)
     size = args.output.stat().st_size
@@ -50,6 +55,25 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
         args.html.write_text(render_html(report, title=f"torchdelegate: {args.output.name}"), encoding="utf-8")
         print(f"report: {args.html}", file=out)
     return EXIT_OK
+
+
+def _start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
+    """--cache, --jobs and --cluster: the preprocessing block the lowering runs in, entered on ``stack``."""
+    from torchdelegate.compile.options import preprocessing
+
+    if args.jobs is not None and args.cluster is not None:
+        raise UsageError("give --jobs or --cluster, not both")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: give a number of worker processes >= 1")
+    cache = False if args.cache == "off" else args.cache
+    try:
+        stack.enter_context(preprocessing(cache=cache, jobs=args.jobs, cluster=args.cluster))
+    except (ValueError, OSError, ImportError) as e:
+        raise CommandError(str(e)) from e
+
+
+def _blob_sizes(report: Any) -> dict[str, dict[str, int | None]]:
+    return {name: {p.tag: p.blob_bytes for p in method.partitions} for name, method in report.methods.items()}
 
 
 def _sharing_line(report: Any) -> str:

@@ -50,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     lower.add_argument("--min-partition-size", type=int, default=1, metavar="N", help="smallest partition (default 1)")
     lower.add_argument("--html", type=Path, metavar="FILE.html", help="also write the partition report as HTML")
     lower.add_argument("--external-data", type=Path, metavar="FILE", help="put weights in this separate data file")
+    lower.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep compiled partitions in this compile cache (a directory or fsspec URL; 'off': none); "
+        "default: TORCHDELEGATE_CACHE if set",
+    )
+    lower.add_argument("--jobs", "-j", type=int, metavar="N", help="compile partitions on N worker processes")
+    lower.add_argument(
+        "--cluster", metavar="tcp://HOST:PORT", help="compile partitions on the Dask cluster with this scheduler"
+    )
 
     inspect = commands.add_parser(
         "inspect", help="describe a program file", description="Describe a program file written by torchdelegate."

@@ -64,6 +64,7 @@ class PartitionRow:
     flops: int
     kept_apart: dict[str, str]  # tag of a partition it touches -> a node on the path between them
     blob_bytes: int | None = None
+    cache: str | None = None  # how the compile cache answered this lowering: "hit", "miss"; None: no cache
 
     def __post_init__(self) -> None:  # however made (a saved file's JSON has its keys sorted)
         object.__setattr__(self, "ops", dict(sorted(self.ops.items(), key=lambda item: (-item[1], item[0]))))
@@ -108,12 +109,23 @@ class LoweringReport:
     state_bytes: dict[str, int] = field(default_factory=dict)  # method -> bytes of the tensors it holds
     unique_state_bytes: int = 0  # the same, counting a tensor that several names or methods hold once
 
-    def with_blob_sizes(self, sizes: Mapping[str, Mapping[str, int]]) -> LoweringReport:
-        """A copy with each partition's compiled size, from ``{method: {tag: bytes}}``."""
+    def with_blob_sizes(
+        self, sizes: Mapping[str, Mapping[str, int]], cache: Mapping[str, Mapping[str, str | None]] | None = None
+    ) -> LoweringReport:
+        """A copy with each partition's compiled size, from ``{method: {tag: bytes}}``, and how the compile
+        cache answered it, from ``{method: {tag: "hit" | "miss" | None}}``."""
         methods = {}
+        cache = cache or {}
         for name, method in self.methods.items():
             partitions = [
-                PartitionRow(**{**asdict(p), "blob_bytes": sizes.get(name, {}).get(p.tag)}) for p in method.partitions
+                PartitionRow(
+                    **{
+                        **asdict(p),
+                        "blob_bytes": sizes.get(name, {}).get(p.tag),
+                        "cache": cache.get(name, {}).get(p.tag),
+                    }
+                )
+                for p in method.partitions
             ]
             methods[name] = MethodReport(
                 method.method, method.nodes, partitions, method.user_inputs, method.user_outputs

@@ -32,11 +32,10 @@ def plan_report(manager: EdgeProgramManager, partitioner: CapabilityPartitioner)
 def lower_with_report(
     manager: EdgeProgramManager, partitioner: CapabilityPartitioner
 ) -> tuple[EdgeProgramManager, LoweringReport]:
-    """``manager.to_backend(partitioner)`` and its report, blob sizes included."""
+    """``manager.to_backend(partitioner)`` and its report, blob sizes and compile cache answers included."""
     report = plan_report(manager, partitioner)
     lowered = manager.to_backend(partitioner)
-    sizes = {
-        method: {str(d.meta.get("tag")): len(d.processed_bytes) for d in delegates}
-        for method, delegates in lowered.delegates().items()
-    }
-    return lowered, report.with_blob_sizes(sizes)
+    delegates = lowered.delegates()
+    sizes = {m: {str(d.meta.get("tag")): len(d.processed_bytes) for d in ds} for m, ds in delegates.items()}
+    cache = {m: {str(d.meta.get("tag")): d.meta.get("compile_cache") for d in ds} for m, ds in delegates.items()}
+    return lowered, report.with_blob_sizes(sizes, cache)

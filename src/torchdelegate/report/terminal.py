@@ -51,7 +51,8 @@ def render_text(report: LoweringReport, *, reasons: int = 12) -> str:
 
 
 def _table(partitions: list[PartitionRow]) -> list[str]:
-    header = ("partition", "backend", "nodes", "FLOPs", "weights", "blob", "in", "out", "ops")
+    cached = any(p.cache for p in partitions)  # a column only when the compile cache was on
+    header = ("partition", "backend", "nodes", "FLOPs", "weights", "blob", "in", "out", *(("cache",) * cached), "ops")
     rows = [
         (
             p.tag,
@@ -62,6 +63,7 @@ def _table(partitions: list[PartitionRow]) -> list[str]:
             human_bytes(p.blob_bytes),
             str(len(p.inputs)),
             str(len(p.outputs)),
+            *((p.cache or "-",) * cached),
             ", ".join(f"{op} {n}" for op, n in list(p.ops.items())[:4]) + (", ..." if len(p.ops) > 4 else ""),
         )
         for p in partitions

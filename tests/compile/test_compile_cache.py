@@ -1,0 +1,146 @@
+"""The compile cache: partitions answered by content, the same file bytes whatever answered them."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchdelegate as td
+from torchdelegate.backends.reference import ReferencePartitioner
+
+pytest.importorskip("onnxruntime")
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+
+
+class Block(torch.nn.Module):
+    """Weights of 1 KiB and more, so ONNX Runtime keeps every one as named data."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.up = torch.nn.Linear(256, 256)
+        self.norm = torch.nn.LayerNorm(256)
+        self.down = torch.nn.Linear(256, 256)
+        with torch.no_grad():
+            self.norm.weight.add_(torch.randn(256))  # a trained model's norms differ from one another
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.down(torch.relu(self.norm(self.up(x))))
+        return torch.nextafter(y, y + 1)  # ONNX has no nextafter: a reference partition
+
+
+INPUT = (torch.randn(3, 256),)
+
+
+def _lower(seed: int, path: Path, partitioners: list, **options: object) -> list[str | None]:
+    program = torch.export.export(Block(seed), INPUT)
+    with td.preprocessing(**options):
+        lowered = td.to_edge_transform_and_lower(program, partitioner=partitioners)
+    lowered.save(path)
+    return [d.meta["compile_cache"] for d in lowered.delegates()["forward"]]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+BACKENDS = [OnnxRuntimePartitioner(), ReferencePartitioner()]
+
+
+def test_a_warm_cache_answers_every_partition_and_the_file_is_byte_identical(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert _lower(0, tmp_path / "plain.tdp", BACKENDS, cache=False) == [None, None]
+    assert _lower(0, tmp_path / "cold.tdp", BACKENDS, cache=cache) == ["miss", "miss"]
+    assert _lower(0, tmp_path / "warm.tdp", BACKENDS, cache=cache) == ["hit", "hit"]
+    assert _digest(tmp_path / "plain.tdp") == _digest(tmp_path / "cold.tdp") == _digest(tmp_path / "warm.tdp")
+    program = td.load(tmp_path / "warm.tdp")
+    torch.testing.assert_close(program.run("forward", *INPUT), Block(0)(*INPUT))
+
+
+def test_a_fine_tuned_variant_takes_the_compiled_onnx_model_with_its_own_weights(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    _lower(0, tmp_path / "base.tdp", [OnnxRuntimePartitioner()], cache=cache)
+    assert _lower(1, tmp_path / "tuned.tdp", [OnnxRuntimePartitioner()], cache=cache) == ["hit"]
+    _lower(1, tmp_path / "plain.tdp", [OnnxRuntimePartitioner()], cache=False)
+    assert _digest(tmp_path / "tuned.tdp") == _digest(tmp_path / "plain.tdp")
+    script = (
+        "import sys, torch, torchdelegate as td; p = td.load(sys.argv[1]); "
+        "torch.manual_seed(0); x = torch.randn(3, 256); print(float(p.run('forward', x).sum()))"
+    )
+    # A fresh process: nothing of this one's compile or cache is in memory there.
+    answer = subprocess.run([sys.executable, "-c", script, str(tmp_path / "tuned.tdp")], capture_output=True, text=True)
+    torch.manual_seed(0)
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        expected = float(Block(1)(x).sum())
+    assert abs(float(answer.stdout) - expected) < 1e-3, answer.stderr
+
+
+def test_a_damaged_entry_is_compiled_again_with_a_warning(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    _lower(0, tmp_path / "a.tdp", [ReferencePartitioner()], cache=cache)
+    (entry,) = [p for p in (cache / "compile-v1" / "entries").rglob("*") if p.is_file()]
+    entry.write_bytes(entry.read_bytes()[:-10])
+    with pytest.warns(UserWarning, match=r"compile cache: the entry for partition 'reference_0' of method 'forward'"):
+        assert _lower(0, tmp_path / "b.tdp", [ReferencePartitioner()], cache=cache) == ["miss"]
+    assert _lower(0, tmp_path / "c.tdp", [ReferencePartitioner()], cache=cache) == ["hit"]
+    assert _digest(tmp_path / "a.tdp") == _digest(tmp_path / "b.tdp") == _digest(tmp_path / "c.tdp")
+
+
+def test_the_least_recently_used_entries_go_first_past_the_size_bound(tmp_path: Path) -> None:
+    cache = td.CompileCache(tmp_path / "cache", max_bytes=1 << 30)
+    for seed in range(3):
+        _lower(seed, tmp_path / f"{seed}.tdp", [ReferencePartitioner()], cache=cache)
+    entries = cache.entries()
+    assert len(entries) == 3
+    for age, entry in enumerate(entries):
+        os.utime(entry["name"], (100 + age, 100 + age))
+    _lower(0, tmp_path / "again.tdp", [ReferencePartitioner()], cache=cache)  # a hit: seed 0's entry is used now
+    used = {e["name"]: e["used"] for e in cache.entries()}
+    oldest = min(used, key=used.__getitem__)
+    cache.max_bytes = sum(e["size"] for e in entries) - 1
+    assert cache.evict() > 0
+    assert sorted(e["name"] for e in cache.entries()) == sorted(set(used) - {oldest})
+    assert _lower(0, tmp_path / "kept.tdp", [ReferencePartitioner()], cache=cache) == ["hit"]
+
+
+def test_an_fsspec_url_holds_the_cache(tmp_path: Path) -> None:
+    assert _lower(0, tmp_path / "a.tdp", [ReferencePartitioner()], cache="memory://torchdelegate-test") == ["miss"]
+    assert _lower(0, tmp_path / "b.tdp", [ReferencePartitioner()], cache="memory://torchdelegate-test") == ["hit"]
+    assert _digest(tmp_path / "a.tdp") == _digest(tmp_path / "b.tdp")
+
+
+def test_TORCHDELEGATE_CACHE_turns_the_cache_on_and_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", str(tmp_path / "cache"))
+    program = torch.export.export(Block(0), INPUT)
+    first = td.to_edge_transform_and_lower(program, partitioner=[ReferencePartitioner()])
+    second = td.to_edge_transform_and_lower(program, partitioner=[ReferencePartitioner()])
+    assert [d.meta["compile_cache"] for d in first.delegates()["forward"]] == ["miss"]
+    assert [d.meta["compile_cache"] for d in second.delegates()["forward"]] == ["hit"]
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", "off")
+    third = td.to_edge_transform_and_lower(program, partitioner=[ReferencePartitioner()])
+    assert [d.meta["compile_cache"] for d in third.delegates()["forward"]] == [None]
+
+
+def test_the_command_reports_what_the_cache_answered_and_writes_the_same_file(tmp_path: Path) -> None:
+    torch.export.save(torch.export.export(Block(0), INPUT), tmp_path / "block.pt2")
+    command = [sys.executable, "-m", "torchdelegate", "lower", f"forward={tmp_path / 'block.pt2'}", "-b", "reference"]
+    outputs = []
+    for name in ("cold", "warm"):
+        out = tmp_path / f"{name}.tdp"
+        done = subprocess.run(
+            [*command, "-o", str(out), "--cache", str(tmp_path / "cache")], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert " cache " in outputs[0].splitlines()[1] or "cache" in outputs[0]
+    assert "  miss  " in outputs[0] and "  hit  " in outputs[1]
+    plain = subprocess.run([*command, "-o", str(tmp_path / "plain.tdp"), "--cache", "off"], capture_output=True)
+    assert plain.returncode == 0
+    assert _digest(tmp_path / "cold.tdp") == _digest(tmp_path / "warm.tdp") == _digest(tmp_path / "plain.tdp")
