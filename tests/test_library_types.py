@@ -6,6 +6,7 @@ imported at all (outputs come back as dicts of the same fields), one that import
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -146,12 +147,14 @@ print(json.dumps(answers))
 
 
 def _commands(commands: list[list[str]], cwd: Path, prelude: str = "") -> list[dict[str, Any]]:
-    """Each command's exit code and output, all run by ``main`` in one fresh process, in order."""
+    """Each command's exit code and output, all run by ``main`` in one fresh process, in order, as for a
+    user who has not set ``TORCHDELEGATE_CACHE`` (so no compile cache and no cache column)."""
     done = subprocess.run(
         [sys.executable, "-c", prelude + COMMANDS, json.dumps(commands)],
         capture_output=True,
         text=True,
         cwd=cwd,
+        env={**os.environ, "TORCHDELEGATE_CACHE": "off"},
         timeout=600,
         check=False,
     )
