@@ -10,7 +10,6 @@ run time the tensors are views of the program file.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError
 from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
-from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.container import framed, unframed
 from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
 
 WEIGHT_ALIGNMENT = 64
@@ -28,8 +27,7 @@ WEIGHT_ALIGNMENT = 64
 
 def pack(header: dict[str, Any], payload: bytes) -> bytes:
     """A blob: the header's length, the header, the payload."""
-    text = canonical_json(header)
-    return len(text).to_bytes(8, "little") + text + payload
+    return framed(header, payload)
 
 
 def unpack(
@@ -37,15 +35,14 @@ def unpack(
 ) -> tuple[dict[str, Any], memoryview]:
     """The header and payload of a blob :func:`pack` wrote; a ``FormatError`` if it is not one, or
     if its ``version`` is neither ``version`` nor one of the ``older`` ones the backend still reads."""
-    size = int.from_bytes(processed[:8], "little")
     try:
-        header = json.loads(bytes(processed[8 : 8 + size]))
+        header, payload = unframed(processed)
         found = header["version"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise FormatError(f"{backend} blob: not a blob of this backend ({e})") from None
     if found != version and found not in older:
         raise FormatError(f"{backend} blob: version {found!r}; this torchdelegate reads {version}")
-    return header, processed[8 + size :]
+    return header, payload
 
 
 def weight_table(program: ExportedProgram, store: NamedDataStore, where: str) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ import torch
 
 from torchdelegate.backend import PreprocessResult, delegate_info_problem, json_data_problem
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
-from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.container import FramePayload, canonical_json, framed, span_of, unframed
 
 MAGIC = b"TDCUNIT1"
 _SLOT = "<torchdelegate weight slot {:06d}>"
@@ -142,21 +142,15 @@ def _hashable(key: Any) -> Any:
 
 
 def encode(entry: Entry) -> bytes:
-    payload = bytearray()
-
-    def place(data: bytes | memoryview) -> list[int]:
-        start = len(payload)
-        payload.extend(data)
-        return [start, len(data)]
-
+    payload = FramePayload()
     header = {
-        "blob": place(entry.blob),
+        "blob": payload.place(entry.blob),
         "named_data": [
             {
                 "key": i.key,
                 "slot": i.slot,
                 "alignment": i.alignment,
-                "data": None if i.data is None else place(i.data),
+                "data": None if i.data is None else payload.place(i.data),
                 "bound": i.bound,
             }
             for i in entry.named_data
@@ -164,8 +158,7 @@ def encode(entry: Entry) -> bytes:
         "debug_handle_map": entry.debug_handle_map,
         "delegate_info": entry.delegate_info,
     }
-    text = canonical_json(header)
-    rest = len(text).to_bytes(8, "little") + text + bytes(payload)
+    rest = framed(header, *payload.parts)
     return MAGIC + hashlib.sha256(rest).digest() + rest
 
 
@@ -176,21 +169,19 @@ def decode(data: bytes) -> Entry:
     rest = memoryview(data)[40:]
     if hashlib.sha256(rest).digest() != data[8:40]:
         raise EntryError("its checksum does not match (truncated or damaged)")
-    size = int.from_bytes(rest[:8], "little")
-    payload = rest[8 + size :]
     try:
-        header = json.loads(bytes(rest[8 : 8 + size]))
-
-        def part(span: list[int]) -> memoryview:
-            start, length = span
-            if not (0 <= start and 0 <= length and start + length <= len(payload)):
-                raise EntryError(f"a span {span} lies outside its payload")
-            return payload[start : start + length]
-
+        header, payload = unframed(rest)
         items = [
-            NamedItem(i["key"], i["slot"], i["alignment"], None if i["data"] is None else part(i["data"]), i["bound"])
+            NamedItem(
+                i["key"],
+                i["slot"],
+                i["alignment"],
+                None if i["data"] is None else span_of(payload, i["data"]),
+                i["bound"],
+            )
             for i in header["named_data"]
         ]
-        return Entry(bytes(part(header["blob"])), items, header["debug_handle_map"], header["delegate_info"])
+        blob = bytes(span_of(payload, header["blob"]))
+        return Entry(blob, items, header["debug_handle_map"], header["delegate_info"])
     except (KeyError, TypeError, ValueError) as e:
         raise EntryError(f"its header is malformed ({type(e).__name__}: {e})") from e

@@ -11,17 +11,15 @@ travel back. Nothing in either direction is pickled but ``bytes``.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import socket
-from typing import Any
 
 from torchdelegate.backend import BackendDetails, PreprocessResult, get_backend
 from torchdelegate.compile.entry import encode, template
 from torchdelegate.compile.unit_form import UnitForm
 from torchdelegate.data import tensor_bytes
 from torchdelegate.lowering.compile_units import CompileUnit
-from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.container import FramePayload, framed, span_of, unframed
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
 from torchdelegate.specs import CompileSpec
@@ -33,15 +31,16 @@ class WorkerError(Exception):
 
 def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm) -> bytes:
     """The unit's form as the bytes a worker reads."""
-    tensors = []
-    parts = []
-    offset = 0
-    for name, tensor in form.state.items():
-        data = tensor_bytes(tensor)
-        tensors.append({"name": name, "dtype": dtype_name(tensor, unit.where), "shape": list(tensor.shape)})
-        tensors[-1]["span"] = [offset, len(data)]
-        parts.append(data)
-        offset += len(data)
+    payload = FramePayload()
+    tensors = [
+        {
+            "name": name,
+            "dtype": dtype_name(tensor, unit.where),
+            "shape": list(tensor.shape),
+            "span": payload.place(tensor_bytes(tensor)),
+        }
+        for name, tensor in form.state.items()
+    ]
     header = {
         "backend": backend.backend_id,
         "module": backend.__module__,
@@ -51,21 +50,18 @@ def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm) ->
         "tensors": tensors,
         "digests": form.digests,
     }
-    text = canonical_json(header)
-    return b"".join([len(text).to_bytes(8, "little"), text, *parts])
+    return framed(header, *payload.parts)
 
 
 def compile_request(data: bytes) -> bytes:
     """Run in the worker: the request compiled, as an entry's bytes; a ``WorkerError`` if the backend fails."""
-    size = int.from_bytes(data[:8], "little")
-    header: dict[str, Any] = json.loads(data[8 : 8 + size])
-    payload = memoryview(data)[8 + size :]
+    header, payload = unframed(memoryview(data))
     where = header["where"]
     backend = _backend(header["backend"], header["module"])
-    tensors = {}
-    for t in header["tensors"]:
-        start, length = t["span"]
-        tensors[t["name"]] = tensor_from_bytes(payload[start : start + length], t["dtype"], t["shape"], where)
+    tensors = {
+        t["name"]: tensor_from_bytes(span_of(payload, t["span"]), t["dtype"], t["shape"], where)
+        for t in header["tensors"]
+    }
     program = program_from_json(header["document"], tensors, where)
     specs = [CompileSpec(key, bytes.fromhex(value)) for key, value in header["compile_specs"]]
     try:

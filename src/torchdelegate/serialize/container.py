@@ -65,6 +65,46 @@ def canonical_json(document: Any) -> bytes:
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
+def framed(header: Any, *payload: bytes | memoryview) -> bytes:
+    """``header`` as canonical JSON behind its 8-byte little-endian length, then ``payload``: the form
+    of the shipped backends' blobs, of compile units sent to workers and of compile cache entries."""
+    text = canonical_json(header)
+    return b"".join([len(text).to_bytes(8, "little"), text, *payload])
+
+
+def unframed(data: memoryview) -> tuple[Any, memoryview]:
+    """The header and payload of :func:`framed` bytes; a ``ValueError`` if they are not framed."""
+    size = int.from_bytes(data[:8], "little")
+    if len(data) < 8 or 8 + size > len(data):
+        raise ValueError(f"a header of {size} bytes does not fit in {len(data)} bytes")
+    return json.loads(bytes(data[8 : 8 + size])), data[8 + size :]
+
+
+class FramePayload:
+    """A framed payload as it is built: each part placed after the last, found again by its span."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | memoryview] = []
+        self._size = 0
+
+    def place(self, data: bytes | memoryview) -> list[int]:
+        """Add ``data``; its span, ``[offset, length]``."""
+        span = [self._size, len(data)]
+        self.parts.append(data)
+        self._size += len(data)
+        return span
+
+
+def span_of(payload: memoryview, span: Any) -> memoryview:
+    """The part of a framed payload at ``span`` (``[offset, length]``); a ``ValueError`` if it lies outside."""
+    start, length = span
+    if not (isinstance(start, int) and isinstance(length, int) and 0 <= start and 0 <= length):
+        raise ValueError(f"a span {span!r:.80} is not two sizes")
+    if start + length > len(payload):
+        raise ValueError(f"a span {span!r:.80} lies outside its payload of {len(payload)} bytes")
+    return payload[start : start + length]
+
+
 def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
