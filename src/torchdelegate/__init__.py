@@ -65,8 +65,7 @@ from torchdelegate.runtime.program import Program, load
 from torchdelegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.structure import graph_structure_difference, same_graph_structure
 from torchdelegate.trust import TRUSTED_BACKENDS_VARIABLE
-
-__version__ = "0.1.0"
+from torchdelegate.version import __version__ as __version__
 
 __all__ = [
     "DELEGATION_TAG",

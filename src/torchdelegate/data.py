@@ -52,6 +52,11 @@ def _digest(buffer: Buffer) -> bytes:
     return hashlib.sha256(buffer).digest()
 
 
+def content_key(data: bytes | bytearray | memoryview | torch.Tensor) -> str:
+    """The key :meth:`NamedDataStore.add_by_content` gives ``data``: the hex SHA-256 of its bytes."""
+    return _digest(_as_buffer(data)).hex()
+
+
 @dataclass(frozen=True)
 class DataEntry:
     """Where a key's bytes are: an index into the output's buffers, and their alignment."""

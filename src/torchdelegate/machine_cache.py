@@ -45,10 +45,21 @@ _FORMAT = 2
 _CHUNK = 1 << 23
 
 
+def turned_off(value: str) -> bool:
+    """Whether a cache setting (``TORCHDELEGATE_CACHE``, ``--cache``) turns the cache off."""
+    return value.strip().lower() in _OFF
+
+
+def cache_setting() -> str | None:
+    """``TORCHDELEGATE_CACHE`` as set ("" when unset), or None when it turns the caches off."""
+    chosen = os.environ.get(CACHE_VARIABLE, "").strip()
+    return None if turned_off(chosen) else chosen
+
+
 def cache_directory() -> Path | None:
     """Where entries live (absolute), or None when the cache is turned off."""
-    chosen = os.environ.get(CACHE_VARIABLE, "").strip()
-    if chosen.lower() in _OFF:
+    chosen = cache_setting()
+    if chosen is None:
         return None
     if chosen:
         return Path(chosen).expanduser().absolute()

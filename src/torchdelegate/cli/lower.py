@@ -60,12 +60,13 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
 def _start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     """--cache, --jobs and --cluster: the preprocessing block the lowering runs in, entered on ``stack``."""
     from torchdelegate.compile.options import preprocessing
+    from torchdelegate.machine_cache import turned_off
 
     if args.jobs is not None and args.cluster is not None:
         raise UsageError("give --jobs or --cluster, not both")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give a number of worker processes >= 1")
-    cache = False if args.cache == "off" else args.cache
+    cache = False if args.cache is not None and turned_off(args.cache) else args.cache
     try:
         stack.enter_context(preprocessing(cache=cache, jobs=args.jobs, cluster=args.cluster))
     except (ValueError, OSError, ImportError) as e:

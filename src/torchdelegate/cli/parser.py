@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from torchdelegate.cli.command import EXIT_USAGE
+from torchdelegate.version import __version__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="torchdelegate",
         description="Lower torch.export programs to backends, inspect and run the files, or try the demo.",
     )
-    parser.add_argument("--version", action="version", version=f"torchdelegate {_version()}")
+    parser.add_argument("--version", action="version", version=f"torchdelegate {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     lower = commands.add_parser(
@@ -137,9 +138,3 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (lower, inspect, run, prepare, demo):
         sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
     return parser
-
-
-def _version() -> str:
-    from torchdelegate import __version__
-
-    return __version__

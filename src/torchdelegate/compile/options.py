@@ -25,17 +25,13 @@ from torchdelegate.compile.cache import CompileCache
 from torchdelegate.compile.compiler import UnitCompiler
 from torchdelegate.compile.worker import warm_up
 from torchdelegate.lowering.compile_units import compiling_with, use_environment_compiler
-from torchdelegate.machine_cache import CACHE_VARIABLE
-
-_OFF = ("off", "0", "none", "false", "no")
+from torchdelegate.machine_cache import cache_setting
 
 
 def environment_cache() -> CompileCache | None:
     """The cache ``TORCHDELEGATE_CACHE`` names (a directory or URL), or None when it is unset or off."""
-    chosen = os.environ.get(CACHE_VARIABLE, "").strip()
-    if not chosen or chosen.lower() in _OFF:
-        return None
-    return CompileCache(chosen)
+    chosen = cache_setting()
+    return CompileCache(chosen) if chosen else None
 
 
 def _chosen_cache(cache: CompileCache | str | os.PathLike[str] | bool | None) -> CompileCache | None:

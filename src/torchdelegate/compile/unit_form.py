@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from torchdelegate.backend import BackendDetails
-from torchdelegate.data import tensor_bytes
+from torchdelegate.data import content_key
 from torchdelegate.errors import SerializationError
 from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.compile_units import CompileUnit
@@ -25,6 +25,7 @@ from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.serialize.allow_list import walk
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.graph import program_to_json
+from torchdelegate.version import __version__
 
 FORMAT = 1
 
@@ -52,12 +53,7 @@ def unit_form(unit: CompileUnit) -> UnitForm | str:
             if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
                 return f"{unit.where}: {spec.target!r} is not a tensor on the CPU"
             state[spec.target] = value
-    return UnitForm(document, state, {name: tensor_digest(t) for name, t in sorted(state.items())})
-
-
-def tensor_digest(tensor: torch.Tensor) -> str:
-    """The hex SHA-256 of a tensor's bytes: its named data key when stored by content."""
-    return hashlib.sha256(tensor_bytes(tensor)).hexdigest()
+    return UnitForm(document, state, {name: content_key(t) for name, t in sorted(state.items())})
 
 
 def structure_key(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm, identity: dict[str, str]) -> str:
@@ -67,7 +63,7 @@ def structure_key(backend: type[BackendDetails], unit: CompileUnit, form: UnitFo
         "backend": backend.backend_id,
         "identity": identity,
         "torch": torch.__version__,
-        "torchdelegate": _version(),
+        "torchdelegate": __version__,
         "compile_specs": [[spec.key, spec.value.hex()] for spec in unit.compile_specs],
         "program": _without_stack_traces(form.document),
     }
@@ -93,9 +89,3 @@ def _copied(value: Any) -> Any:
     if isinstance(value, list):
         return [_copied(v) for v in value]
     return value
-
-
-def _version() -> str:
-    from torchdelegate import __version__
-
-    return __version__
