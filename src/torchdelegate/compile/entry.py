@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,11 +54,33 @@ class Entry:
     delegate_info: dict[str, Any] | None
 
 
-def slot_token(index: int) -> bytes:
-    """What stands for the ``index``-th slot's key in a blob: as long as a hex SHA-256, never one."""
-    token = _SLOT.format(index).ljust(64, "~").encode()
+def slot_token(position: int) -> bytes:
+    """What stands in a blob for the key of the named data item at ``position``: as long as a hex
+    SHA-256, never one."""
+    token = _SLOT.format(position).ljust(64, "~").encode()
     assert len(token) == 64
     return token
+
+
+_CONTENT_KEY = re.compile(rb"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+_SLOT_TOKEN = re.compile(rb"<torchdelegate weight slot \d{6}>~*")
+
+
+def _swapped(
+    pattern: re.Pattern[bytes], data: bytes, replacements: Mapping[bytes, bytes], found: set[bytes] | None = None
+) -> bytes:
+    """``data`` with each match of ``pattern`` that ``replacements`` names replaced, in one pass; the
+    matches replaced are added to ``found``."""
+
+    def swap(match: re.Match[bytes]) -> bytes:
+        text = match.group()
+        if text not in replacements:
+            return text
+        if found is not None:
+            found.add(text)
+        return replacements[text]
+
+    return pattern.sub(swap, data) if replacements else data
 
 
 def template(result: PreprocessResult, digests: Mapping[str, str]) -> Entry | str:
@@ -66,8 +89,6 @@ def template(result: PreprocessResult, digests: Mapping[str, str]) -> Entry | st
     by_digest: dict[str, str] = {}
     for state_name, digest in sorted(digests.items()):
         by_digest.setdefault(digest, state_name)
-    output = result.data_store_output or NamedDataStoreOutput()
-    blob = result.processed_bytes
     handles = _pairs(result.debug_handle_map)
     if isinstance(handles, str):
         return handles
@@ -75,21 +96,26 @@ def template(result: PreprocessResult, digests: Mapping[str, str]) -> Entry | st
     problem = None if info is None else delegate_info_problem(info)
     if problem:
         return f"its delegate_info is not JSON data ({problem})"
-    texts = canonical_json({"handles": handles, "info": info})
+    output = result.data_store_output or NamedDataStoreOutput()
+    stored = [(key, entry, output.digests[entry.buffer_index].hex()) for key, entry in output.entries.items()]
+    tokens = {
+        key.encode(): slot_token(p)
+        for p, (key, _, digest) in enumerate(stored)
+        if key == digest and digest in by_digest
+    }
+    named: set[bytes] = set()  # the content keys the blob or its texts name in the clear
+    blob = _swapped(_CONTENT_KEY, result.processed_bytes, tokens, named)
+    texts = _swapped(_CONTENT_KEY, canonical_json({"handles": handles, "info": info}), tokens, named)
     items = []
-    slots = 0
-    for key, entry in output.entries.items():
-        digest = output.digests[entry.buffer_index].hex()
+    for key, entry, digest in stored:
         name = by_digest.get(digest)
         if name is None:
             items.append(NamedItem(key, None, entry.alignment, output.buffers[entry.buffer_index]))
-        elif key == digest and (key.encode() in blob or key.encode() in texts):
-            token = slot_token(slots)
-            slots += 1
-            blob, texts = blob.replace(key.encode(), token), texts.replace(key.encode(), token)
-            items.append(NamedItem(None, name, entry.alignment))
         else:
-            items.append(NamedItem(key, name, entry.alignment, bound=key == digest))
+            in_clear = key.encode() in named
+            items.append(
+                NamedItem(None if in_clear else key, name, entry.alignment, bound=key == digest and not in_clear)
+            )
     restored = json.loads(texts)
     return Entry(blob, items, restored["handles"], restored["info"])
 
@@ -114,20 +140,19 @@ def passed_through(entry: Entry) -> set[str]:
 def refit(entry: Entry, state: Mapping[str, torch.Tensor], digests: Mapping[str, str]) -> PreprocessResult:
     """The result the entry stands for, with these state tensors in its slots."""
     store = NamedDataStore()
-    blob, texts = entry.blob, canonical_json({"handles": entry.debug_handle_map, "info": entry.delegate_info})
-    slots = 0
-    for item in entry.named_data:
+    keys = {}
+    for position, item in enumerate(entry.named_data):
         if item.slot is None:
             assert item.key is not None and item.data is not None
             store.add_named_data(item.key, item.data, item.alignment)
             continue
         digest = digests[item.slot]
         if item.key is None:
-            token = slot_token(slots)
-            slots += 1
-            blob, texts = blob.replace(token, digest.encode()), texts.replace(token, digest.encode())
+            keys[slot_token(position)] = digest.encode()
         store.add_with_digest(item.key or digest, state[item.slot], item.alignment, bytes.fromhex(digest))
-    restored = json.loads(texts)
+    blob = _swapped(_SLOT_TOKEN, entry.blob, keys)
+    texts = canonical_json({"handles": entry.debug_handle_map, "info": entry.delegate_info})
+    restored = json.loads(_swapped(_SLOT_TOKEN, texts, keys))
     handles = restored["handles"]
     return PreprocessResult(
         blob,
