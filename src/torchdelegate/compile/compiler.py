@@ -9,7 +9,6 @@ and the worker.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -18,15 +17,14 @@ from dataclasses import dataclass
 from torchdelegate.backend import BackendDetails, PreprocessResult
 from torchdelegate.compile.cache import CompileCache
 from torchdelegate.compile.entry import Entry, decode, passed_through, refit, template
-from torchdelegate.compile.unit_form import UnitForm, structure_key, unit_form
+from torchdelegate.compile.unit_form import UnitForm, document_key, structure_key, unit_form
 from torchdelegate.compile.worker import compile_request, request
 from torchdelegate.errors import PreprocessError
 from torchdelegate.lowering.compile_units import CompiledUnit, CompileUnit, compile_in_process
 from torchdelegate.progress import partition_compiled
-from torchdelegate.serialize.container import canonical_json
 
 
-@dataclass
+@dataclass(eq=False)
 class _Unit:
     unit: CompileUnit
     form: UnitForm | None
@@ -59,26 +57,24 @@ class UnitCompiler:
         for unit in units:
             form = unit_form(unit) if needs_form else None
             work.append(_Unit(unit, form if isinstance(form, UnitForm) else None))
-        if identity is not None:
-            for item in work:
-                if item.form is not None:
-                    item.structure = structure_key(backend, item.unit, item.form, identity)
-                    self._look_up(backend, item)
-        remote = [i for i in work if i.compiled is None and i.form is not None and self.executor is not None]
-        futures = {self._submit(backend, item): item for item in remote}
         for item in work:
-            if item.compiled is None and item not in remote:
+            if identity is not None and item.form is not None:
+                item.structure = structure_key(backend, item.unit, item.form, identity)
+                self._look_up(backend, item)
+        to_compile = [item for item in work if item.compiled is None]
+        futures = {self._submit(backend, i): i for i in to_compile if i.form is not None and self.executor is not None}
+        sent = set(futures.values())
+        for item in to_compile:  # what cannot travel (or has nowhere to go) is compiled here meanwhile
+            if item not in sent:
                 result = compile_in_process(backend, item.unit)
-                item.compiled = CompiledUnit(result, self._keep(backend, item, result))
-                partition_compiled(backend.backend_id, item.unit.where)
+                entry = self._entry_of(result, item)
+                self._done(backend, item, CompiledUnit(result, self._keep(backend, item, entry)))
         self._collect(backend, futures)
-        if (
-            self.cache is not None
-            and identity is not None
-            and any(i.compiled and i.compiled.cache == "miss" for i in work)
-        ):
+        if self.cache is not None and any(item.compiled and item.compiled.cache == "miss" for item in work):
             self.cache.evict()
-        return [item.compiled for item in work if item.compiled is not None]
+        compiled = [item.compiled for item in work if item.compiled is not None]
+        assert len(compiled) == len(work)
+        return compiled
 
     def _look_up(self, backend: type[BackendDetails], item: _Unit) -> None:
         assert self.cache is not None and item.form is not None and item.structure is not None
@@ -89,8 +85,7 @@ class UnitCompiler:
             entry = self.cache.get(_entry_key(item.structure, bound, digests), item.unit.where)
             if entry is None or not passed_through(entry) <= set(digests):
                 continue
-            item.compiled = CompiledUnit(refit(entry, item.form.state, digests), "hit")
-            partition_compiled(backend.backend_id, item.unit.where)
+            self._done(backend, item, CompiledUnit(refit(entry, item.form.state, digests), "hit"))
             return
 
     def _bindings(self, backend: type[BackendDetails], item: _Unit) -> list[list[str]]:
@@ -99,24 +94,29 @@ class UnitCompiler:
             return [sorted(item.form.digests)]
         return self.cache.bindings(item.structure)
 
-    def _keep(
-        self, backend: type[BackendDetails], item: _Unit, result: object, entry: Entry | None = None
-    ) -> str | None:
-        """Store the unit's result in the cache; how the cache answered (None: no cache for it)."""
+    def _entry_of(self, result: object, item: _Unit) -> Entry | None:
+        """A result compiled here, as the cache would keep it; None when it will not be kept."""
         if self.cache is None or item.structure is None or item.form is None:
             return None
-        if entry is None:
-            if not isinstance(result, PreprocessResult):
-                return None  # lowering reports what the backend returned
-            made = template(result, item.form.digests)
-            if isinstance(made, str):
-                return None
-            entry = made
+        if not isinstance(result, PreprocessResult):
+            return None  # lowering reports what the backend returned
+        entry = template(result, item.form.digests)
+        return None if isinstance(entry, str) else entry
+
+    def _keep(self, backend: type[BackendDetails], item: _Unit, entry: Entry | None) -> str | None:
+        """Store the unit's entry in the cache; how the cache answered (None: no cache for it)."""
+        if self.cache is None or item.structure is None or item.form is None or entry is None:
+            return None
         digests = item.form.digests
         passed = passed_through(entry) if backend.weights_by_reference else set()
         bound = sorted(set(digests) - passed)
         self.cache.put(item.structure, bound, _entry_key(item.structure, bound, digests), entry)
         return "miss"
+
+    @staticmethod
+    def _done(backend: type[BackendDetails], item: _Unit, compiled: CompiledUnit) -> None:
+        item.compiled = compiled
+        partition_compiled(backend.backend_id, item.unit.where)
 
     def _submit(self, backend: type[BackendDetails], item: _Unit) -> Future[bytes]:
         assert self.executor is not None and item.form is not None
@@ -125,39 +125,43 @@ class UnitCompiler:
         return self.executor.submit(compile_request, request(backend, item.unit, item.form))
 
     def _collect(self, backend: type[BackendDetails], futures: dict[Future[bytes], _Unit]) -> None:
+        """Each unit's entry as its worker returns it, in the order they finish; a unit whose worker
+        died is submitted once more."""
         pending = dict(futures)
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 item = pending.pop(future)
                 try:
-                    data = future.result()
+                    entry = decode(future.result())
                 except Exception as e:
-                    if not _worker_lost(e):
-                        raise PreprocessError(
-                            f"backend {backend.backend_id!r} failed to preprocess {item.unit.where} on a worker: {e}"
-                        ) from e
-                    if item.attempts > 1:
-                        raise PreprocessError(
-                            f"backend {backend.backend_id!r}: {item.unit.where} was compiled twice and its worker "
-                            f"died both times ({type(e).__name__}: {e}); compile it in this process (no --jobs or "
-                            "--cluster) to see the failure"
-                        ) from e
-                    if isinstance(e, BrokenProcessPool) and self._restart is not None:
-                        if item.executor is self.executor:  # the first of its units to find it broken
-                            self.executor = self._restart()
-                    elif isinstance(e, BrokenProcessPool):
-                        raise PreprocessError(
-                            f"backend {backend.backend_id!r}: the worker process compiling {item.unit.where} died "
-                            f"and the process pool given is broken ({e})"
-                        ) from e
+                    self._check_retry(backend, item, e)
                     pending[self._submit(backend, item)] = item
                     continue
                 assert item.form is not None
-                entry = decode(data)
                 result = refit(entry, item.form.state, item.form.digests)
-                item.compiled = CompiledUnit(result, self._keep(backend, item, result, entry))
-                partition_compiled(backend.backend_id, item.unit.where)
+                self._done(backend, item, CompiledUnit(result, self._keep(backend, item, entry)))
+
+    def _check_retry(self, backend: type[BackendDetails], item: _Unit, error: Exception) -> None:
+        """Raise the error that names the unit, unless its worker died for the first time (then a
+        broken pool of ours is replaced, for the unit to be submitted again)."""
+        where = f"backend {backend.backend_id!r}"
+        if not _worker_lost(error):
+            raise PreprocessError(f"{where} failed to preprocess {item.unit.where} on a worker: {error}") from error
+        if item.attempts > 1:
+            raise PreprocessError(
+                f"{where}: {item.unit.where} was compiled twice and its worker died both times "
+                f"({type(error).__name__}: {error}); compile it in this process (no --jobs or --cluster) to see "
+                "the failure"
+            ) from error
+        if isinstance(error, BrokenProcessPool):
+            if self._restart is None:
+                raise PreprocessError(
+                    f"{where}: the worker process compiling {item.unit.where} died and the process pool given "
+                    f"is broken ({error})"
+                ) from error
+            if item.executor is self.executor:  # the first of its units to find it broken
+                self.executor = self._restart()
 
 
 def _worker_lost(error: BaseException) -> bool:
@@ -171,5 +175,6 @@ def _entry_key(structure: str, bound: list[str], digests: dict[str, str]) -> str
     for name in sorted(set(digests) - set(bound)):
         others.setdefault(digests[name], []).append(name)
     equal = sorted(names for names in others.values() if len(names) > 1)
-    described = {"structure": structure, "bound": {name: digests[name] for name in sorted(bound)}, "equal": equal}
-    return hashlib.sha256(canonical_json(described)).hexdigest()
+    return document_key(
+        {"structure": structure, "bound": {name: digests[name] for name in sorted(bound)}, "equal": equal}
+    )

@@ -22,7 +22,6 @@ from torchdelegate.errors import SerializationError
 from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.compile_units import CompileUnit
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
-from torchdelegate.serialize.allow_list import walk
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.graph import program_to_json
 from torchdelegate.version import __version__
@@ -56,6 +55,11 @@ def unit_form(unit: CompileUnit) -> UnitForm | str:
     return UnitForm(document, state, {name: content_key(t) for name, t in sorted(state.items())})
 
 
+def document_key(document: Any) -> str:
+    """The hex SHA-256 of a document's canonical JSON: the compile cache's keys."""
+    return hashlib.sha256(canonical_json(document)).hexdigest()
+
+
 def structure_key(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm, identity: dict[str, str]) -> str:
     """What the compiled result depends on, but the weights' bytes."""
     described = {
@@ -65,27 +69,24 @@ def structure_key(backend: type[BackendDetails], unit: CompileUnit, form: UnitFo
         "torch": torch.__version__,
         "torchdelegate": __version__,
         "compile_specs": [[spec.key, spec.value.hex()] for spec in unit.compile_specs],
-        "program": _without_stack_traces(form.document),
+        "program": _key_form(form.document),
     }
-    return hashlib.sha256(canonical_json(described)).hexdigest()
+    return document_key(described)
 
 
-def _without_stack_traces(document: dict[str, Any]) -> dict[str, Any]:
-    """The document as the key covers it: no stack traces, and module paths without the keys export
-    gave each module call (non-strict export keys them by ``id()`` of the module object)."""
-    copy: dict[str, Any] = _copied(document)
-    for key, value in walk(copy):
-        if key == "metadata" and isinstance(value, dict):
-            value.pop("stack_trace", None)
-            stack = value.get("nn_module_stack")
-            if isinstance(stack, str):
-                value["nn_module_stack"] = ";".join(item.partition(",")[2] for item in stack.split(";"))
-    return copy
-
-
-def _copied(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _copied(v) for k, v in value.items()}
+def _key_form(value: Any) -> Any:
+    """The document as the key covers it: every node's metadata without its stack trace, and module
+    paths without the keys export gave each module call (non-strict export keys them by ``id()``)."""
     if isinstance(value, list):
-        return [_copied(v) for v in value]
-    return value
+        return [_key_form(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    return {k: _key_metadata(v) if k == "metadata" and isinstance(v, dict) else _key_form(v) for k, v in value.items()}
+
+
+def _key_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    kept = {k: v for k, v in metadata.items() if k != "stack_trace"}
+    stack = kept.get("nn_module_stack")
+    if isinstance(stack, str):
+        kept["nn_module_stack"] = ";".join(item.partition(",")[2] for item in stack.split(";"))
+    return kept
