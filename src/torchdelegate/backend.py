@@ -158,15 +158,14 @@ class BackendDetails(ABC):
         a cluster) and answer them from its compile cache; a backend that overrides this method
         is always called once, in the lowering process.
         """
-        flat = [
-            (m, p, s) for m, programs in edge_programs.items() for p, s in zip(programs, compile_specs[m], strict=True)
-        ]
-        results = []
-        for index, (method, program, specs) in enumerate(flat):
-            where = f"method {method!r}, partition {index}"
-            results.append(cls.preprocess_partition(program, specs, where))
-            partition_compiled(cls.backend_id, where)
-        linked = iter(cls.link_results(results, [specs for _, _, specs in flat]))
+        results, flat_specs = [], []
+        for method, programs in edge_programs.items():
+            for index, (program, specs) in enumerate(zip(programs, compile_specs[method], strict=True)):
+                where = f"method {method!r}, partition {index}"
+                results.append(cls.preprocess_partition(program, specs, where))
+                flat_specs.append(specs)
+                partition_compiled(cls.backend_id, where)
+        linked = iter(cls.link_results(results, flat_specs))
         return {method: [next(linked) for _ in programs] for method, programs in edge_programs.items()}
 
     @classmethod

@@ -43,9 +43,7 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
             lowered, report = bar.run(edge, partitioner)
         seconds = time.perf_counter() - started
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    # The file's report leaves out the cache's answers: the file is the same however it was compiled.
-    saved = report.with_blob_sizes(_blob_sizes(report))
-    lowered.save(args.output, external_data_path=args.external_data, report=saved.to_json())
+    lowered.save(args.output, external_data_path=args.external_data, report=report.without_cache_answers().to_json())
     print(render_text(report), file=out)
     print("", file=out)
     size = args.output.stat().st_size
@@ -71,10 +69,6 @@ def _start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) 
         stack.enter_context(preprocessing(cache=cache, jobs=args.jobs, cluster=args.cluster))
     except (ValueError, OSError, ImportError) as e:
         raise CommandError(str(e)) from e
-
-
-def _blob_sizes(report: Any) -> dict[str, dict[str, int | None]]:
-    return {name: {p.tag: p.blob_bytes for p in method.partitions} for name, method in report.methods.items()}
 
 
 def _sharing_line(report: Any) -> str:

@@ -46,16 +46,31 @@ def _chosen_cache(cache: CompileCache | str | os.PathLike[str] | bool | None) ->
     raise TypeError(f"cache must be a CompileCache, a directory, a URL or False, got {type(cache).__name__}")
 
 
-def process_pool(jobs: int) -> ProcessPoolExecutor:
-    """``jobs`` worker processes, forked from a server that imported the backends once, warming up now."""
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
-        raise ValueError(f"jobs must be a number of worker processes >= 1, got {jobs!r}")
-    context: Any = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torchdelegate.compile.worker"])
-    pool = ProcessPoolExecutor(jobs, mp_context=context)
-    for _ in range(jobs):
-        pool.submit(warm_up)
-    return pool
+class LocalPool:
+    """``jobs`` worker processes of this machine, forked from a server that imported the backends
+    once and warming up from the start; replaced whole when one of them dies (a broken pool)."""
+
+    def __init__(self, jobs: int) -> None:
+        if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+            raise ValueError(f"jobs must be a number of worker processes >= 1, got {jobs!r}")
+        self.jobs = jobs
+        self.executor = self._started()
+
+    def _started(self) -> ProcessPoolExecutor:
+        context: Any = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torchdelegate.compile.worker"])
+        pool = ProcessPoolExecutor(self.jobs, mp_context=context)
+        for _ in range(self.jobs):
+            pool.submit(warm_up)
+        return pool
+
+    def restart(self) -> Executor:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.executor = self._started()
+        return self.executor
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
 
 
 def cluster_executor(address: str, stack: contextlib.ExitStack) -> Executor:
@@ -90,15 +105,9 @@ def preprocessing(
     with contextlib.ExitStack() as stack:
         restart = None
         if jobs is not None:
-            executor = process_pool(jobs)
-            pools = [executor]
-
-            def restart() -> Executor:
-                pools[-1].shutdown(wait=False, cancel_futures=True)
-                pools.append(process_pool(jobs))
-                return pools[-1]
-
-            stack.callback(lambda: pools[-1].shutdown(wait=True, cancel_futures=True))
+            pool = LocalPool(jobs)
+            stack.callback(pool.close)
+            executor, restart = pool.executor, pool.restart
         elif cluster is not None:
             executor = cluster_executor(cluster, stack)
         compiler = UnitCompiler(chosen, executor, restart)

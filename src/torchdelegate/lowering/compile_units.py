@@ -53,18 +53,28 @@ class PartitionCompiler(Protocol):
         ...
 
 
-def compile_in_process(backend: type[BackendDetails], unit: CompileUnit) -> Any:
-    """``backend.preprocess_partition`` on the unit here, its failure named by the partition."""
+@contextmanager
+def failures_named(backend: type[BackendDetails], where: str) -> Iterator[None]:
+    """A backend's exception inside the block re-raised as a ``PreprocessError`` naming the backend and
+    ``where`` (the partition), chained; a ``PreprocessError`` that names it already passes as it is."""
     try:
-        return backend.preprocess_partition(unit.program, list(unit.compile_specs), unit.where)
+        yield
     except PreprocessError as e:
-        if unit.where in str(e):
-            raise  # the backend named the partition already
-        raise PreprocessError(f"backend {backend.backend_id!r} failed to preprocess {unit.where}: {e}") from e
+        if where in str(e):
+            raise
+        raise PreprocessError(
+            f"backend {backend.backend_id!r} failed to preprocess {where}: PreprocessError: {e}"
+        ) from e
     except Exception as e:
         raise PreprocessError(
-            f"backend {backend.backend_id!r} failed to preprocess {unit.where}: {type(e).__name__}: {e}"
+            f"backend {backend.backend_id!r} failed to preprocess {where}: {type(e).__name__}: {e}"
         ) from e
+
+
+def compile_in_process(backend: type[BackendDetails], unit: CompileUnit) -> Any:
+    """``backend.preprocess_partition`` on the unit here, its failure named by the partition."""
+    with failures_named(backend, unit.where):
+        return backend.preprocess_partition(unit.program, list(unit.compile_specs), unit.where)
 
 
 def compile_serially(backend: type[BackendDetails], units: Sequence[CompileUnit]) -> list[CompiledUnit]:

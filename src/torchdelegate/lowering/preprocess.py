@@ -20,7 +20,7 @@ from torchdelegate.backend import BackendDetails, PreprocessResult, checked_dele
 from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
 from torchdelegate.errors import BackendNotFoundError, NamedDataConflictError, PreprocessError
 from torchdelegate.lowered_module import LoweredBackendModule
-from torchdelegate.lowering.compile_units import CompileUnit, compile_units
+from torchdelegate.lowering.compile_units import CompileUnit, compile_units, failures_named
 from torchdelegate.lowering.partitions import Partition
 from torchdelegate.lowering.validation import program_fingerprint
 from torchdelegate.progress import expect_partitions, partitions_compiled_until, steps_done
@@ -78,13 +78,8 @@ def check_unchanged(program: ExportedProgram, before: object, backend_id: str, w
 def preprocess_one(
     backend: type[BackendDetails], program: ExportedProgram, specs: list[CompileSpec], method: str, tag: str
 ) -> Any:
-    try:
+    with failures_named(backend, f"partition {tag!r} of method {method!r}"):
         return backend.preprocess(program, specs)
-    except Exception as e:
-        raise PreprocessError(
-            f"backend {backend.backend_id!r} failed to preprocess partition {tag!r} of method {method!r}: "
-            f"{type(e).__name__}: {e}"
-        ) from e
 
 
 def _preprocess_units(backend: type[BackendDetails], jobs: list[PartitionJob]) -> None:

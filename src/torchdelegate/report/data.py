@@ -18,7 +18,7 @@ import types
 import typing
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -131,6 +131,14 @@ class LoweringReport:
                 method.method, method.nodes, partitions, method.user_inputs, method.user_outputs
             )
         return LoweringReport(self.backends, methods, self.state_bytes, self.unique_state_bytes)
+
+    def without_cache_answers(self) -> LoweringReport:
+        """A copy without how the compile cache answered: what a file keeps, the same however it was compiled."""
+        methods = {
+            name: replace(method, partitions=[replace(p, cache=None) for p in method.partitions])
+            for name, method in self.methods.items()
+        }
+        return replace(self, methods=methods)
 
     def to_json(self) -> dict[str, Any]:
         return {
