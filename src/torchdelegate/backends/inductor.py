@@ -33,6 +33,7 @@ from torchdelegate.backends.reference import reference_support
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError, PreprocessError
 from torchdelegate.lowering.structural_copy import copy_program, with_identifier_state_names
+from torchdelegate.machine_cache import machine_identity
 from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
@@ -47,6 +48,19 @@ class InductorBackend(SharedDataBackend):
     runs_native_code = True  # a blob is a compiled shared library, loaded into the process
     compile_cache_version = f"blob {BLOB_VERSION}"
     weights_by_reference = True  # user-managed constants, no freezing: the code never reads a weight's value
+
+    @classmethod
+    def compile_cache_identity(cls) -> dict[str, str] | None:
+        """The blob's version, the C++ compiler, and this machine's CPU, which AOTInductor compiles for."""
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            compiler = get_cpp_compiler()
+            described = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+        except Exception:
+            return None  # no compiler to name: nothing is cached
+        version = described.splitlines()[0] if described else compiler
+        return {"compiler": str(cls.compile_cache_version), "c++": version, **machine_identity()}
 
     @classmethod
     def is_available(cls) -> bool:
