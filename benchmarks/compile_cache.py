@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 HERE = Path(__file__).resolve().parent
 
 
 def _programs(model_name: str, seed: int) -> dict[str, Any]:
-    import torch
-
     if model_name == "demo":
         from torchdelegate.demo.model import build_demo_model, export_demo
 
@@ -43,40 +43,34 @@ def _programs(model_name: str, seed: int) -> dict[str, Any]:
         _perturb(model, seed)
         return export(static_cache_module(model), True)
     torch.manual_seed(0)
-    model = _Branches()
+    model = Branches()
     _perturb(model, seed)
     return {"forward": torch.export.export(model, (torch.randn(8, 512),))}
 
 
 def _perturb(model: Any, seed: int) -> None:
     """Every weight changed (a fine-tune) unless ``seed`` is 0; norms made distinct as trained ones are."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * (0.01 if seed else 0.001))
 
 
-class _Branches:  # defined on first use: torch is imported in the measuring process only
-    def __new__(cls) -> Any:
-        import torch
+class Branches(torch.nn.Module):
+    """Four ONNX Runtime partitions, one per block, kept apart by the reference backend's nextafter."""
 
-        class Branches(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.layers = torch.nn.ModuleList(
-                    torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
-                    for _ in range(4)
-                )
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
+            for _ in range(4)
+        )
 
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                for layer in self.layers:
-                    x = layer(x)
-                    x = torch.nextafter(x, x + 1)  # the reference backend's: ONNX has no nextafter
-                return x
-
-        return Branches()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+            x = torch.nextafter(x, x + 1)  # ONNX has no nextafter
+        return x
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

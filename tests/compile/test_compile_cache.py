@@ -139,7 +139,8 @@ def test_the_command_reports_what_the_cache_answered_and_writes_the_same_file(tm
         )
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
-    assert " cache " in outputs[0].splitlines()[1] or "cache" in outputs[0]
+    header = next(line for line in outputs[0].splitlines() if line.strip().startswith("partition "))
+    assert header.split()[-2:] == ["cache", "ops"]
     assert "  miss  " in outputs[0] and "  hit  " in outputs[1]
     plain = subprocess.run([*command, "-o", str(tmp_path / "plain.tdp"), "--cache", "off"], capture_output=True)
     assert plain.returncode == 0
