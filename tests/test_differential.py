@@ -34,6 +34,8 @@ from torchdelegate import Partitioner, TorchDelegateError
 # blob is torch.export.save's archive, which holds a random id and object ids.
 DETERMINISTIC = frozenset({"reference"})
 EXAMPLES = int(os.environ.get("TORCHDELEGATE_EXAMPLES", "200"))
+# The mode through the compile cache and worker processes: each example lowers four times.
+COMPILE_PATH_EXAMPLES = max(EXAMPLES // 8, 10)
 SEEN: dict[str, Any] = {"examples": 0, "programs": set(), "outcomes": Counter()}
 
 
@@ -61,8 +63,9 @@ def _unliftable(program: ExportedProgram) -> bool:
     return True
 
 
-def _lower(program: ExportedProgram, partitioner: Partitioner) -> td.EdgeProgramManager:
-    return td.to_edge(program).to_backend(partitioner)
+def _lower(program: ExportedProgram, partitioner: Partitioner, **preprocessing: Any) -> td.EdgeProgramManager:
+    with td.preprocessing(**{"cache": False, **preprocessing}):
+        return td.to_edge(program).to_backend(partitioner)
 
 
 @settings(
@@ -121,3 +124,50 @@ def _check_one(recipe: Recipe, choice: tuple[str, Partitioner]) -> None:
         with td.load(first) as loaded:
             torch.testing.assert_close(_two_calls(lambda **x: loaded.run("forward", **x), inputs), expected)
     assert_unchanged(program, before)
+
+
+@pytest.fixture(scope="module")
+def worker_processes() -> Any:
+    from torchdelegate.compile.options import LocalPool
+
+    pool = LocalPool(2)
+    yield pool.executor
+    pool.close()
+
+
+@settings(
+    max_examples=COMPILE_PATH_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+@given(recipe=recipes(), choice=partitioners())
+def test_the_file_is_the_same_through_the_compile_cache_and_worker_processes(
+    recipe: Recipe, choice: tuple[str, Partitioner], worker_processes: Any
+) -> None:
+    """Cold and warm through a compile cache, and compiled on worker processes: the same file as a
+    plain lowering (for deterministic backends), and eager's outputs from each."""
+    _, partitioner = choice
+    module = RecipeModule(recipe)
+    inputs = recipe.example_inputs()
+    try:
+        program = torch.export.export(copy.deepcopy(module), (), inputs)
+        plain = _lower(program, partitioner)
+    except Exception:
+        reject()  # torch.export's limits, or a partition the first test sees refused
+    with torch.no_grad():
+        expected = _two_calls(copy.deepcopy(module), inputs)
+    with tempfile.TemporaryDirectory() as directory:
+        cache = Path(directory) / "cache"
+        paths = {name: Path(directory) / f"{name}.tdp" for name in ("plain", "cold", "warm", "workers")}
+        plain.save(paths["plain"])
+        _lower(program, partitioner, cache=cache).save(paths["cold"])
+        warm = _lower(program, partitioner, cache=cache)
+        assert all(d.meta["compile_cache"] in ("hit", None) for d in warm.delegates()["forward"])
+        warm.save(paths["warm"])
+        _lower(program, partitioner, executor=worker_processes).save(paths["workers"])
+        if all(d.backend_id in DETERMINISTIC for d in plain.delegates()["forward"]):
+            files = {name: path.read_bytes() for name, path in paths.items()}
+            assert len(set(files.values())) == 1, f"different files: {sorted(files)}"
+        for path in paths.values():
+            with torch.no_grad(), td.load(path) as loaded:
+                torch.testing.assert_close(_two_calls(lambda **x: loaded.run("forward", **x), inputs), expected)
