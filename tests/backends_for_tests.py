@@ -260,7 +260,8 @@ def describing_partitioner() -> ReferencePartitioner:
 
 class DyingReference(ReferenceBackend):
     """The reference backend, whose compile kills its worker process: always (compile spec
-    ``die=always``), or the first time only (``die=once:MARKER``, a file it creates before dying)."""
+    ``die=always``), or the first time only (``die=once:MARKER``, a file it creates before dying);
+    or raises (``die=raise``)."""
 
     backend_id = "TestDying"
     compile_cache_version = None
@@ -270,6 +271,8 @@ class DyingReference(ReferenceBackend):
         cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
     ) -> bytes:
         how = next((s.value.decode() for s in compile_specs if s.key == "die"), "")
+        if how == "raise":
+            raise ValueError("this partition cannot be compiled")
         if how == "always" or (how.startswith("once:") and not os.path.exists(how[5:])):
             if how.startswith("once:"):
                 open(how[5:], "w").close()

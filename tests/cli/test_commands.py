@@ -110,6 +110,21 @@ def test_two_methods_lowered_together_store_their_shared_weights_once(exported: 
         (("lower", "forward=model.pt2", "-o", "x.tdp"), 2, "the following arguments are required: --backend"),
         (("inspect", "x.npy"), 1, "x.npy"),
         (("run", "model.pt2", "--input", "x.npy"), 1, "model.pt2"),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--jobs", "0"),
+            2,
+            "--jobs 0: give a number of worker processes >= 1",
+        ),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--jobs", "2", "--cluster", "tcp://x:1"),
+            2,
+            "give --jobs or --cluster, not both",
+        ),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--cluster", "tcp://127.0.0.1:1"),
+            1,
+            "no Dask scheduler answers at tcp://127.0.0.1:1 (",
+        ),
     ],
 )
 def test_bad_use_is_one_line_on_stderr_with_an_exit_code(

@@ -71,6 +71,28 @@ def test_a_partition_whose_worker_dies_twice_is_named(tmp_path: Path) -> None:
     assert "partition 'TestDying_0' of method 'forward' was compiled twice and its worker died both times" in message
 
 
+def test_a_backend_failing_on_a_worker_is_named_with_its_error(tmp_path: Path) -> None:
+    with td.preprocessing(jobs=1, cache=False), pytest.raises(td.PreprocessError) as info:
+        td.to_edge_transform_and_lower(torch.export.export(Branches(), INPUT), partitioner=[_dying("raise")])
+    message = str(info.value)
+    assert message.startswith(
+        "backend 'TestDying' failed to preprocess partition 'TestDying_0' of method 'forward' on a "
+    )
+    assert "ValueError: this partition cannot be compiled (on process " in message
+
+
+def test_a_process_pool_given_that_breaks_is_named(tmp_path: Path) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"))
+    with pool, td.preprocessing(executor=pool, cache=False), pytest.raises(td.PreprocessError) as info:
+        td.to_edge_transform_and_lower(torch.export.export(Branches(), INPUT), partitioner=[_dying("always")])
+    assert "the worker process compiling partition 'TestDying_0' of method 'forward' died and the process pool " in str(
+        info.value
+    )
+
+
 @pytest.fixture(scope="module")
 def cluster():
     distributed = pytest.importorskip("distributed")

@@ -80,7 +80,7 @@ def cluster_executor(address: str, stack: contextlib.ExitStack) -> Executor:
     except ImportError as e:
         raise ImportError(f"compiling on a cluster needs Dask: pip install 'torchdelegate[distributed]' ({e})") from e
     try:
-        client = stack.enter_context(distributed.Client(address, timeout=30))
+        client = stack.enter_context(distributed.Client(address, timeout=10))
     except OSError as e:
         raise OSError(f"no Dask scheduler answers at {address} ({e}); start one with `dask scheduler`") from e
     return client.get_executor(pure=False)
