@@ -14,6 +14,8 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+import torch
+
 from torchdelegate.backend import BackendDetails, PreprocessResult
 from torchdelegate.compile.cache import CompileCache
 from torchdelegate.compile.entry import Entry, decode, passed_through, refit, template
@@ -54,8 +56,9 @@ class UnitCompiler:
         identity = backend.compile_cache_identity() if self.cache is not None else None
         needs_form = identity is not None or self.executor is not None
         work = []
+        known: dict[torch.Tensor, str] = {}  # digests by tensor: a weight read by two methods is hashed once
         for unit in units:
-            form = unit_form(unit) if needs_form else None
+            form = unit_form(unit, known) if needs_form else None
             work.append(_Unit(unit, form if isinstance(form, UnitForm) else None))
         for item in work:
             if identity is not None and item.form is not None:

@@ -38,9 +38,12 @@ class UnitForm:
     digests: dict[str, str]
 
 
-def unit_form(unit: CompileUnit) -> UnitForm | str:
+def unit_form(unit: CompileUnit, known: dict[torch.Tensor, str]) -> UnitForm | str:
     """The unit's form, or why it has none (a sub-program torch.export cannot serialize: it
-    holds delegates of an earlier stage, or script objects); such a unit is compiled here, uncached."""
+    holds delegates of an earlier stage, or script objects); such a unit is compiled here, uncached.
+
+    ``known`` holds the digests of tensors already hashed (by tensor: the units of one lowering
+    share their weights), and gains this unit's."""
     try:
         document = program_to_json(unit.program, unit.where, debug_info=True)
     except SerializationError as e:
@@ -52,7 +55,10 @@ def unit_form(unit: CompileUnit) -> UnitForm | str:
             if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
                 return f"{unit.where}: {spec.target!r} is not a tensor on the CPU"
             state[spec.target] = value
-    return UnitForm(document, state, {name: content_key(t) for name, t in sorted(state.items())})
+    for tensor in state.values():
+        if tensor not in known:
+            known[tensor] = content_key(tensor)
+    return UnitForm(document, state, {name: known[tensor] for name, tensor in sorted(state.items())})
 
 
 def document_key(document: Any) -> str:
