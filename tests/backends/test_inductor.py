@@ -58,6 +58,10 @@ def test_a_plain_sequential_runs_from_the_file_though_its_small_constants_are_bu
         torch.testing.assert_close(program.run("forward", x), model(x))
     with torch.no_grad():
         torch.testing.assert_close(lowered.exported_program().module()(x), model(x))
+    with td.preprocessing(cache=False):  # compiled again, not answered by the compile cache
+        again = td.to_edge_transform_and_lower(torch.export.export(model, (x,)), partitioner=[InductorPartitioner()])
+    again.save(tmp_path / "again.tdp")  # no compile command, path or random id in the package
+    assert (tmp_path / "again.tdp").read_bytes() == (tmp_path / "m.tdp").read_bytes()
 
 
 def test_a_partition_owning_a_buffer_it_writes_is_refused_before_compiling() -> None:

@@ -14,6 +14,7 @@ Mutable buffers stay with the program.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shutil
 import subprocess
@@ -46,8 +47,10 @@ class InductorBackend(SharedDataBackend):
 
     backend_id = "inductor"
     runs_native_code = True  # a blob is a compiled shared library, loaded into the process
-    compile_cache_version = f"blob {BLOB_VERSION}"
-    weights_by_reference = True  # user-managed constants, no freezing: the code never reads a weight's value
+    compile_cache_version = f"blob {BLOB_VERSION}, sources left out"
+    # AOTInductor links small constants into its library (it asks for the others only): the cache key
+    # covers every weight's bytes.
+    weights_by_reference = False
 
     @classmethod
     def compile_cache_identity(cls) -> dict[str, str] | None:
@@ -122,17 +125,21 @@ class InductorBackend(SharedDataBackend):
 
 
 def _compact_package(package: Path, scratch: Path) -> bytes:
-    """The package's bytes with its libraries stripped of what loading never reads (debug
-    information, the static symbol table) and every entry compressed.
+    """The package's bytes with what loading never reads left out, the same for the same code.
 
-    The weights are named data, so a package holds code, and three quarters of a compiled
-    library is debug information: a small graph's package goes from 1.5 MB to about 0.13 MB.
-    Without ``strip`` (binutils) the libraries are kept whole.
+    Its C++ sources go (AOTInductor appends each compile's commands and paths to them), its
+    libraries lose their debug information and static symbol table, and its serialization id
+    (random at every compile) becomes a digest of the rest. The weights are named data, so a
+    package holds code, and three quarters of a compiled library is debug information: a small
+    graph's package goes from 1.5 MB to about 0.13 MB. Without ``strip`` (binutils) the
+    libraries are kept whole.
     """
     strip = shutil.which("strip")
-    compact = io.BytesIO()
-    with zipfile.ZipFile(package) as original, zipfile.ZipFile(compact, "w", zipfile.ZIP_DEFLATED) as out:
+    entries: list[tuple[zipfile.ZipInfo, bytes]] = []
+    with zipfile.ZipFile(package) as original:
         for entry in original.infolist():
+            if entry.filename.endswith(".cpp"):
+                continue
             data = original.read(entry)
             if strip is not None and entry.filename.endswith(".so"):
                 library = scratch / "library.so"
@@ -140,10 +147,21 @@ def _compact_package(package: Path, scratch: Path) -> bytes:
                 stripped = subprocess.run([strip, "--strip-unneeded", str(library)], capture_output=True, timeout=600)
                 if stripped.returncode == 0:
                     data = library.read_bytes()
+            entries.append((entry, data))
+    content = hashlib.sha256(b"".join(data for entry, data in entries if not _is_serialization_id(entry)))
+    compact = io.BytesIO()
+    with zipfile.ZipFile(compact, "w", zipfile.ZIP_DEFLATED) as out:
+        for entry, data in entries:
             compact_entry = zipfile.ZipInfo(entry.filename, date_time=entry.date_time)  # as compiled: no clock
             compact_entry.external_attr = entry.external_attr
+            if _is_serialization_id(entry):
+                data = str(int(content.hexdigest()[:32], 16)).encode()
             out.writestr(compact_entry, data, compress_type=zipfile.ZIP_DEFLATED)
     return compact.getvalue()
+
+
+def _is_serialization_id(entry: zipfile.ZipInfo) -> bool:
+    return entry.filename.endswith("/.data/serialization_id")
 
 
 def _size(value: Any) -> int:
