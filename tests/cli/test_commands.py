@@ -123,7 +123,17 @@ def test_two_methods_lowered_together_store_their_shared_weights_once(exported: 
         (
             ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--cluster", "tcp://127.0.0.1:1"),
             1,
-            "no Dask scheduler answers at tcp://127.0.0.1:1 (",
+            "no Dask scheduler answers at tcp://127.0.0.1:1 (Connection refused); start one with `dask scheduler`",
+        ),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--cluster", "http://127.0.0.1:1"),
+            2,
+            "http://127.0.0.1:1 is not a Dask scheduler's address (Dask has no 'http' addresses; it has inproc, tcp",
+        ),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--cache", "x.npy"),
+            2,
+            "the compile cache '",
         ),
     ],
 )

@@ -145,3 +145,27 @@ def test_the_command_reports_what_the_cache_answered_and_writes_the_same_file(tm
     plain = subprocess.run([*command, "-o", str(tmp_path / "plain.tdp"), "--cache", "off"], capture_output=True)
     assert plain.returncode == 0
     assert _digest(tmp_path / "cold.tdp") == _digest(tmp_path / "warm.tdp") == _digest(tmp_path / "plain.tdp")
+
+
+def test_a_cache_that_cannot_be_a_directory_is_refused_at_once(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"cannot be a directory: .*/file is a file"):
+        td.CompileCache(tmp_path / "file" / "cache")
+    with pytest.raises(ValueError, match=r"needs a directory or an fsspec URL, got an empty name"):
+        td.CompileCache("")
+
+
+def test_damaged_bindings_are_warned_about_and_unfinished_writes_are_cleared(tmp_path: Path) -> None:
+    cache = td.CompileCache(tmp_path / "cache")
+    _lower(0, tmp_path / "a.tdp", [ReferencePartitioner()], cache=cache)
+    (bindings,) = [p for p in (tmp_path / "cache" / "compile-v1" / "bindings").rglob("*") if p.is_file()]
+    bindings.write_text("{not json")
+    with pytest.warns(UserWarning, match=r"is not a list of bindings; its entries are compiled again"):
+        assert _lower(0, tmp_path / "b.tdp", [ReferencePartitioner()], cache=cache) == ["miss"]
+    (entry,) = [e["name"] for e in cache.entries()]
+    left = Path(f"{entry}.0123456789abcdef.partial")  # a write a crash stopped
+    left.write_bytes(b"x" * 10)
+    assert [e["name"] for e in cache.entries()] == [entry]  # maybe still being written
+    os.utime(left, (1, 1))
+    assert cache.evict() == 10 and not left.exists()
+    assert [e["name"] for e in cache.entries()] == [entry]

@@ -67,7 +67,9 @@ def _start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) 
     cache = False if args.cache is not None and turned_off(args.cache) else args.cache
     try:
         stack.enter_context(preprocessing(cache=cache, jobs=args.jobs, cluster=args.cluster))
-    except (ValueError, OSError, ImportError) as e:
+    except ValueError as e:  # a --cache or --cluster that cannot be one
+        raise UsageError(str(e)) from e
+    except (OSError, ImportError) as e:
         raise CommandError(str(e)) from e
 
 

@@ -119,7 +119,9 @@ class UnitCompiler:
     @staticmethod
     def _done(backend: type[BackendDetails], item: _Unit, compiled: CompiledUnit) -> None:
         item.compiled = compiled
-        partition_compiled(backend.backend_id, item.unit.where)
+        partition_compiled(
+            backend.backend_id, item.unit.where + (", from the cache" if compiled.cache == "hit" else "")
+        )
 
     def _submit(self, backend: type[BackendDetails], item: _Unit) -> Future[bytes]:
         assert self.executor is not None and item.form is not None

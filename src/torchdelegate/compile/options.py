@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import socket
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any
@@ -79,11 +80,34 @@ def cluster_executor(address: str, stack: contextlib.ExitStack) -> Executor:
         import distributed
     except ImportError as e:
         raise ImportError(f"compiling on a cluster needs Dask: pip install 'torchdelegate[distributed]' ({e})") from e
+    _check_scheduler_address(address)
     try:
         client = stack.enter_context(distributed.Client(address, timeout=10))
     except OSError as e:
         raise OSError(f"no Dask scheduler answers at {address} ({e}); start one with `dask scheduler`") from e
     return client.get_executor(pure=False)
+
+
+def _check_scheduler_address(address: str) -> None:
+    """A ``ValueError`` if ``address`` is not one Dask can reach, an ``OSError`` at once if nothing
+    listens at a TCP one (rather than after Dask's time-out)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import backends
+
+    try:
+        scheme, location = parse_address(address)
+        if scheme not in backends:
+            raise ValueError(f"Dask has no {scheme!r} addresses; it has {', '.join(sorted(backends))}")
+        host, port = parse_host_port(location) if scheme == "tcp" else (None, None)
+    except ValueError as e:
+        raise ValueError(f"{address} is not a Dask scheduler's address ({e}); give tcp://HOST:PORT") from e
+    if host is not None:
+        try:
+            socket.create_connection((host, port), timeout=10).close()
+        except OSError as e:
+            raise OSError(
+                f"no Dask scheduler answers at {address} ({e.strerror or e}); start one with `dask scheduler`"
+            ) from e
 
 
 @contextlib.contextmanager
