@@ -152,13 +152,30 @@ def onnx_calling(domain: str, op_type: str) -> Callable[[bytes], bytes]:
     return rewrite
 
 
-def reference_calling(target: str) -> Callable[[bytes], bytes]:
-    """A reference blob whose graph calls ``target`` (say ``builtins.eval``) where it called ``aten.addmm``."""
+def reference_blob_document(blob: bytes | memoryview) -> dict[str, Any]:
+    """A reference blob as one document: its header (version, tensors) and its inflated graph part."""
     import zlib
 
+    header, payload = unpack(memoryview(blob), 2, "reference")
+    return {**json.loads(zlib.decompress(payload)), **header}
+
+
+def reference_blob(document: dict[str, Any]) -> bytes:
+    """The blob of a document :func:`reference_blob_document` gave (changed or not)."""
+    import zlib
+
+    header = {key: document[key] for key in ("version", "tensors") if key in document}
+    program_part = {key: value for key, value in document.items() if key not in header}
+    return pack(header, zlib.compress(json.dumps(program_part).encode()))
+
+
+def reference_calling(target: str) -> Callable[[bytes], bytes]:
+    """A reference blob whose graph calls ``target`` (say ``builtins.eval``) where it called ``aten.addmm``."""
+
     def rewrite(blob: bytes) -> bytes:
-        text = zlib.decompress(blob).replace(b'"torch.ops.aten.addmm.default"', f'"{target}"'.encode())
-        assert target.encode() in text, "the graph has no addmm to replace"
-        return zlib.compress(text)
+        document = reference_blob_document(blob)
+        text = json.dumps(document).replace('"torch.ops.aten.addmm.default"', f'"{target}"')
+        assert target in text, "the graph has no addmm to replace"
+        return reference_blob(json.loads(text))
 
     return rewrite

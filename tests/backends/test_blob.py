@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from crafted import reference_blob, reference_blob_document
 from models import TwoLinears, export
 
 import torchdelegate as td
@@ -25,9 +26,9 @@ def reference_delegate() -> td.LoweredBackendModule:
 
 
 def _reference_blob(delegate: td.LoweredBackendModule, change: Any) -> memoryview:
-    document = json.loads(zlib.decompress(delegate.processed_bytes))
+    document = reference_blob_document(delegate.processed_bytes)
     change(document)
-    return memoryview(zlib.compress(json.dumps(document).encode()))
+    return memoryview(reference_blob(document))
 
 
 def test_the_reference_blob_as_lowered_is_read(reference_delegate: td.LoweredBackendModule) -> None:
@@ -40,7 +41,7 @@ def test_the_reference_blob_as_lowered_is_read(reference_delegate: td.LoweredBac
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda d: d.update(version=2), r"reference blob: version 2; this torchdelegate reads 1"),
+        (lambda d: d.update(version=3), r"reference blob: version 3; this torchdelegate reads 2"),
         (lambda d: d["tensors"][0].update(mutable="yes"), r"reference blob: a tensor entry's 'mutable' is not a bool"),
         (lambda d: d["tensors"][0].update(key="0" * 64), r"reference blob: weight '\w+\.weight' names missing named"),
         (lambda d: d["tensors"][0].update(name=5), r"reference blob: a weight's name is 5, not a string"),
@@ -54,6 +55,16 @@ def test_a_reference_blob_it_cannot_read_is_refused(
     named_data = NamedDataMap(reference_delegate.named_data_store_output)
     with pytest.raises(FormatError, match=message):
         ReferenceBackend.init(_reference_blob(reference_delegate, change), [], named_data)
+
+
+def test_a_reference_blob_of_the_version_before_is_read(reference_delegate: td.LoweredBackendModule) -> None:
+    document = reference_blob_document(reference_delegate.processed_bytes)
+    document["version"] = 1  # one zlib stream for the whole blob, as version 1 wrote it
+    named_data = NamedDataMap(reference_delegate.named_data_store_output)
+    handle = ReferenceBackend.init(memoryview(zlib.compress(json.dumps(document).encode())), [], named_data)
+    x = torch.randn(2, 4)
+    assert torch.equal(ReferenceBackend.execute(handle, [x])[0], reference_delegate(x)[0])
+    ReferenceBackend.destroy(handle)
 
 
 def test_a_blob_of_another_version_is_refused_before_its_payload_is_read() -> None:

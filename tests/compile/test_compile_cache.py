@@ -19,7 +19,8 @@ from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E
 
 
 class Block(torch.nn.Module):
-    """Weights of 1 KiB and more, so ONNX Runtime keeps every one as named data."""
+    """Weights of 1 KiB and more, and one of 64 bytes (which ONNX Runtime keeps as named data too:
+    it is a parameter)."""
 
     def __init__(self, seed: int) -> None:
         super().__init__()
@@ -27,19 +28,21 @@ class Block(torch.nn.Module):
         self.up = torch.nn.Linear(256, 256)
         self.norm = torch.nn.LayerNorm(256)
         self.down = torch.nn.Linear(256, 256)
+        self.shift = torch.nn.Parameter(torch.randn(16))
         with torch.no_grad():
             self.norm.weight.add_(torch.randn(256))  # a trained model's norms differ from one another
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.down(torch.relu(self.norm(self.up(x))))
+        y = self.down(torch.relu(self.norm(self.up(x)))) + self.shift.repeat(16)
         return torch.nextafter(y, y + 1)  # ONNX has no nextafter: a reference partition
 
 
 INPUT = (torch.randn(3, 256),)
 
 
-def _lower(seed: int, path: Path, partitioners: list, **options: object) -> list[str | None]:
-    program = torch.export.export(Block(seed), INPUT)
+def _lower(seed: int, path: Path, partitioners: list, rows: int = 3, **options: object) -> list[str | None]:
+    """Block(seed) lowered on an input of ``rows`` rows (another size is another structure)."""
+    program = torch.export.export(Block(seed), (INPUT[0][:1].expand(rows, 256).contiguous(),))
     with td.preprocessing(**options):
         lowered = td.to_edge_transform_and_lower(program, partitioner=partitioners)
     lowered.save(path)
@@ -63,11 +66,11 @@ def test_a_warm_cache_answers_every_partition_and_the_file_is_byte_identical(tmp
     torch.testing.assert_close(program.run("forward", *INPUT), Block(0)(*INPUT))
 
 
-def test_a_fine_tuned_variant_takes_the_compiled_onnx_model_with_its_own_weights(tmp_path: Path) -> None:
+def test_a_fine_tuned_variant_takes_the_compiled_partitions_with_its_own_weights(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    _lower(0, tmp_path / "base.tdp", [OnnxRuntimePartitioner()], cache=cache)
-    assert _lower(1, tmp_path / "tuned.tdp", [OnnxRuntimePartitioner()], cache=cache) == ["hit"]
-    _lower(1, tmp_path / "plain.tdp", [OnnxRuntimePartitioner()], cache=False)
+    _lower(0, tmp_path / "base.tdp", BACKENDS, cache=cache)
+    assert _lower(1, tmp_path / "tuned.tdp", BACKENDS, cache=cache) == ["hit", "hit"]
+    _lower(1, tmp_path / "plain.tdp", BACKENDS, cache=False)
     assert _digest(tmp_path / "tuned.tdp") == _digest(tmp_path / "plain.tdp")
     script = (
         "import sys, torch, torchdelegate as td; p = td.load(sys.argv[1]); "
@@ -95,19 +98,19 @@ def test_a_damaged_entry_is_compiled_again_with_a_warning(tmp_path: Path) -> Non
 
 def test_the_least_recently_used_entries_go_first_past_the_size_bound(tmp_path: Path) -> None:
     cache = td.CompileCache(tmp_path / "cache", max_bytes=1 << 30)
-    for seed in range(3):
-        _lower(seed, tmp_path / f"{seed}.tdp", [ReferencePartitioner()], cache=cache)
+    for rows in (1, 2, 3):
+        _lower(0, tmp_path / f"{rows}.tdp", [ReferencePartitioner()], rows, cache=cache)
     entries = cache.entries()
     assert len(entries) == 3
     for age, entry in enumerate(entries):
         os.utime(entry["name"], (100 + age, 100 + age))
-    _lower(0, tmp_path / "again.tdp", [ReferencePartitioner()], cache=cache)  # a hit: seed 0's entry is used now
+    _lower(0, tmp_path / "again.tdp", [ReferencePartitioner()], 1, cache=cache)  # a hit: its entry is used now
     used = {e["name"]: e["used"] for e in cache.entries()}
     oldest = min(used, key=used.__getitem__)
     cache.max_bytes = sum(e["size"] for e in entries) - 1
     assert cache.evict() > 0
     assert sorted(e["name"] for e in cache.entries()) == sorted(set(used) - {oldest})
-    assert _lower(0, tmp_path / "kept.tdp", [ReferencePartitioner()], cache=cache) == ["hit"]
+    assert _lower(0, tmp_path / "kept.tdp", [ReferencePartitioner()], 1, cache=cache) == ["hit"]
 
 
 def test_an_fsspec_url_holds_the_cache(tmp_path: Path) -> None:

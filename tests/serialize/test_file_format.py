@@ -10,12 +10,11 @@ import struct
 import subprocess
 import sys
 import textwrap
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
-from crafted import manifest_bytes, with_a_segment_byte_flipped, with_manifest
+from crafted import manifest_bytes, reference_blob_document, with_a_segment_byte_flipped, with_manifest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from models import TwoLinears, export
@@ -61,9 +60,9 @@ def test_the_file_holds_json_and_raw_bytes_only(tmp_path: Path) -> None:
     segments = {s["sha256"]: s for s in manifest["segments"]}
     for segment in segments.values():
         assert segment["offset"] % 64 == 0 and (data_offset + segment["offset"]) % segment["alignment"] == 0
-    for delegate in manifest["delegates"]:  # the reference backend's blobs are compressed JSON
+    for delegate in manifest["delegates"]:  # the reference backend's blobs: a header, then compressed JSON
         blob = segments[delegate["blob"]]
-        json.loads(zlib.decompress(data[data_offset + blob["offset"] : data_offset + blob["offset"] + blob["length"]]))
+        reference_blob_document(data[data_offset + blob["offset"] : data_offset + blob["offset"] + blob["length"]])
     # Every other segment is raw tensor bytes, named by the state or named-data table.
     named = {e["data"] for e in manifest["named_data"]} | {e["data"] for e in manifest["state"] if e["data"]}
     assert set(segments) == named | {d["blob"] for d in manifest["delegates"]}

@@ -1,10 +1,12 @@
 """The reference backend: any core-ATen sub-program, run with torch.
 
-Its blob is the sub-program in torch.export's JSON form (zlib-compressed), without tensors; every tensor is
-named data keyed by its SHA-256, so partitions and methods that use one weight store it
-once. It runs anywhere torch runs, which makes it the fallback of every partitioner list
-(put last, it claims what the others left) and the backend of choice for checking a
-program's numerics after saving and loading.
+Its blob is a framed header listing the sub-program's tensors, then the sub-program in
+torch.export's JSON form (zlib-compressed), without tensors; every tensor is named data keyed
+by its SHA-256, so partitions and methods that use one weight store it once (the keys stay
+readable outside the compressed graph: the compile cache swaps them). It runs anywhere torch
+runs, which makes it the fallback of every partitioner list (put last, it claims what the
+others left) and the backend of choice for checking a program's numerics after saving and
+loading.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch.export.graph_signature import OutputKind
 from torch.fx import Node
 
 from torchdelegate.backend import SharedDataBackend, get_backend
-from torchdelegate.backends.blob import table_keys, weight_table, weights
+from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError
@@ -35,7 +37,8 @@ from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.graph import program_from_json, program_to_json
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
-BLOB_VERSION = 1
+BLOB_VERSION = 2
+_ZLIB_BLOB_VERSION = 1  # the whole blob one zlib stream (still read)
 _MAX_BLOB_JSON = 1 << 28  # bytes a blob may inflate to
 _CONTROL_FLOW = frozenset({torch.ops.higher_order.cond, torch.ops.higher_order.while_loop})
 
@@ -57,8 +60,8 @@ class ReferenceBackend(SharedDataBackend):
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
         try:
-            return table_keys(_blob_json(processed).get("tensors"))
-        except (ValueError, AttributeError, RecursionError, zlib.error):
+            return table_keys(_read_blob(processed).get("tensors"))
+        except (FormatError, AttributeError):
             return None  # init reports a damaged blob
 
     @classmethod
@@ -84,11 +87,11 @@ def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
     serializable, calls = serializable_program(program, lambda module: inner.setdefault(module, len(inner)))
     graph = program_to_json(serializable, where)
     delegates = {inner[c.module]: _inner_delegate(c, store) for c in calls}
-    blob = {"version": BLOB_VERSION, "graph": graph, "tensors": tensors}
+    program_part: dict[str, Any] = {"graph": graph}
     if delegates:
-        blob["delegates"] = [delegates[i] for i in range(len(delegates))]
+        program_part["delegates"] = [delegates[i] for i in range(len(delegates))]
     # Graph JSON is repetitive: compressed, it is about a tenth of its size.
-    return zlib.compress(canonical_json(blob), 9)
+    return pack({"version": BLOB_VERSION, "tensors": tensors}, zlib.compress(canonical_json(program_part), 9))
 
 
 def _inner_delegate(call: DelegateCall, store: NamedDataStore) -> dict[str, Any]:
@@ -123,9 +126,31 @@ def _inner_delegates(entries: Any, named_data: NamedDataMap) -> tuple[dict[int, 
     return instances, kinds
 
 
-def _blob_json(processed: memoryview) -> Any:
+def _read_blob(processed: memoryview) -> dict[str, Any]:
+    """A blob's tensors, graph and nested delegates, of this version or the one before; a
+    ``FormatError`` if it is neither."""
+    try:
+        header, payload = unpack(processed, BLOB_VERSION, "reference")
+    except FormatError as e:
+        try:  # a whole-zlib blob of the version before
+            blob = _inflated_json(processed)
+        except (ValueError, RecursionError, zlib.error):
+            raise e from None
+        if not isinstance(blob, dict) or blob.get("version") != _ZLIB_BLOB_VERSION:
+            raise e from None
+        return blob
+    try:
+        program_part = _inflated_json(payload)
+    except (ValueError, RecursionError, zlib.error) as e:
+        raise FormatError(f"reference blob: its graph is damaged ({e})") from None
+    if not isinstance(header, dict) or not isinstance(program_part, dict):
+        raise FormatError("reference blob: its header or graph is not a JSON object")
+    return {**program_part, **header}
+
+
+def _inflated_json(data: memoryview) -> Any:
     inflater = zlib.decompressobj()
-    text = inflater.decompress(processed, _MAX_BLOB_JSON)
+    text = inflater.decompress(data, _MAX_BLOB_JSON)
     if inflater.unconsumed_tail or inflater.unused_data or not inflater.eof:
         raise ValueError(f"not a complete zlib stream of at most {_MAX_BLOB_JSON} bytes")
     return json.loads(text)
@@ -135,13 +160,11 @@ class _ReferenceHandle:
     """A sub-program ready to run: its tensors over named data, its own copy of any buffer it writes."""
 
     def __init__(self, processed: memoryview, named_data: NamedDataMap) -> None:
+        blob = _read_blob(processed)
         try:
-            blob = _blob_json(processed)
-            version, graph, tensors = blob["version"], blob["graph"], blob["tensors"]
-        except (ValueError, KeyError, TypeError, RecursionError, zlib.error) as e:
-            raise FormatError(f"reference blob: not a reference backend blob ({e})") from None
-        if version != BLOB_VERSION:
-            raise FormatError(f"reference blob: version {version!r}; this torchdelegate reads {BLOB_VERSION}")
+            graph, tensors = blob["graph"], blob["tensors"]
+        except KeyError as e:
+            raise FormatError(f"reference blob: not a reference backend blob (no {e})") from None
         if isinstance(tensors, list) and any(
             type(e.get("mutable")) is not bool for e in tensors if isinstance(e, dict)
         ):

@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from torchdelegate.backend import BackendDetails, PreprocessResult
 from torchdelegate.compile.cache import CompileCache
 from torchdelegate.compile.entry import Entry, decode, passed_through, refit, template
-from torchdelegate.compile.unit_form import UnitForm, document_key, structure_key, unit_form
+from torchdelegate.compile.unit_form import UnitForm, document_key, structure_key, unit_document, unit_form
 from torchdelegate.compile.worker import compile_request, request
 from torchdelegate.errors import PreprocessError
 from torchdelegate.lowering.compile_units import CompiledUnit, CompileUnit, compile_in_process
@@ -31,6 +32,7 @@ class _Unit:
     unit: CompileUnit
     form: UnitForm | None
     structure: str | None = None
+    document: dict[str, Any] | None = None
     compiled: CompiledUnit | None = None
     attempts: int = 0
     executor: Executor | None = None
@@ -62,10 +64,11 @@ class UnitCompiler:
             work.append(_Unit(unit, form if isinstance(form, UnitForm) else None))
         for item in work:
             if identity is not None and item.form is not None:
-                item.structure = structure_key(backend, item.unit, item.form, identity)
-                self._look_up(backend, item)
+                item.structure = structure_key(backend, item.unit, identity)
+                if item.structure is not None:
+                    self._look_up(backend, item)
         to_compile = [item for item in work if item.compiled is None]
-        futures = {self._submit(backend, i): i for i in to_compile if i.form is not None and self.executor is not None}
+        futures = {self._submit(backend, item): item for item in to_compile if self._travels(item)}
         sent = set(futures.values())
         for item in to_compile:  # what cannot travel (or has nowhere to go) is compiled here meanwhile
             if item not in sent:
@@ -123,11 +126,18 @@ class UnitCompiler:
             backend.backend_id, item.unit.where + (", from the cache" if compiled.cache == "hit" else "")
         )
 
+    def _travels(self, item: _Unit) -> bool:
+        """Whether the unit goes to the executor: there is one, and the unit has a serialized form."""
+        if self.executor is None or item.form is None:
+            return False
+        item.document = unit_document(item.unit)
+        return item.document is not None
+
     def _submit(self, backend: type[BackendDetails], item: _Unit) -> Future[bytes]:
-        assert self.executor is not None and item.form is not None
+        assert self.executor is not None and item.form is not None and item.document is not None
         item.attempts += 1
         item.executor = self.executor
-        return self.executor.submit(compile_request, request(backend, item.unit, item.form))
+        return self.executor.submit(compile_request, request(backend, item.unit, item.form, item.document))
 
     def _collect(self, backend: type[BackendDetails], futures: dict[Future[bytes], _Unit]) -> None:
         """Each unit's entry as its worker returns it, in the order they finish; a unit whose worker

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import socket
+from typing import Any
 
 from torchdelegate.backend import BackendDetails, PreprocessResult, get_backend
 from torchdelegate.compile.entry import encode, template
@@ -29,8 +30,8 @@ class WorkerError(Exception):
     """The backend failed in the worker: its message, and where it ran."""
 
 
-def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm) -> bytes:
-    """The unit's form as the bytes a worker reads."""
+def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm, document: dict[str, Any]) -> bytes:
+    """The unit's form and its sub-program's serialized ``document``, as the bytes a worker reads."""
     payload = FramePayload()
     tensors = [
         {
@@ -46,7 +47,7 @@ def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm) ->
         "module": backend.__module__,
         "compile_specs": [[spec.key, spec.value.hex()] for spec in unit.compile_specs],
         "where": unit.where,
-        "document": form.document,
+        "document": document,
         "tensors": tensors,
         "digests": form.digests,
     }

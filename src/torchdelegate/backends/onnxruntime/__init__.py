@@ -4,9 +4,10 @@ Ahead of time each partition is exported with torch's ONNX exporter (dynamo, onn
 every initializer leaves the model and becomes named data keyed by the SHA-256 of its
 bytes, so a weight that ``prefill`` and ``decode`` (or two partitions) use is stored once.
 A model is a small JSON header (each initializer's key, dtype and shape; each branch's
-inputs and outputs) and the ONNX model, whose initializers of 1 KiB or more are external
-references (smaller ones, such as the axes of a reshape, stay inside: ONNX Runtime reads
-them while loading the model).
+inputs and outputs) and the ONNX model, whose weights are external references: the float
+parameters and persistent buffers whatever their size, other initializers of 1 KiB or more
+(smaller ones, such as the axes of a reshape, stay inside: ONNX Runtime reads them while
+loading the model).
 
 Once every partition of every method is compiled, those with equal session settings that
 read weights in common become the branches of one model (``branches``), stored once as named

@@ -22,6 +22,7 @@ from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import PreprocessError, first_line
+from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
 from torchdelegate.specs import CompileSpec
 from torchdelegate.torch_warnings import loggers_quieted
@@ -101,8 +102,7 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
             assert onnx_program is not None
             model = onnx_program.model
             _read_weights_in_place(ir, model)
-            state = {s.target for s in exportable.graph_signature.input_specs if s.target is not None}
-            lifted = _lift_weights(model, state)
+            lifted = _lift_weights(model, _state_by_size(exportable))
             _optimize(model)
     except Exception as e:
         raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
@@ -111,9 +111,10 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     finally:
         _restore_weights(model, lifted)
     initializers = {}
+    shared = {value.name for value, _ in lifted}
     for name, value in sorted(model.graph.initializers.items()):
         tensor = value.const_value
-        if tensor is None or tensor.nbytes < SMALLEST_SHARED:
+        if tensor is None or (tensor.nbytes < SMALLEST_SHARED and name not in shared):
             continue  # shape-like constants stay in the model: ONNX Runtime reads them while loading it
         array = np.ascontiguousarray(tensor.numpy())
         # A tensor over the exporter's array is stored as a view; other dtypes (bfloat16) are copied.
@@ -163,16 +164,31 @@ def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
         model.opset_imports.setdefault("com.microsoft", 1)
 
 
-def _lift_weights(model: Any, state: set[str]) -> list[tuple[Any, Any]]:
-    """The weights that will be named data, made graph inputs while the optimizer and fusions run,
-    so that nothing they produce depends on a weight's values: the blob names each weight and
-    holds nothing computed from one (``weights_by_reference``; ONNX Runtime folds what it can
-    when it loads the model). Returns what :func:`_restore_weights` puts back."""
+def _state_by_size(program: ExportedProgram) -> dict[str, int]:
+    """Each state tensor's name, with the smallest size at which it becomes named data: any size
+    for the float parameters and persistent buffers a checkpoint holds (so that a fine-tuned
+    variant compiles to the same model), 1 KiB for what the architecture computes."""
+    sizes = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.target is None or spec.kind.name not in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+            continue
+        checkpoint = spec.kind.name == "PARAMETER" or (spec.kind.name == "BUFFER" and spec.persistent)
+        floating = state_value(program, spec.target).is_floating_point()
+        sizes[spec.target] = 0 if checkpoint and floating else SMALLEST_SHARED
+    return sizes
+
+
+def _lift_weights(model: Any, state: dict[str, int]) -> list[tuple[Any, Any]]:
+    """The weights that will be named data (``state``: each one's smallest size), made graph inputs
+    while the optimizer and fusions run, so that nothing they produce depends on a weight's
+    values: the blob names each weight and holds nothing computed from one
+    (``weights_by_reference``; ONNX Runtime folds what it can when it loads the model). Returns
+    what :func:`_restore_weights` puts back."""
     lifted = []
-    for name in sorted(state):
+    for name, smallest in sorted(state.items()):
         value = model.graph.initializers.get(name)
         tensor = None if value is None else value.const_value
-        if tensor is None or tensor.nbytes < SMALLEST_SHARED:
+        if tensor is None or tensor.nbytes < smallest:
             continue
         model.graph.initializers.pop(name)
         value.const_value = None
