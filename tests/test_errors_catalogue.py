@@ -19,7 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "docs" / "ERRORS.md"
 ARGUMENT_ERRORS = "Argument errors (built-in exception types)"
 # Raised and caught inside the package (turned into a catalogued error), or an internal invariant.
-INTERNAL = {"ChangedDataError", "AssertionError", "CombineError", "Refused", "FusionError", "EntryError", "WorkerError"}
+INTERNAL = {
+    "ChangedDataError",
+    "AssertionError",
+    "CombineError",
+    "Refused",
+    "FusionError",
+    "EntryError",
+    "WorkerError",
+    "Unkeyable",
+}
 
 
 def _sections() -> dict[str, list[list[str]]]:

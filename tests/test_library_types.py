@@ -286,4 +286,4 @@ def test_the_readme_tour_prints_what_the_readme_shows(tmp_path: Path) -> None:
     answers = _commands(commands[:2], tmp_path) + _commands(commands[2:], tmp_path, prelude=WITHOUT_TRANSFORMERS)
     for command, answer, want in zip(commands, answers, expected, strict=True):
         printed = (answer["stderr"] if answer["code"] else answer["stdout"]).strip()
-        assert _TIMES.sub("T", printed) == want, f"torchdelegate {' '.join(command)}"
+        assert _TIMES.sub("T", printed) == want, f"torchdelegate {' '.join(command)}\n{printed}"

@@ -85,6 +85,8 @@ def cluster_executor(address: str, stack: contextlib.ExitStack) -> Executor:
         client = stack.enter_context(distributed.Client(address, timeout=10))
     except OSError as e:
         raise OSError(f"no Dask scheduler answers at {address} ({e}); start one with `dask scheduler`") from e
+    for worker in sorted(client.scheduler_info()["workers"]):  # warmed up while this process partitions
+        distributed.fire_and_forget(client.submit(warm_up, workers=[worker], pure=False, key=f"warm-up-{worker}"))
     return client.get_executor(pure=False)
 
 

@@ -88,11 +88,16 @@ def worker_name() -> str:
 
 
 def warm_up() -> str:
-    """Run once in each new worker: what every compile imports, imported before the first unit."""
+    """Run once in each new worker, before its first unit: what every compile imports, and what
+    ONNX Runtime's exporter builds once per process."""
     import torchdelegate.backends.reference  # noqa: F401
 
     try:
-        import torchdelegate.backends.onnxruntime.onnx_export  # noqa: F401
+        from torchdelegate.backends.onnxruntime.onnx_export import warm_up_exporter
     except ImportError:
+        return worker_name()
+    try:
+        warm_up_exporter()
+    except Exception:  # noqa: BLE001 - a unit that needs what failed here reports it with its own name
         pass
     return worker_name()

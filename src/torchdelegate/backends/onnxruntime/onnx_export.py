@@ -64,6 +64,19 @@ def export_partition(
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
 
 
+def warm_up_exporter() -> None:
+    """Export and check a one-operation model, so that this process's first partition does not
+    pay for what the exporter, onnxscript's fusions and ONNX Runtime build once per process
+    (worker processes run it as they start, while the lowering partitions)."""
+
+    class Tiny(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.gelu(x + 1)
+
+    program = torch.export.export(Tiny(), (torch.zeros(2, 2),)).run_decompositions({})
+    export_partition(program, [], NamedDataStore(), "a warm-up model")
+
+
 class Refused(Exception):
     """The partition's model could not be made or loaded this way."""
 
