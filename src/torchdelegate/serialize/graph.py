@@ -54,6 +54,11 @@ def program_to_json(program: ExportedProgram, where: str, *, debug_info: bool = 
     # Enums to their values, exactly as torch writes its own JSON.
     document = json.loads(json.dumps(_dataclass_to_dict(serialized.exported_program), cls=EnumEncoder, allow_nan=False))
     for key, value in walk(document):
+        if key == "tensor_values" and isinstance(value, dict):
+            for meta in value.values():
+                # torch's reader makes each value's tensor anew (offset 0): write what a reader rebuilds,
+                # so that a graph read and written again is the same bytes (a unit compiled on a worker).
+                meta["storage_offset"] = {"as_int": 0}
         if key == "metadata" and isinstance(value, dict):
             # Provenance of passes, keyed by id() of in-memory graphs: neither stable nor useful in a file.
             value.pop("from_node", None)
