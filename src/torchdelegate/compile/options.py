@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any
 
+import torch
+
 from torchdelegate.compile.cache import CompileCache
 from torchdelegate.compile.compiler import UnitCompiler
 from torchdelegate.compile.worker import warm_up
@@ -60,7 +62,10 @@ class LocalPool:
     def _started(self) -> ProcessPoolExecutor:
         context: Any = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["torchdelegate.compile.worker"])
-        pool = ProcessPoolExecutor(self.jobs, mp_context=context)
+        threads = max(1, (os.cpu_count() or 1) // self.jobs)  # the workers share this machine's cores
+        pool = ProcessPoolExecutor(
+            self.jobs, mp_context=context, initializer=torch.set_num_threads, initargs=(threads,)
+        )
         for _ in range(self.jobs):
             pool.submit(warm_up)
         return pool
