@@ -4,10 +4,12 @@ For the demo language model and (``--llm``) the 200M-parameter Llama of ``llm.py
 ONNX Runtime then the reference backend: a cold lowering into an empty cache, a warm one (same
 model), and a fine-tuned variant (every weight changed, same architecture); each reports the
 time spent in preprocess and the rest (export and partitioning). Then a program of four
-independent ONNX Runtime partitions, lowered serially, with ``jobs=2`` and on a two-worker Dask
-``LocalCluster``: times and whether the files are the same bytes.
+transformer blocks kept apart by an operation left to the reference backend, lowered with ONNX
+Runtime (and, ``--inductor``, with AOTInductor: minutes) serially, with ``jobs=2`` and on a
+two-worker Dask ``LocalCluster`` (started before the lowering, as a deployer's cluster is): times
+and whether the files are the same bytes.
 
-    python benchmarks/compile_cache.py [--llm] [--rounds 3]
+    python benchmarks/compile_cache.py [--llm] [--inductor] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -93,12 +95,27 @@ class Branches(torch.nn.Module):
         return x
 
 
+def _partitioners(backend: str) -> list[Any]:
+    from torchdelegate.backends.inductor import InductorPartitioner
+    from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    class InductorBlocks(InductorPartitioner):
+        """AOTInductor for everything but nextafter, which keeps the blocks apart."""
+
+        def operator_support(self, node: Any) -> bool | str:
+            if node.target is torch.ops.aten.nextafter.default:
+                return "left to the reference backend: it keeps the blocks apart"
+            return super().operator_support(node)
+
+    first = InductorBlocks() if backend == "inductor" else OnnxRuntimePartitioner()
+    return [first, ReferencePartitioner()]
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One lowering in this process; its figures."""
     import torchdelegate as td
     import torchdelegate.lowering.batch as batch
-    from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
-    from torchdelegate.backends.reference import ReferencePartitioner
 
     spent = {"preprocess": 0.0}
     inner = batch.preprocess_jobs
@@ -123,9 +140,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         options["cluster"] = cluster.scheduler_address
     with td.preprocessing(**options):
         begun = time.perf_counter()
-        lowered = td.to_edge_transform_and_lower(
-            programs, partitioner=[OnnxRuntimePartitioner(), ReferencePartitioner()]
-        )
+        lowered = td.to_edge_transform_and_lower(programs, partitioner=_partitioners(args.backend))
         done = time.perf_counter()
     if cluster is not None:
         cluster.close()
@@ -175,14 +190,16 @@ def cache_figures(model: str, rounds: int, directory: Path) -> list[str]:
     return lines
 
 
-def parallel_figures(rounds: int, directory: Path) -> list[str]:
-    title = "four independent ONNX Runtime partitions (transformer blocks): serial, jobs=2, a two-worker LocalCluster"
+def parallel_figures(backend: str, rounds: int, directory: Path) -> list[str]:
+    title = f"four transformer blocks, {backend} partitions: serial, jobs=2, a two-worker LocalCluster"
     lines = [f"### {title}", ""]
     runs: dict[str, list[dict[str, Any]]] = {"serial": [], "jobs 2": [], "LocalCluster, 2 workers": []}
     for _ in range(rounds):
-        runs["serial"].append(run("branches", 0, directory / "serial.tdp"))
-        runs["jobs 2"].append(run("branches", 0, directory / "jobs.tdp", jobs=2))
-        runs["LocalCluster, 2 workers"].append(run("branches", 0, directory / "cluster.tdp", cluster=True))
+        runs["serial"].append(run("branches", 0, directory / "serial.tdp", backend=backend))
+        runs["jobs 2"].append(run("branches", 0, directory / "jobs.tdp", jobs=2, backend=backend))
+        runs["LocalCluster, 2 workers"].append(
+            run("branches", 0, directory / "cluster.tdp", cluster=True, backend=backend)
+        )
     serial = statistics.median(r["lower_s"] for r in runs["serial"])
     lines += ["| path | lowering s | ÷ serial | preprocess s | same bytes as serial |", "|---|---|---|---|---|"]
     for name, figures in runs.items():
@@ -203,6 +220,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int)
     parser.add_argument("--cluster", action="store_true")
     parser.add_argument("--llm", action="store_true", help="also the 200M-parameter Llama (minutes per lowering)")
+    parser.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "inductor"])
+    parser.add_argument("--inductor", action="store_true", help="also the blocks on AOTInductor (minutes each)")
+    parser.add_argument("--only", choices=["cache", "parallel"], help="one of the two parts")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.phase == "measure":
@@ -210,10 +230,15 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
-        lines = cache_figures("demo", args.rounds, directory)
-        if args.llm:
-            lines += cache_figures("llm", 1, directory)
-        lines += parallel_figures(args.rounds, directory)
+        lines = []
+        if args.only != "parallel":
+            lines += cache_figures("demo", args.rounds, directory)
+            if args.llm:
+                lines += cache_figures("llm", 1, directory)
+        if args.only != "cache":
+            lines += parallel_figures("onnxruntime", args.rounds, directory)
+            if args.inductor:
+                lines += parallel_figures("inductor", 1, directory)
     print("\n".join(lines))
 
 
