@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import subprocess
 import tempfile
@@ -42,6 +43,13 @@ BLOB_VERSION = 1
 _CONFIG = {"aot_inductor.package_constants_in_so": False}
 
 
+def _threads() -> int:
+    """The threads a compiled partition's parallel loops use: AOTInductor writes the number into
+    the code, so it is this machine's core count, not the compiling process's own setting (which
+    a worker's pool lowers)."""
+    return os.cpu_count() or 1
+
+
 class InductorBackend(SharedDataBackend):
     """Runs partitions compiled by AOTInductor; weights are shared named data."""
 
@@ -54,7 +62,8 @@ class InductorBackend(SharedDataBackend):
 
     @classmethod
     def compile_cache_identity(cls) -> dict[str, str] | None:
-        """The blob's version, the C++ compiler, and this machine's CPU, which AOTInductor compiles for."""
+        """The blob's version, the C++ compiler, and this machine's CPU and core count, which AOTInductor
+        compiles for."""
         try:
             from torch._inductor.cpp_builder import get_cpp_compiler
 
@@ -63,7 +72,8 @@ class InductorBackend(SharedDataBackend):
         except Exception:
             return None  # no compiler to name: nothing is cached
         version = described.splitlines()[0] if described else compiler
-        return {"compiler": str(cls.compile_cache_version), "c++": version, **machine_identity()}
+        identity = {"compiler": str(cls.compile_cache_version), "c++": version, **machine_identity()}
+        return {**identity, "threads": str(_threads())}
 
     @classmethod
     def is_available(cls) -> bool:
@@ -92,7 +102,7 @@ class InductorBackend(SharedDataBackend):
             try:
                 compilable.example_inputs = (_example_inputs(program), {})
                 torch._inductor.aoti_compile_and_package(
-                    compilable, package_path=str(package), inductor_configs=_CONFIG
+                    compilable, package_path=str(package), inductor_configs={**_CONFIG, "cpp.threads": _threads()}
                 )
             except Exception as e:
                 raise PreprocessError(f"inductor: {where}: AOTInductor failed to compile: {e}") from e
