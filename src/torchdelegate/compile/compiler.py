@@ -68,10 +68,12 @@ class UnitCompiler:
                 if item.structure is not None:
                     self._look_up(backend, item)
         to_compile = [item for item in work if item.compiled is None]
-        futures = {self._submit(backend, item): item for item in to_compile if self._travels(item)}
-        sent = set(futures.values())
+        if self.executor is not None:  # what travels does so in torch.export's serialized form
+            for item in to_compile:
+                item.document = None if item.form is None else unit_document(item.unit)
+        futures = {self._submit(backend, item): item for item in to_compile if item.document is not None}
         for item in to_compile:  # what cannot travel (or has nowhere to go) is compiled here meanwhile
-            if item not in sent:
+            if item.document is None:
                 result = compile_in_process(backend, item.unit)
                 entry = self._entry_of(result, item)
                 self._done(backend, item, CompiledUnit(result, self._keep(backend, item, entry)))
@@ -125,13 +127,6 @@ class UnitCompiler:
         partition_compiled(
             backend.backend_id, item.unit.where + (", from the cache" if compiled.cache == "hit" else "")
         )
-
-    def _travels(self, item: _Unit) -> bool:
-        """Whether the unit goes to the executor: there is one, and the unit has a serialized form."""
-        if self.executor is None or item.form is None:
-            return False
-        item.document = unit_document(item.unit)
-        return item.document is not None
 
     def _submit(self, backend: type[BackendDetails], item: _Unit) -> Future[bytes]:
         assert self.executor is not None and item.form is not None and item.document is not None
