@@ -17,7 +17,7 @@ from __future__ import annotations
 import types
 import typing
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -114,28 +114,21 @@ class LoweringReport:
     ) -> LoweringReport:
         """A copy with each partition's compiled size, from ``{method: {tag: bytes}}``, and how the compile
         cache answered it, from ``{method: {tag: "hit" | "miss" | None}}``."""
-        methods = {}
         cache = cache or {}
-        for name, method in self.methods.items():
-            partitions = [
-                PartitionRow(
-                    **{
-                        **asdict(p),
-                        "blob_bytes": sizes.get(name, {}).get(p.tag),
-                        "cache": cache.get(name, {}).get(p.tag),
-                    }
-                )
-                for p in method.partitions
-            ]
-            methods[name] = MethodReport(
-                method.method, method.nodes, partitions, method.user_inputs, method.user_outputs
+        return self._with_partitions(
+            lambda method, p: replace(
+                p, blob_bytes=sizes.get(method, {}).get(p.tag), cache=cache.get(method, {}).get(p.tag)
             )
-        return LoweringReport(self.backends, methods, self.state_bytes, self.unique_state_bytes)
+        )
 
     def without_cache_answers(self) -> LoweringReport:
         """A copy without how the compile cache answered: what a file keeps, the same however it was compiled."""
+        return self._with_partitions(lambda method, p: replace(p, cache=None))
+
+    def _with_partitions(self, change: Callable[[str, PartitionRow], PartitionRow]) -> LoweringReport:
+        """A copy with each partition row changed by ``change(method, row)``."""
         methods = {
-            name: replace(method, partitions=[replace(p, cache=None) for p in method.partitions])
+            name: replace(method, partitions=[change(name, p) for p in method.partitions])
             for name, method in self.methods.items()
         }
         return replace(self, methods=methods)
