@@ -24,7 +24,7 @@ from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.compile_units import CompileUnit
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.serialize.container import canonical_json
-from torchdelegate.serialize.graph import program_to_json
+from torchdelegate.serialize.graph import program_to_json, unheld_input
 from torchdelegate.version import __version__
 
 FORMAT = 2
@@ -44,10 +44,11 @@ def unit_form(unit: CompileUnit, known: dict[torch.Tensor, str]) -> UnitForm | s
 
     ``known`` holds the digests of tensors already hashed (by tensor: the units of one lowering
     share their weights), and gains this unit's."""
+    unheld = unheld_input(unit.program)
+    if unheld is not None:
+        return f"{unit.where}: {unheld}"
     state = {}
     for spec in unit.program.graph_signature.input_specs:
-        if spec.kind.name in ("CUSTOM_OBJ", "TOKEN"):
-            return f"{unit.where}: input {spec.arg.name!r} is a {spec.kind.name.lower()}"
         if spec.kind in TENSOR_STATE_KINDS and spec.target is not None:
             value = state_value(unit.program, spec.target)
             if not isinstance(value, torch.Tensor) or value.device.type != "cpu":

@@ -33,17 +33,22 @@ from torchdelegate.torch_warnings import torch_internal_warnings_silenced
 _DEBUG_METADATA = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn")
 
 
+def unheld_input(program: ExportedProgram) -> str | None:
+    """The first input of ``program`` that a file cannot hold (a script object, an effect token), or None."""
+    for spec in program.graph_signature.input_specs:
+        if spec.kind.name in ("CUSTOM_OBJ", "TOKEN"):
+            return f"input {spec.arg.name!r} is a {spec.kind.name.lower()}"
+    return None
+
+
 def program_to_json(program: ExportedProgram, where: str, *, debug_info: bool = False) -> dict[str, Any]:
     """torch.export's serialized form of ``program`` (graph, signature, specs), without tensors.
 
     ``debug_info`` keeps each node's stack trace and module path.
     """
-    for spec in program.graph_signature.input_specs:
-        if spec.kind.name in ("CUSTOM_OBJ", "TOKEN"):
-            raise SerializationError(
-                f"{where}: input {spec.arg.name!r} is a {spec.kind.name.lower()}; "
-                "torchdelegate files hold tensor state only"
-            )
+    unheld = unheld_input(program)
+    if unheld is not None:
+        raise SerializationError(f"{where}: {unheld}; torchdelegate files hold tensor state only")
     try:
         with torch_internal_warnings_silenced():
             serialized = ExportedProgramSerializer().serialize(
