@@ -72,8 +72,12 @@ class InductorBackend(SharedDataBackend):
         except Exception:
             return None  # no compiler to name: nothing is cached
         version = described.splitlines()[0] if described else compiler
-        identity = {"compiler": str(cls.compile_cache_version), "c++": version, **machine_identity()}
-        return {**identity, "threads": str(_threads())}
+        return {
+            "compiler": str(cls.compile_cache_version),
+            "c++": version,
+            **machine_identity(),
+            "threads": str(_threads()),
+        }
 
     @classmethod
     def is_available(cls) -> bool:

@@ -143,8 +143,8 @@ def _read_blob(processed: memoryview) -> dict[str, Any]:
         program_part = _inflated_json(payload)
     except (ValueError, RecursionError, zlib.error) as e:
         raise FormatError(f"reference blob: its graph is damaged ({e})") from None
-    if not isinstance(header, dict) or not isinstance(program_part, dict):
-        raise FormatError("reference blob: its header or graph is not a JSON object")
+    if not isinstance(program_part, dict):
+        raise FormatError("reference blob: its graph is not a JSON object")
     return {**program_part, **header}
 
 

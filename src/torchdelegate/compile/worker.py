@@ -94,10 +94,8 @@ def warm_up() -> str:
 
     try:
         from torchdelegate.backends.onnxruntime.onnx_export import warm_up_exporter
-    except ImportError:
-        return worker_name()
-    try:
+
         warm_up_exporter()
-    except Exception:  # noqa: BLE001 - a unit that needs what failed here reports it with its own name
+    except Exception:  # noqa: BLE001 - the extra is missing, or a unit that needs what failed reports it itself
         pass
     return worker_name()

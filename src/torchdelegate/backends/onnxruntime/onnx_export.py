@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, unpack
 from torchdelegate.backends.linear import recompose_linear
@@ -23,6 +24,7 @@ from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import PreprocessError, first_line
 from torchdelegate.lowered_module import state_value
+from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
 from torchdelegate.specs import CompileSpec
 from torchdelegate.torch_warnings import loggers_quieted
@@ -183,9 +185,9 @@ def _state_by_size(program: ExportedProgram) -> dict[str, int]:
     variant compiles to the same model), 1 KiB for what the architecture computes."""
     sizes = {}
     for spec in program.graph_signature.input_specs:
-        if spec.target is None or spec.kind.name not in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+        if spec.target is None or spec.kind not in TENSOR_STATE_KINDS:
             continue
-        checkpoint = spec.kind.name == "PARAMETER" or (spec.kind.name == "BUFFER" and spec.persistent)
+        checkpoint = spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent)
         floating = state_value(program, spec.target).is_floating_point()
         sizes[spec.target] = 0 if checkpoint and floating else SMALLEST_SHARED
     return sizes
