@@ -71,14 +71,14 @@ def _graph(owner: torch.nn.Module, graph: Graph) -> list[Any]:
 
 
 def _attribute(owner: torch.nn.Module, path: str) -> Any:
-    """A ``get_attr``'s target: a subgraph's own form (control flow's branches); a tensor's layout."""
+    """A ``get_attr``'s target: a subgraph's own form (control flow's branches); a tensor with its values."""
     value: Any = owner
     for part in path.split("."):
         value = getattr(value, part)
     if isinstance(value, GraphModule):
         return [path, _graph(value, value.graph)]
     if isinstance(value, torch.Tensor):
-        return [path, _tensor_layout(value)]
+        return [path, _tensor(value)]  # not state: its digest is not among the unit's
     raise Unkeyable(f"{path!r} is a {type(value).__name__}, not a subgraph")
 
 
