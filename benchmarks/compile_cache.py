@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from stack import Block
 
 HERE = Path(__file__).resolve().parent
 
@@ -58,35 +59,13 @@ def _perturb(model: Any, seed: int) -> None:
             parameter.add_(torch.randn(parameter.shape, generator=generator) * (0.01 if seed else 0.001))
 
 
-class Block(torch.nn.Module):
-    """A transformer block: causal self-attention (8 heads) and an MLP, each behind a layer norm."""
-
-    def __init__(self, width: int = 512, heads: int = 8) -> None:
-        super().__init__()
-        self.heads = heads
-        self.attention_norm = torch.nn.LayerNorm(width)
-        self.qkv = torch.nn.Linear(width, 3 * width)
-        self.out = torch.nn.Linear(width, width)
-        self.mlp_norm = torch.nn.LayerNorm(width)
-        self.up = torch.nn.Linear(width, 4 * width)
-        self.down = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, width = x.shape
-        qkv = self.qkv(self.attention_norm(x)).view(batch, tokens, 3, self.heads, width // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.out(attended.transpose(1, 2).reshape(batch, tokens, width))
-        return x + self.down(torch.nn.functional.gelu(self.up(self.mlp_norm(x))))
-
-
 class Branches(torch.nn.Module):
     """Four ONNX Runtime partitions, one per transformer block, kept apart by the reference
     backend's nextafter."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.layers = torch.nn.ModuleList(Block() for _ in range(4))
+        self.layers = torch.nn.ModuleList(Block(512, 8) for _ in range(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
