@@ -133,7 +133,7 @@ def test_two_methods_lowered_together_store_their_shared_weights_once(exported: 
         (
             ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--cache", "x.npy"),
             2,
-            "the compile cache '",
+            "is a file; give a directory you can write, an fsspec URL, or off",
         ),
     ],
 )
@@ -148,6 +148,16 @@ def test_bad_use_is_one_line_on_stderr_with_an_exit_code(
     assert result.stdout == ""
     if code == 1:  # argparse's own refusals print the usage line first
         assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_a_TORCHDELEGATE_CACHE_that_cannot_be_a_cache_is_named(exported: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", "x.npy")
+    result = _command("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", cwd=exported)
+    assert result.returncode == 1  # not the command line's fault
+    assert result.stderr.startswith("torchdelegate: error: TORCHDELEGATE_CACHE='x.npy': the compile cache '"), (
+        result.stderr
+    )
+    assert result.stderr.rstrip().endswith("set it to a directory you can write, an fsspec URL, or off")
 
 
 def test_verbose_shows_the_traceback(exported: Path) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
@@ -20,6 +21,9 @@ from torchdelegate.errors import BackendNotFoundError, FormatError
 from torchdelegate.progress import PreprocessProgress
 from torchdelegate.report.terminal import human_bytes
 from torchdelegate.torch_warnings import loggers_quieted
+
+if TYPE_CHECKING:
+    from torchdelegate.compile.cache import CompileCache
 
 
 def lower_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -58,19 +62,37 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
 def _start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     """--cache, --jobs and --cluster: the preprocessing block the lowering runs in, entered on ``stack``."""
     from torchdelegate.compile.options import preprocessing
-    from torchdelegate.machine_cache import turned_off
 
     if args.jobs is not None and args.cluster is not None:
         raise UsageError("give --jobs or --cluster, not both")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give a number of worker processes >= 1")
-    cache = False if args.cache is not None and turned_off(args.cache) else args.cache
+    cache = _compile_cache(args.cache)
     try:
         stack.enter_context(preprocessing(cache=cache, jobs=args.jobs, cluster=args.cluster))
-    except ValueError as e:  # a --cache or --cluster that cannot be one
+    except ValueError as e:  # a --cluster that cannot be one
         raise UsageError(str(e)) from e
     except (OSError, ImportError) as e:
         raise CommandError(str(e)) from e
+
+
+def _compile_cache(option: str | None) -> CompileCache | bool:
+    """The compile cache ``--cache`` names, else ``TORCHDELEGATE_CACHE``'s (False: none); an error
+    naming whichever of the two named what cannot be a cache, and what to give instead."""
+    from torchdelegate.compile.cache import CompileCache
+    from torchdelegate.compile.options import environment_cache
+    from torchdelegate.machine_cache import CACHE_VARIABLE, turned_off
+
+    fix = "a directory you can write, an fsspec URL, or off"
+    if option is not None:
+        try:
+            return False if turned_off(option) else CompileCache(option)
+        except ValueError as e:
+            raise UsageError(f"--cache {option!r}: {e}; give {fix}") from e
+    try:
+        return environment_cache() or False
+    except ValueError as e:
+        raise CommandError(f"{CACHE_VARIABLE}={os.environ.get(CACHE_VARIABLE)!r}: {e}; set it to {fix}") from e
 
 
 def _sharing_line(report: Any) -> str:
