@@ -19,6 +19,7 @@ from torch.export.graph_signature import InputKind
 
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, unpack
 from torchdelegate.backends.linear import recompose_linear
+from torchdelegate.backends.onnxruntime import blockwise
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
 from torchdelegate.data import NamedDataMap, NamedDataStore
@@ -26,6 +27,7 @@ from torchdelegate.errors import PreprocessError, first_line
 from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
+from torchdelegate.quantization.linear import with_blockwise_linears
 from torchdelegate.specs import CompileSpec
 from torchdelegate.torch_warnings import loggers_quieted
 
@@ -52,7 +54,7 @@ def export_partition(
         options = Options(compile_specs)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from None
-    program = recompose_linear(program)
+    program, _ = with_blockwise_linears(recompose_linear(program))
     if options.fusions:
         try:
             return _accepted_blob(program, True, compile_specs, store, where)
@@ -113,7 +115,10 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     try:
         with quiet_exporter():
             exportable, _ = with_identifier_state_names(program)  # initializers are keyed by content, not name
-            onnx_program = torch.onnx.export(exportable, (), dynamo=True, optimize=False, verbose=False)
+            translations = blockwise.translations() if _has_blockwise(exportable) else None
+            onnx_program = torch.onnx.export(
+                exportable, (), dynamo=True, optimize=False, verbose=False, custom_translation_table=translations
+            )
             assert onnx_program is not None
             model = onnx_program.model
             _read_weights_in_place(ir, model)
@@ -125,6 +130,12 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         fusions = fuse_for_ort(model) if fuse else {}
     finally:
         _restore_weights(model, lifted)
+    try:
+        products = blockwise.kernel_products(ir, model)
+    except ValueError as e:
+        raise PreprocessError(f"onnxruntime: {where}: {e}") from e
+    if products:
+        fusions = dict(sorted({**fusions, "MatMulNBits": products}.items()))
     initializers = {}
     shared = {value.name for value, _ in lifted}
     for name, value in sorted(model.graph.initializers.items()):
@@ -154,6 +165,11 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         "fusions": fusions,
     }
     return pack(header, ir.to_proto(model).SerializeToString())
+
+
+def _has_blockwise(program: ExportedProgram) -> bool:
+    target = torch.ops.torchdelegate.linear_blockwise.default
+    return any(node.op == "call_function" and node.target is target for node in program.graph.nodes)
 
 
 def _read_weights_in_place(ir: ModuleType, model: Any) -> None:

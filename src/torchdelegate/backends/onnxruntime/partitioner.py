@@ -5,16 +5,21 @@ provider runs.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 import torch
+from torch._ops import OpOverload
+from torch.export import ExportedProgram
 from torch.fx import Node
 
 from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
+from torchdelegate.backends.onnxruntime.blockwise import runs_on_kernel
 from torchdelegate.backends.onnxruntime.onnx_export import quiet_exporter
 from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value, values_made
+from torchdelegate.quantization.linear import affine_ops, layer_of, quantized_linears
 from torchdelegate.specs import CompileSpec, DelegationSpec
 
 _UNSUPPORTED_DTYPES = frozenset(
@@ -47,10 +52,25 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
         spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
         super().__init__(self.operator_support, spec, min_partition_size=min_partition_size)
 
+    def ops_to_not_decompose(
+        self, exported_program: ExportedProgram
+    ) -> tuple[list[OpOverload], Callable[[Node], bool] | None]:
+        """torchao's quantization ops and the linear layers they feed, where ``MatMulNBits`` runs
+        the layer (``blockwise.py``): decomposed, they would become float arithmetic."""
+        ops = affine_ops()
+        layers = [layer for layer in quantized_linears(exported_program) if runs_on_kernel(layer)]
+        if ops is None or not layers:
+            return [], None
+        names = {node.name for layer in layers for node in layer.nodes}
+        return [*ops, torch.ops.aten.linear.default], lambda node: node.name in names
+
     def operator_support(self, node: Node) -> bool | str:
         """True if the exporter translates this node's op, every value it makes is a tensor, and
         every tensor it reads or makes has a dtype that ONNX Runtime's CPU provider and numpy
-        share; otherwise why not."""
+        share, or if it is part of a quantized linear layer ``MatMulNBits`` runs; otherwise why not."""
+        layer = layer_of(node) if isinstance(node.target, torch._ops.OpOverload) else None
+        if layer is not None and runs_on_kernel(layer):
+            return True
         if not isinstance(node.target, torch._ops.OpOverload) or not _onnx_registry().is_registered(node.target):
             return f"torch.onnx has no translation for {node.target}"
         if node.target in _TRANSLATIONS_REFUSED:

@@ -1,0 +1,298 @@
+"""Quantized linear layers as torchao leaves them in an exported program, found in one pass, and
+rewritten as one operator (``torchdelegate::linear_blockwise``) a backend translates into its own
+integer kernel.
+
+torchao's ``IntxUnpackedToInt8Tensor`` weights (8da4w, int4 and int8 weight-only) export as
+``linear(x, dequantize_affine(qdata, [1, group], scale, zero_point, int8, qmin, qmax), bias)``:
+``qdata`` holds the integers in int8 whatever their width, ``scale`` and ``zero_point`` one value
+per group of each row. With dynamic int8 activations (the "8da" of 8da4w) ``x`` itself comes
+through ``choose_qparams_affine`` (asymmetric, per token), ``quantize_affine`` and
+``dequantize_affine``. The ops are torchao's (``torch.ops.torchao``): they exist once torchao is
+imported, and nothing here needs them otherwise.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import Graph, Node
+
+from torchdelegate.lowering.structural_copy import copy_graph, copy_meta, keep_name, program_around
+
+_aten = torch.ops.aten
+_INNER_TENSOR = getattr(getattr(torch.ops, "export", None), "access_subclass_inner_tensor", None)
+_INNER_TENSOR = getattr(_INNER_TENSOR, "default", None)
+
+
+def affine_ops() -> tuple[Any, Any, Any] | None:
+    """torchao's ``choose_qparams_affine``, ``quantize_affine`` and ``dequantize_affine`` overloads,
+    or None when torchao has not registered them in this process."""
+    namespace = getattr(torch.ops, "torchao", None)
+    try:
+        return (
+            namespace.choose_qparams_affine.default,  # type: ignore[union-attr]
+            namespace.quantize_affine.default,  # type: ignore[union-attr]
+            namespace.dequantize_affine.default,  # type: ignore[union-attr]
+        )
+    except AttributeError:
+        return None
+
+
+@dataclass(frozen=True)
+class QuantizedLinear:
+    """One linear layer over integer weights in groups along its input dimension.
+
+    ``source`` is the float activation the layer reads (before its dynamic quantization, if
+    ``activation`` holds that chain of nodes); ``group_size`` divides ``in_features``; the
+    integers lie in ``[quant_min, quant_max]`` (int4 is ``[-8, 7]``)."""
+
+    linear: Node
+    dequantize: Node
+    source: Node
+    qdata: Node
+    scale: Node
+    zero_point: Node | None
+    bias: Node | None
+    activation: tuple[Node, ...]
+    group_size: int
+    quant_min: int
+    quant_max: int
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """The nodes the layer is made of: they go to one backend together, or not at all."""
+        return (*self.activation, self.dequantize, self.linear)
+
+    @property
+    def bits(self) -> int:
+        """The width its integers need: 4 when they fit in int4, else 8."""
+        return 4 if -8 <= self.quant_min and self.quant_max <= 7 else 8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        rows, columns = _value(self.qdata).shape
+        return int(rows), int(columns)
+
+
+def quantized_linears(program: ExportedProgram) -> list[QuantizedLinear]:
+    """Every quantized linear layer of the program's graph whose integers, scales and zero points
+    are state it carries, in graph order."""
+    ops = affine_ops()
+    if ops is None:
+        return []
+    signature = program.graph_signature
+    state = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
+    state |= set(signature.inputs_to_lifted_tensor_constants)
+
+    def is_state(node: Node) -> bool:  # torch.export leaves a subclass weight's parts to be read from it
+        if _call(node, _INNER_TENSOR) and isinstance(node.args[0], Node):
+            node = node.args[0]
+        return node.name in state
+
+    found = []
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is _aten.linear.default:
+            layer = _layer(node, ops, is_state)
+            if layer is not None:
+                found.append(layer)
+    return found
+
+
+def layer_of(node: Node) -> QuantizedLinear | None:
+    """The quantized linear layer ``node`` is part of, if any (its tensors read from placeholders
+    or attributes: a partition does not know which placeholders are state)."""
+    ops = affine_ops()
+    if ops is None or node.op != "call_function":
+        return None
+    linear: Node | None = node
+    for _ in range(4):  # from the start of an activation's chain, at most four steps to its layer
+        if linear is None or linear.target is _aten.linear.default:
+            break
+        linear = _toward_layer(linear, ops)
+    if linear is None or linear.target is not _aten.linear.default:
+        return None
+    layer = _layer(linear, ops, lambda n: n.op in ("placeholder", "get_attr"))
+    return layer if layer is not None and node in layer.nodes else None
+
+
+def _toward_layer(node: Node, ops: tuple[Any, Any, Any]) -> Node | None:
+    """The user of ``node`` on the way to the layer it may be part of: the layer, else a dequantization,
+    else a quantization, else its first user."""
+    users = list(node.users)
+    for target in (_aten.linear.default, ops[2], ops[1]):
+        for user in users:
+            if _call(user, target):
+                return user
+    return users[0] if users else None
+
+
+def _layer(linear: Node, ops: tuple[Any, Any, Any], is_state: Callable[[Node], bool]) -> QuantizedLinear | None:
+    choose, quantize, dequantize = ops
+    source, weight, bias = (*linear.args, None)[:3]
+    if not _call(weight, dequantize) or len(weight.users) != 1 or not isinstance(source, Node):
+        return None
+    qdata, block, scale, zero_point, input_dtype, quant_min, quant_max = _dequantize_args(weight)
+    values = [_value(n) for n in (qdata, scale)]
+    if not all(isinstance(n, Node) and is_state(n) for n in (qdata, scale)) or None in values:
+        return None
+    if zero_point is not None and not (isinstance(zero_point, Node) and is_state(zero_point)):
+        return None
+    data, scales = values
+    if data.dtype != torch.int8 or data.dim() != 2 or input_dtype != torch.int8 or len(block) != 2 or block[0] != 1:
+        return None
+    rows, columns = data.shape
+    group = int(block[1])
+    if group <= 0 or columns % group or tuple(scales.shape) != (rows, columns // group):
+        return None
+    if scales.dtype != torch.float32 or _output_dtype(weight) != torch.float32:
+        return None
+    if zero_point is not None:
+        points = _value(zero_point)
+        if points is None or points.is_floating_point() or tuple(points.shape) != tuple(scales.shape):
+            return None
+    if not (isinstance(quant_min, int) and isinstance(quant_max, int) and -128 <= quant_min < quant_max <= 127):
+        return None
+    if bias is not None and not isinstance(bias, Node):
+        return None
+    activation, source = _dynamic_activation(source, linear, ops, int(columns))
+    if activation is None:
+        return None
+    return QuantizedLinear(
+        linear, weight, source, qdata, scale, zero_point, bias, activation, group, quant_min, quant_max
+    )
+
+
+def _dynamic_activation(
+    source: Node, linear: Node, ops: tuple[Any, Any, Any], columns: int
+) -> tuple[tuple[Node, ...] | None, Node]:
+    """The chain that quantizes ``linear``'s activation per token to int8 and back, and the float
+    activation it reads: ``()`` if there is no such chain; None if there is a chain of another kind."""
+    choose, quantize, dequantize = ops
+    if not _call(source, dequantize):
+        return (), source
+    quantized, block, scale, zero_point, input_dtype, quant_min, quant_max = _dequantize_args(source)
+    if not _call(quantized, quantize) or not all(_call(n, operator.getitem) for n in (scale, zero_point)):
+        return None, source
+    chosen = scale.args[0]
+    float_source = quantized.args[0]
+    per_token = [1] * (len(block) - 1) + [columns]
+    if not _call(chosen, choose) or chosen.args[0] is not float_source or zero_point.args[0] is not chosen:
+        return None, source
+    if (scale.args[1], zero_point.args[1]) != (0, 1) or list(block) != per_token:
+        return None, source
+    mapping, choose_block, target = chosen.args[1:4]
+    bounds = (chosen.args[4:6], (input_dtype, quant_min, quant_max), tuple(quantized.args[4:7]))
+    if mapping != "ASYMMETRIC" or list(choose_block) != per_token or target != torch.int8:
+        return None, source
+    if bounds != ((-128, 127), (torch.int8, -128, 127), (torch.int8, -128, 127)):
+        return None, source
+    if list(quantized.args[1]) != per_token or quantized.args[2:4] != (scale, zero_point):
+        return None, source
+    chain = (chosen, scale, zero_point, quantized, source)
+    inside = set(chain) | {linear}
+    if any(user not in inside for n in chain for user in n.users):
+        return None, source
+    if not isinstance(float_source, Node) or _output_dtype(source) != torch.float32:
+        return None, source
+    return chain, float_source
+
+
+def _call(value: Any, target: Any) -> bool:
+    return isinstance(value, Node) and value.op == "call_function" and value.target is target
+
+
+def _dequantize_args(node: Node) -> tuple[Any, ...]:
+    """``dequantize_affine``'s (input, block_size, scale, zero_point, input_dtype, quant_min, quant_max)."""
+    names = ("input", "block_size", "scale", "zero_point", "input_dtype", "quant_min", "quant_max")
+    values = [*node.args[:7]] + [None] * (7 - min(len(node.args), 7))
+    for index, name in enumerate(names):
+        if index >= len(node.args):
+            values[index] = node.kwargs.get(name)
+    return tuple(values)
+
+
+def _output_dtype(node: Node) -> Any:
+    if len(node.args) > 7:
+        return node.args[7]
+    return node.kwargs.get("output_dtype", torch.float32)
+
+
+def _value(node: Any) -> torch.Tensor | None:
+    value = node.meta.get("val") if isinstance(node, Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+# One operator for a backend to translate: the layer's arithmetic, in torch, is the reference.
+@torch.library.custom_op("torchdelegate::linear_blockwise", mutates_args=())
+def linear_blockwise(
+    x: torch.Tensor,
+    qdata: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    group_size: int,
+    dynamic_int8_activation: bool,
+) -> torch.Tensor:
+    """``linear(x, (qdata - zero_point) * scale, bias)``, scale and zero point per group of
+    ``group_size`` along each row; with ``dynamic_int8_activation``, ``x`` quantized to int8
+    per token (asymmetric) and back first."""
+    if dynamic_int8_activation:
+        x = _per_token_int8(x)
+    weight = qdata.to(torch.float32)
+    if zero_point is not None:
+        weight = weight - zero_point.to(torch.float32).repeat_interleave(group_size, dim=1)
+    weight = weight * scale.repeat_interleave(group_size, dim=1)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@linear_blockwise.register_fake
+def _(x, qdata, scale, zero_point, bias, group_size, dynamic_int8_activation):  # type: ignore[no-untyped-def]
+    return x.new_empty((*x.shape[:-1], qdata.shape[0]))
+
+
+def _per_token_int8(x: torch.Tensor) -> torch.Tensor:
+    low = torch.clamp(x.amin(dim=-1, keepdim=True), max=0)
+    high = torch.clamp(x.amax(dim=-1, keepdim=True), min=0)
+    scale = torch.clamp((high - low) / 255, min=torch.finfo(torch.float32).eps)
+    zero = torch.clamp(-128 - torch.round(low / scale), -128, 127)
+    return (torch.clamp(torch.round(x / scale) + zero, -128, 127) - zero) * scale
+
+
+def with_blockwise_linears(program: ExportedProgram) -> tuple[ExportedProgram, int]:
+    """A copy of ``program`` whose quantized linear layers are each one ``linear_blockwise``
+    (its tensors shared), and how many there were; ``program`` itself when there are none."""
+    layers = quantized_linears(program)
+    if not layers:
+        return program, 0
+    graph, attrs = copy_graph(program.graph_module)
+    by_name = {node.name: node for node in graph.nodes}
+    for layer in layers:
+        _replace(graph, layer, by_name)
+    graph.eliminate_dead_code()
+    graph.lint()
+    return program_around(program, graph, attrs), len(layers)
+
+
+def _replace(graph: Graph, layer: QuantizedLinear, by_name: dict[str, Node]) -> None:
+    """The copy's nodes of ``layer`` replaced by one call, under the linear's name."""
+
+    def mine(node: Node | None) -> Node | None:
+        return None if node is None else by_name[node.name]
+
+    linear = by_name[layer.linear.name]
+    arguments = [mine(n) for n in (layer.source, layer.qdata, layer.scale, layer.zero_point, layer.bias)]
+    with graph.inserting_before(linear):
+        call = graph.call_function(
+            torch.ops.torchdelegate.linear_blockwise.default,
+            (*arguments, layer.group_size, bool(layer.activation)),
+        )
+    copy_meta(linear, call)
+    linear.replace_all_uses_with(call)
+    graph.erase_node(linear)
+    keep_name(graph, call, layer.linear.name)
