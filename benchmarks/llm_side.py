@@ -3,9 +3,13 @@
 Runs in our environment (``--side torchdelegate``) or in ``.venv-executorch`` (``--side executorch``):
 it imports torch, transformers and the side's own framework only.
 
-    lower --side S --size Z --out F    build the Llama, export prefill + decode, lower, save
+    lower --side S --size Z --out F    build the Llama (--quantize 8da4w: torchao's recipe on every linear
+                                       layer, the head included), export prefill + decode, lower, save
+    reference --size Z --out F         the fp32 model in eager torch: greedy tokens after the prompt and
+                                       the logits of the prompt and of each decode step
     prepare --side torchdelegate --file F   Program.prepare() into TORCHDELEGATE_CACHE (machine cache)
-    run   --side S --size Z --file F   load both methods, a first prefill, warm prefills, decodes
+    run   --side S --size Z --file F   load both methods, a first prefill, warm prefills, decodes; with
+                                       --reference R, the logits of the prompt and of R's tokens against R's
 
 Resident memory is read from /proc (RSS from statm, PSS from smaps_rollup, anonymous memory from
 status); each stage's peak is
@@ -31,6 +35,7 @@ from workloads import weight_bytes
 PROMPT = 32  # tokens of the prefill
 CACHE = 128  # the static KV cache's length
 DECODES = 40
+ACCURACY_DECODES = 48  # greedy decode steps whose logits are compared with the fp32 model's
 _SAMPLING = 0.005  # seconds between resident-memory samples
 WARM_PREFILLS = 5
 # hidden, layers, heads, KV heads, MLP, vocabulary: untied head, fp32.
@@ -66,6 +71,29 @@ def static_cache_module(model: torch.nn.Module) -> torch.nn.Module:
     model.generation_config.use_cache = True
     model.generation_config.cache_implementation = "static"
     return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=CACHE).model
+
+
+def quantized(model: torch.nn.Module, recipe: str) -> torch.nn.Module:
+    """``model`` with torchao's ``recipe`` applied to its linear layers, in place (both sides alike)."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    if recipe != "8da4w":
+        raise ValueError(f"unknown recipe {recipe!r}")
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32))
+    quantize_(model, config)
+    return model
+
+
+def tensor_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the model's distinct tensors, a quantized weight counted as the tensors it holds."""
+    seen: dict[int, int] = {}
+    for tensor in model.state_dict().values():
+        names, _ = tensor.__tensor_flatten__() if hasattr(tensor, "__tensor_flatten__") else ([], None)
+        for part in [getattr(tensor, n) for n in names] or [tensor]:
+            storage = part.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
 
 
 def method_inputs() -> dict[str, dict[str, torch.Tensor]]:
@@ -114,6 +142,8 @@ def lower(args: argparse.Namespace) -> dict[str, Any]:
     warm_up_torch(256)
     model = llama(args.size)
     weights = weight_bytes(model)
+    if args.quantize:
+        model = quantized(model, args.quantize)
     module = static_cache_module(model)
     base = rss_bytes()
     stages: dict[str, float] = {}
@@ -128,6 +158,7 @@ def lower(args: argparse.Namespace) -> dict[str, Any]:
     done = time.perf_counter()
     return {
         "weights": weights,
+        "quantized_weights": tensor_bytes(model),
         "export_s": exported - started,
         "lower_save_s": done - exported,
         "peak_growth": {stage: value - base for stage, value in stages.items()},
@@ -183,15 +214,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             methods("decode", {"input_ids": inputs["decode"]["input_ids"], "cache_position": position})
             decode.append(time.perf_counter() - start)
+    resident = rss_bytes(), pss_bytes(), anonymous_bytes()
+    with torch.no_grad():
+        figures = {} if args.reference is None else accuracy(methods, args.reference)
     return {
+        **figures,
         "load_first_prefill_ms": first * 1e3,
         "warm_prefill_ms": statistics.median(warm) * 1e3,
         "decode_ms": statistics.median(decode) * 1e3,
-        "rss_growth": rss_bytes() - base_rss,
-        "pss_growth": pss_bytes() - base_pss,
-        "anonymous_growth": anonymous_bytes() - base_anonymous,
+        "rss_growth": resident[0] - base_rss,
+        "pss_growth": resident[1] - base_pss,
+        "anonymous_growth": resident[2] - base_anonymous,
         "peak_growth": peak.peak - base_rss,
         "threads": torch.get_num_threads(),
+    }
+
+
+def _logits(output: Any) -> torch.Tensor:
+    """The logits of a method's outputs (ExecuTorch returns a list), as [positions, vocabulary]."""
+    logits = output[0] if isinstance(output, (list, tuple)) else output
+    return logits.reshape(-1, logits.shape[-1]).float()
+
+
+def reference(args: argparse.Namespace) -> dict[str, Any]:
+    """The fp32 model's greedy continuation of the prompt and its logits, saved to ``--out``."""
+    module = static_cache_module(llama(args.size))
+    inputs = method_inputs()
+    with torch.no_grad():
+        rows = [_logits(module(**inputs["prefill"]))]
+        tokens = []
+        for step in range(ACCURACY_DECODES):
+            token = rows[-1][-1].argmax()
+            tokens.append(int(token))
+            position = torch.tensor([PROMPT + step])
+            rows.append(_logits(module(input_ids=token.reshape(1, 1), cache_position=position)))
+    torch.save({"tokens": torch.tensor(tokens), "logits": torch.cat(rows)}, args.out)
+    return {"positions": PROMPT + ACCURACY_DECODES}
+
+
+def accuracy(methods: Any, path: Path) -> dict[str, Any]:
+    """The loaded program's logits over the prompt and the reference's tokens, against the reference's."""
+    saved = torch.load(path, weights_only=True)
+    inputs = method_inputs()
+    rows = [_logits(methods("prefill", inputs["prefill"]))]
+    for step, token in enumerate(saved["tokens"].tolist()):
+        position = torch.tensor([PROMPT + step])
+        rows.append(_logits(methods("decode", {"input_ids": torch.tensor([[token]]), "cache_position": position})))
+    logits, expected = torch.cat(rows), saved["logits"]
+    error = (logits - expected).abs()
+    return {
+        "max_logit_error": float(error.max()),
+        "mean_logit_error": float(error.mean()),
+        "top1_agreement": float((logits.argmax(-1) == expected.argmax(-1)).float().mean()),
     }
 
 
@@ -211,16 +285,18 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["lower", "prepare", "run"])
-    parser.add_argument("--side", choices=["torchdelegate", "executorch"], required=True)
+    parser.add_argument("phase", choices=["lower", "prepare", "run", "reference"])
+    parser.add_argument("--side", choices=["torchdelegate", "executorch"], default="torchdelegate")
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument(
         "--non-strict", dest="strict", action="store_false", help="lower: export without dynamo (strict=False)"
     )
-    parser.add_argument("--out", type=Path, help="lower: the file to write")
+    parser.add_argument("--quantize", choices=["8da4w"], help="lower: quantize the model with torchao first")
+    parser.add_argument("--reference", type=Path, help="run: the reference phase's file, to compare logits with")
+    parser.add_argument("--out", type=Path, help="lower, reference: the file to write")
     parser.add_argument("--file", type=Path, help="prepare, run: the file to load")
     args = parser.parse_args()
-    figures = {"lower": lower, "prepare": prepare, "run": run}[args.phase](args)
+    figures = {"lower": lower, "prepare": prepare, "run": run, "reference": reference}[args.phase](args)
     print(json.dumps({"side": args.side, "size": args.size, "phase": args.phase, "pid": os.getpid(), **figures}))
 
 

@@ -26,6 +26,7 @@ from torchdelegate.errors import (
     PreprocessError,
     ProgramClosedError,
     ProgramInputError,
+    QuantizationError,
     SerializationError,
     TorchDelegateError,
     UntrustedCodeError,
@@ -61,6 +62,7 @@ from torchdelegate.partition import (
     tag_constant_data,
     tag_mutated_buffers,
 )
+from torchdelegate.quantization.recipes import quantize
 from torchdelegate.runtime.program import Program, load
 from torchdelegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.structure import graph_structure_difference, same_graph_structure
@@ -103,6 +105,7 @@ __all__ = [
     "PatternPartitioner",
     "PreprocessError",
     "PreprocessResult",
+    "QuantizationError",
     "Program",
     "ProgramClosedError",
     "ProgramInputError",
@@ -126,6 +129,7 @@ __all__ = [
     "lowered_submodules",
     "preprocessing",
     "print_delegated_graph",
+    "quantize",
     "register_backend",
     "registered_backend_ids",
     "run_original_subprograms",

@@ -12,6 +12,7 @@ import functools
 import os
 import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -312,26 +313,33 @@ def to_edge_transform_and_lower(
 
     An op kept whole that no backend then claims is decomposed afterwards, with a warning.
     """
+    manager, kept = edge_keeping(programs, partitioner)
+    if transform_passes is not None:
+        manager = manager.transform(transform_passes)
+    if partitioner is not None:
+        manager = manager.to_backend(partitioner)  # one call: every stage's delegates share its named data
+    return kept.decompose_unclaimed(manager)
+
+
+def edge_keeping(
+    programs: ExportedProgram | Mapping[str, ExportedProgram],
+    partitioner: PartitionerChoice | Mapping[str, PartitionerChoice] | None,
+) -> tuple[EdgeProgramManager, KeptWhole]:
+    """``to_edge``, with the ops each partitioner's ``ops_to_not_decompose`` asks for left whole;
+    and what was kept, to decompose once lowering is done (:meth:`KeptWhole.decompose_unclaimed`)."""
     methods = _methods(programs)
-    manager = EdgeProgramManager(methods)
-    stages = manager._stages(partitioner) if partitioner is not None else []
-    keep: dict[str, set[OpOverload]] = {m: set() for m in methods}
-    filters: dict[str, KeepFilters] = {m: [] for m in methods}
+    stages = EdgeProgramManager(methods)._stages(partitioner) if partitioner is not None else []
+    kept = KeptWhole({m: set() for m in methods}, {m: [] for m in methods})
     default_table = torch.export.default_decompositions()
     for stage in stages:
         for method, choice in stage.items():
             if isinstance(choice, Partitioner):
                 asked, node_filter = choice.ops_to_not_decompose(methods[method])
                 ops = {op for op in _overloads(asked) if op in default_table}
-                keep[method] |= ops
-                filters[method].append((ops, node_filter))
-    edge = _own_state({m: _decompose(m, p, keep[m], _any_accepts(filters[m])) for m, p in methods.items()})
-    manager = EdgeProgramManager(edge)
-    if transform_passes is not None:
-        manager = manager.transform(transform_passes)
-    if partitioner is not None:
-        manager = manager.to_backend(partitioner)  # one call: every stage's delegates share its named data
-    return _decompose_unclaimed(manager, keep, filters)
+                kept.keep[method] |= ops
+                kept.filters[method].append((ops, node_filter))
+    edge = {m: _decompose(m, p, kept.keep[m], _any_accepts(kept.filters[m])) for m, p in methods.items()}
+    return EdgeProgramManager(_own_state(edge)), kept
 
 
 KeepFilters = list[tuple[set[OpOverload], NodeFilter | None]]
@@ -361,29 +369,33 @@ def _overloads(ops: Iterable[Any]) -> list[OpOverload]:
     return found
 
 
-def _decompose_unclaimed(
-    manager: EdgeProgramManager,
-    keep: Mapping[str, set[OpOverload]],
-    filters: Mapping[str, KeepFilters],
-) -> EdgeProgramManager:
-    """Decompose the kept ops no backend claimed; warn about those a partitioner wanted."""
-    programs = dict(manager._programs)
-    for method, program in programs.items():
-        left = [
-            node
-            for gm in program.graph_module.modules()
-            if isinstance(gm, GraphModule)
-            for node in gm.graph.nodes
-            if node.op == "call_function" and node.target in keep[method]
-        ]
-        if not left:
-            continue
-        wanted = sorted({str(node.target) for node in left if _wanted_whole(node, filters[method])})
-        if wanted:
-            warnings.warn(
-                f"method {method!r}: {', '.join(wanted)} kept whole for a backend that did not claim "
-                "them; decomposing them now",
-                stacklevel=3,
-            )
-        programs[method] = _decompose(method, program)
-    return EdgeProgramManager(programs, manager.named_data)
+@dataclass(frozen=True)
+class KeptWhole:
+    """The ops ``edge_keeping`` left whole in each method, and each partitioner's node filter."""
+
+    keep: dict[str, set[OpOverload]]
+    filters: dict[str, KeepFilters]
+
+    def decompose_unclaimed(self, manager: EdgeProgramManager) -> EdgeProgramManager:
+        """Decompose the kept ops no backend claimed; warn about those a partitioner wanted."""
+        programs = dict(manager._programs)
+        for method, program in programs.items():
+            keep = self.keep.get(method, set())
+            left = [
+                node
+                for gm in program.graph_module.modules()
+                if isinstance(gm, GraphModule)
+                for node in gm.graph.nodes
+                if node.op == "call_function" and node.target in keep
+            ]
+            if not left:
+                continue
+            wanted = sorted({str(node.target) for node in left if _wanted_whole(node, self.filters[method])})
+            if wanted:
+                warnings.warn(
+                    f"method {method!r}: {', '.join(wanted)} kept whole for a backend that did not claim "
+                    "them; decomposing them now",
+                    stacklevel=3,
+                )
+            programs[method] = _decompose(method, program)
+        return EdgeProgramManager(programs, manager.named_data)

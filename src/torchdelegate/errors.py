@@ -32,6 +32,10 @@ class PartitionError(TorchDelegateError, ValueError):
     """A partitioner's result cannot be lowered: bad tags, tagged inputs or outputs, cycles."""
 
 
+class QuantizationError(TorchDelegateError, ValueError):
+    """A quantization request that cannot be met (an unknown recipe, a group size that does not fit)."""
+
+
 class UntrustedCodeError(TorchDelegateError, PermissionError):
     """A loaded file's delegate would run native code from a backend its loader did not trust."""
 

@@ -33,6 +33,13 @@ def backend_support(
 ) -> tuple[OperatorSupport, DelegationSpec]:
     """``(support, DelegationSpec)`` of a shipped backend's partitioner; a clear error for others or
     missing runtimes."""
+    (support, spec), *_ = backend_partitioner(backend_id, compile_specs).backends
+    return support, spec
+
+
+def backend_partitioner(backend_id: str, compile_specs: Sequence[CompileSpec] = ()) -> CapabilityPartitioner:
+    """A shipped backend's own partitioner (its ``ops_to_not_decompose`` included); a clear error for
+    others or missing runtimes."""
     if backend_id not in SHIPPED:
         get_backend(backend_id)  # an unknown id raises, naming the known ones
         raise ValueError(
@@ -46,16 +53,22 @@ def backend_support(
     partitioner: CapabilityPartitioner = getattr(importlib.import_module(module), name)(
         compile_specs=list(compile_specs)
     )
-    (support, spec), *_ = partitioner.backends
-    return support, spec
+    return partitioner
 
 
 def backend_supports(
     backend_ids: Sequence[str], compile_specs: Mapping[str, Sequence[CompileSpec]] | None = None
 ) -> list[tuple[OperatorSupport, DelegationSpec]]:
     """:func:`backend_support` of each id, in the priority order given."""
+    return [p.backends[0] for p in backend_partitioners(backend_ids, compile_specs)]
+
+
+def backend_partitioners(
+    backend_ids: Sequence[str], compile_specs: Mapping[str, Sequence[CompileSpec]] | None = None
+) -> list[CapabilityPartitioner]:
+    """:func:`backend_partitioner` of each id, in the priority order given."""
     specs = compile_specs or {}
     unknown = sorted(set(specs) - set(backend_ids))
     if unknown:
         raise ValueError(f"compile specs given for {', '.join(map(repr, unknown))}, which is not among the backends")
-    return [backend_support(b, specs.get(b, ())) for b in backend_ids]
+    return [backend_partitioner(b, specs.get(b, ())) for b in backend_ids]

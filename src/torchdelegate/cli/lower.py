@@ -27,24 +27,30 @@ if TYPE_CHECKING:
 
 
 def lower_command(args: argparse.Namespace, out: TextIO) -> int:
-    from torchdelegate.backends.support import backend_supports
-    from torchdelegate.edge_program_manager import to_edge
+    from torchdelegate.backends.support import backend_partitioners
+    from torchdelegate.edge_program_manager import edge_keeping
     from torchdelegate.partition.capability import CapabilityPartitioner
     from torchdelegate.report import render_html, render_text
 
     methods = _method_files(args.methods)
+    if args.quantize is None and (args.group_size is not None or args.keep_float):
+        raise UsageError("--group-size and --keep-float go with --quantize RECIPE")
     try:
-        supports = backend_supports(args.backends, _compile_specs(args.compile_spec))
+        partitioners = backend_partitioners(args.backends, _compile_specs(args.compile_spec))
     except (BackendNotFoundError, ValueError) as error:
         raise UsageError(str(error.args[0] if error.args else error)) from error
     with contextlib.ExitStack() as stack:
         _start_preprocessing(args, stack)  # worker processes start while the programs load
         programs = {method: _load_export(method, path) for method, path in methods}
+        supports = [p.backends[0] for p in partitioners]
         partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
         started = time.perf_counter()
-        edge = to_edge(programs)
+        if args.quantize is not None:
+            programs = _quantized(programs, args, out)
+        edge, kept = edge_keeping(programs, list(partitioners))  # each backend's ops_to_not_decompose
         with _ProgressBar(sys.stderr) as bar:
             lowered, report = bar.run(edge, partitioner)
+        lowered = kept.decompose_unclaimed(lowered)
         seconds = time.perf_counter() - started
     args.output.parent.mkdir(parents=True, exist_ok=True)
     lowered.save(args.output, external_data_path=args.external_data, report=report.without_cache_answers().to_json())
@@ -57,6 +63,24 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
         args.html.write_text(render_html(report, title=f"torchdelegate: {args.output.name}"), encoding="utf-8")
         print(f"report: {args.html}", file=out)
     return EXIT_OK
+
+
+def _quantized(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+    """--quantize RECIPE (--group-size, --keep-float): the recipe applied to every method."""
+    from torchdelegate.quantization.linear import quantized_linears
+    from torchdelegate.errors import QuantizationError
+    from torchdelegate.quantization.recipes import quantize
+
+    try:
+        quantized = quantize(programs, args.quantize, group_size=args.group_size, keep_float=args.keep_float)
+    except QuantizationError as e:
+        raise UsageError(str(e)) from e
+    except ImportError as e:
+        raise CommandError(str(e)) from e
+    layers = {method: len(quantized_linears(program)) for method, program in quantized.items()}
+    counts = ", ".join(f"{method} {count}" for method, count in layers.items())
+    print(f"quantized with {args.quantize}: linear layers per method: {counts}", file=out)
+    return quantized
 
 
 def _start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:

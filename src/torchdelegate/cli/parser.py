@@ -57,6 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep compiled partitions in this compile cache (a directory or fsspec URL; 'off': none); "
         "default: TORCHDELEGATE_CACHE if set",
     )
+    lower.add_argument(
+        "--quantize",
+        choices=["8da4w", "int4", "int8"],
+        help="quantize linear layers with torchao first: 8da4w (int8 dynamic activations, int4 weights in groups), "
+        "int4 or int8 (weights only); needs torchao",
+    )
+    lower.add_argument(
+        "--group-size", type=int, metavar="N", help="--quantize: inputs per scale (default 32; int8: one per row)"
+    )
+    lower.add_argument(
+        "--keep-float",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="--quantize: leave in float the layers whose weight or module path matches (fnmatch), e.g. lm_head",
+    )
     lower.add_argument("--jobs", "-j", type=int, metavar="N", help="compile partitions on N worker processes")
     lower.add_argument(
         "--cluster", metavar="tcp://HOST:PORT", help="compile partitions on the Dask cluster with this scheduler"

@@ -76,7 +76,7 @@ class QuantizedLinear:
     @property
     def shape(self) -> tuple[int, int]:
         """(out_features, in_features)."""
-        rows, columns = _value(self.qdata).shape
+        rows, columns = self.qdata.meta["val"].shape
         return int(rows), int(columns)
 
 
@@ -133,39 +133,49 @@ def _toward_layer(node: Node, ops: tuple[Any, Any, Any]) -> Node | None:
 
 
 def _layer(linear: Node, ops: tuple[Any, Any, Any], is_state: Callable[[Node], bool]) -> QuantizedLinear | None:
-    choose, quantize, dequantize = ops
     source, weight, bias = (*linear.args, None)[:3]
-    if not _call(weight, dequantize) or len(weight.users) != 1 or not isinstance(source, Node):
+    if not (isinstance(source, Node) and isinstance(weight, Node) and _call(weight, ops[2])):
         return None
-    qdata, block, scale, zero_point, input_dtype, quant_min, quant_max = _dequantize_args(weight)
-    values = [_value(n) for n in (qdata, scale)]
-    if not all(isinstance(n, Node) and is_state(n) for n in (qdata, scale)) or None in values:
+    if len(weight.users) != 1 or (bias is not None and not isinstance(bias, Node)):
         return None
-    if zero_point is not None and not (isinstance(zero_point, Node) and is_state(zero_point)):
+    grouped = _grouped_integers(weight, is_state)
+    if grouped is None:
         return None
-    data, scales = values
-    if data.dtype != torch.int8 or data.dim() != 2 or input_dtype != torch.int8 or len(block) != 2 or block[0] != 1:
-        return None
-    rows, columns = data.shape
-    group = int(block[1])
-    if group <= 0 or columns % group or tuple(scales.shape) != (rows, columns // group):
-        return None
-    if scales.dtype != torch.float32 or _output_dtype(weight) != torch.float32:
-        return None
-    if zero_point is not None:
-        points = _value(zero_point)
-        if points is None or points.is_floating_point() or tuple(points.shape) != tuple(scales.shape):
-            return None
-    if not (isinstance(quant_min, int) and isinstance(quant_max, int) and -128 <= quant_min < quant_max <= 127):
-        return None
-    if bias is not None and not isinstance(bias, Node):
-        return None
-    activation, source = _dynamic_activation(source, linear, ops, int(columns))
+    qdata, scale, zero_point, group, (quant_min, quant_max), columns = grouped
+    activation, source = _dynamic_activation(source, linear, ops, columns)
     if activation is None:
         return None
     return QuantizedLinear(
         linear, weight, source, qdata, scale, zero_point, bias, activation, group, quant_min, quant_max
     )
+
+
+def _grouped_integers(dequantize: Node, is_state: Callable[[Node], bool]) -> tuple[Any, ...] | None:
+    """(integers, scales, zero points, group size, (min, max), inputs) of a weight's
+    ``dequantize_affine``: int8 integers [out, in] with float32 scales (and integer zero points)
+    per group of the row, all state; None for any other dequantization."""
+    qdata, block, scale, zero_point, input_dtype, quant_min, quant_max = _dequantize_args(dequantize)
+    parts = [n for n in (qdata, scale, zero_point) if n is not None]
+    if not all(isinstance(n, Node) and is_state(n) and _value(n) is not None for n in parts):
+        return None
+    data: Any = _value(qdata)
+    scales: Any = _value(scale)
+    if data.dtype != torch.int8 or data.dim() != 2 or input_dtype != torch.int8:
+        return None
+    if not isinstance(block, (list, tuple)) or len(block) != 2 or block[0] != 1:
+        return None
+    rows, columns = (int(n) for n in data.shape)
+    group = int(block[1])
+    if group <= 0 or columns % group or tuple(scales.shape) != (rows, columns // group):
+        return None
+    if scales.dtype != torch.float32 or _output_dtype(dequantize) != torch.float32:
+        return None
+    points: Any = None if zero_point is None else _value(zero_point)
+    if points is not None and (points.is_floating_point() or tuple(points.shape) != tuple(scales.shape)):
+        return None
+    if not (isinstance(quant_min, int) and isinstance(quant_max, int) and -128 <= quant_min < quant_max <= 127):
+        return None
+    return qdata, scale, zero_point, group, (quant_min, quant_max), columns
 
 
 def _dynamic_activation(

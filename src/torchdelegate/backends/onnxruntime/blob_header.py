@@ -4,17 +4,45 @@ named data its initializers name, each checked (a ``FormatError`` for a damaged 
 
 from __future__ import annotations
 
+import lzma
 from typing import Any, TypeGuard
 
 from torchdelegate.backends.blob import table_keys, unpack
-from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
+from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, OLDER_BLOB_VERSIONS
 from torchdelegate.data import NamedDataMap
 from torchdelegate.errors import FormatError
 
+_LARGEST_MODEL = 2**31  # bytes: protobuf's limit, so a model that inflates past it is not one
+
+
+def compressed(model: bytes) -> bytes:
+    """A model's ONNX bytes as a blob stores them (``"compression": "xz"``): its names and shapes
+    are most of its bytes once its weights are named data."""
+    return lzma.compress(model, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=6)
+
+
+def _model_bytes(header: dict[str, Any], payload: memoryview) -> memoryview:
+    """The ONNX bytes of a model header's payload, inflated if its header says it is compressed."""
+    compression = header.get("compression")
+    if compression is None or not payload:
+        return payload
+    if compression != "xz":
+        raise FormatError(f"onnxruntime blob: its model is compressed as {compression!r:.40}; this version reads xz")
+    inflater = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    try:
+        model = inflater.decompress(payload, max_length=_LARGEST_MODEL)
+    except lzma.LZMAError as e:
+        raise FormatError(f"onnxruntime blob: its compressed model is damaged ({e})") from None
+    if not inflater.eof:
+        raise FormatError("onnxruntime blob: its compressed model is truncated or inflates past 2 GiB")
+    return memoryview(model)
+
 
 def unpacked(processed: memoryview) -> tuple[dict[str, Any], memoryview]:
-    """A blob's header and payload, a version-1 blob's header in version 2's terms."""
-    header, payload = unpack(processed, BLOB_VERSION, "onnxruntime", older=(1,))
+    """A blob's header and its model's ONNX bytes (empty for a blob naming a stored model), an
+    older blob's header in the current version's terms."""
+    header, payload = unpack(processed, BLOB_VERSION, "onnxruntime", older=OLDER_BLOB_VERSIONS)
+    payload = _model_bytes(header, payload)
     if header["version"] == 1:  # one partition's model: inputs and outputs in the header
         header = {
             "initializers": header.get("initializers"),
@@ -56,7 +84,8 @@ def model_of(processed: memoryview, named_data: NamedDataMap) -> tuple[dict[str,
 
 def stored_model(key: str, named_data: NamedDataMap) -> tuple[dict[str, Any], memoryview]:
     """The model stored as named data ``key``: its header and its ONNX bytes."""
-    return unpack(named_data.get_data(key), BLOB_VERSION, "onnxruntime model")
+    header, payload = unpack(named_data.get_data(key), BLOB_VERSION, "onnxruntime model", older=OLDER_BLOB_VERSIONS)
+    return header, _model_bytes(header, payload)
 
 
 def branch_names(table: Any) -> list[tuple[list[str], list[str]]]:

@@ -124,14 +124,15 @@ def _rewrite(ir: ModuleType, model: Any, node: Any) -> None:
     if block is None:
         raise ValueError(f"groups of {group} along {columns} inputs: MatMulNBits takes blocks of a power of two >= 16")
     points = None if zero_point is None else _constant(zero_point, "zero points")
-    bits = 4 if all(-8 <= a.min(initial=0) and a.max(initial=0) <= 7 for a in (integers, points) if a is not None) else 8
+    narrow = all(-8 <= a.min(initial=0) and a.max(initial=0) <= 7 for a in (integers, points) if a is not None)
+    bits = 4 if narrow else 8
     blocks = -(-columns // block)
-    scales_value = scale
+    scales = _constant(scale, "scales").reshape(rows, -1)
     if block != group:  # one scale per row, repeated for every block
-        scales = np.repeat(_constant(scale, "scales").reshape(rows, 1), blocks, axis=1)
-        scales_value = _initializer(ir, model, f"{scale.name}.blocks", scales)
+        scales = np.repeat(scales, blocks, axis=1)
         if points is not None:
             points = np.repeat(points.reshape(rows, 1), blocks, axis=1)
+    scales_value = _stored_scales(ir, model, node, scale, scales, block != group)
     inputs = [x, _initializer(ir, model, f"{qdata.name}.packed", _packed(integers, block, bits)), scales_value]
     if points is not None and points.any():
         inputs.append(_initializer(ir, model, f"{qdata.name}.zero_points", _packed_points(points, bits)))
@@ -153,6 +154,20 @@ def _rewrite(ir: ModuleType, model: Any, node: Any) -> None:
     name, old.name = old.name, None
     new.name, new.shape, new.type = name, old.shape, old.type
     model.graph.remove(node, safe=True)
+
+
+def _stored_scales(ir: ModuleType, model: Any, node: Any, scale: Any, scales: np.ndarray, derived: bool) -> Any:
+    """The kernel's float scales: stored as float16 and cast back when every one survives the trip
+    (the file holds half the bytes; each scale moves by at most 2^-11 of itself), else as they are."""
+    halves = scales.astype(np.float16)
+    tiny = np.finfo(np.float16).tiny
+    exact_enough = np.all(np.isfinite(halves)) and np.all((np.abs(scales) >= tiny) | (scales == 0))
+    if not exact_enough:
+        return _initializer(ir, model, f"{scale.name}.blocks", scales) if derived else scale
+    stored = _initializer(ir, model, f"{scale.name}.float16", halves)
+    cast = ir.node("Cast", [stored], {"to": ir.DataType.FLOAT})
+    model.graph.insert_before(node, cast)
+    return cast.outputs[0]
 
 
 def _constant(value: Any, what: str) -> np.ndarray:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from torchdelegate.backends.blob import pack, unpack
+from torchdelegate.backends.blob import pack
+from torchdelegate.backends.onnxruntime.blob_header import compressed, unpacked
 from torchdelegate.backends.onnxruntime.branches import SELECTOR, CombineError, combined_model
 from torchdelegate.backends.onnxruntime.onnx_export import Refused
 from torchdelegate.backends.onnxruntime.session import Model
@@ -22,7 +23,7 @@ from torchdelegate.specs import CompileSpec
 def link_partitions(blobs: list[bytes], compile_specs: list[list[CompileSpec]], store: NamedDataStore) -> list[bytes]:
     """Partitions that run with the same session settings and read weights in common become
     branches of one model, run by one session; the others keep their blobs."""
-    parts = [unpack(memoryview(blob), BLOB_VERSION, "onnxruntime") for blob in blobs]
+    parts = [unpacked(memoryview(blob)) for blob in blobs]
     linked = list(blobs)
     for members in _sharing_groups([header for header, _ in parts], compile_specs):
         if len(members) < 2:
@@ -78,13 +79,14 @@ def _linked(
         "initializers": dict(sorted(table.items())),
         "selector": SELECTOR,
         "branches": [{"inputs": branch.inputs, "outputs": branch.outputs} for branch in branches],
+        "compression": "xz",
     }
     onnx_bytes = model.SerializeToString()
     try:
         Model(header, memoryview(onnx_bytes), compile_specs, store.data_map(), pack_weights=False)
     except Exception as e:
         raise Refused(f"ONNX Runtime refused the combined model ({first_line(e)})") from e
-    key = store.add_by_content(pack(header, onnx_bytes))
+    key = store.add_by_content(pack(header, compressed(onnx_bytes)))
     keys = sorted({key, *(entry["key"] for entry in table.values())})
     linked = {"version": BLOB_VERSION, "model": key, "keys": keys}
     return [pack(linked | {"branch": i, "fusions": h.get("fusions", {})}, b"") for i, (h, _) in enumerate(parts)]

@@ -17,9 +17,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack, unpack
+from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack
 from torchdelegate.backends.linear import recompose_linear
 from torchdelegate.backends.onnxruntime import blockwise
+from torchdelegate.backends.onnxruntime.blob_header import compressed, unpacked
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
 from torchdelegate.data import NamedDataMap, NamedDataStore
@@ -100,7 +101,7 @@ def _accepted_blob(
     blob = _exported_blob(program, fuse, attempt, where)
     output = attempt.get_named_data_store_output()
     try:
-        header, payload = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
+        header, payload = unpacked(memoryview(blob))
         Model(header, payload, compile_specs, NamedDataMap(output), pack_weights=False)
     except Exception as e:  # any refusal is reported with the partition it concerns
         raise Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
@@ -138,6 +139,7 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         fusions = dict(sorted({**fusions, "MatMulNBits": products}.items()))
     initializers = {}
     shared = {value.name for value, _ in lifted}
+    _zeros_made_at_load(ir, model, shared)
     for name, value in sorted(model.graph.initializers.items()):
         tensor = value.const_value
         if tensor is None or (tensor.nbytes < SMALLEST_SHARED and name not in shared):
@@ -163,8 +165,30 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         "branches": [branch],
         "branch": 0,
         "fusions": fusions,
+        "compression": "xz",
     }
-    return pack(header, ir.to_proto(model).SerializeToString())
+    return pack(header, compressed(ir.to_proto(model).SerializeToString()))
+
+
+def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:
+    """Initializers of zeros the model computes (not ``weights``), of 1 KiB or more, become
+    ``ConstantOfShape`` nodes: the file holds no zeros (a static KV cache's first values, masks),
+    and ONNX Runtime makes them once when it loads the model."""
+    for name, value in sorted(model.graph.initializers.items()):
+        tensor = value.const_value
+        if name in weights or tensor is None or tensor.nbytes < SMALLEST_SHARED or value in model.graph.outputs:
+            continue
+        array = tensor.numpy()
+        if array.dtype.kind not in "biuf" or array.any():
+            continue
+        shape = ir.Value(name=f"{name}.shape", const_value=ir.tensor(np.array(array.shape, dtype=np.int64)))
+        model.graph.register_initializer(shape)
+        zeros = ir.node("ConstantOfShape", [shape], {"value": ir.tensor(np.zeros(1, dtype=array.dtype))})
+        model.graph.insert_before(model.graph[0], zeros)
+        model.graph.initializers.pop(name)
+        value.replace_all_uses_with(zeros.outputs[0])
+        zeros.outputs[0].name, value.name = name, None
+        zeros.outputs[0].shape, zeros.outputs[0].type = value.shape, value.type
 
 
 def _has_blockwise(program: ExportedProgram) -> bool:

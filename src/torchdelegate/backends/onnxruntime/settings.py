@@ -10,7 +10,8 @@ from typing import Any
 
 from torchdelegate.specs import CompileSpec
 
-BLOB_VERSION = 2
+BLOB_VERSION = 3
+OLDER_BLOB_VERSIONS = (1, 2)  # still read
 SMALLEST_SHARED = 1024  # bytes: smaller initializers stay inside the model
 _EXTRA = "pip install 'torchdelegate[onnxruntime]'"
 _OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}

@@ -1,0 +1,314 @@
+"""Quantization recipes applied to exported programs, for deployers who start from fp32.
+
+``quantize(programs, "8da4w")`` gives new programs whose linear layers carry torchao's quantized
+weights, exactly as exporting a model after ``torchao.quantization.quantize_`` would: each
+weight is quantized by torchao itself, and the graph reads it through torchao's own
+``dequantize_affine`` (with dynamic int8 activations, ``choose_qparams_affine`` and
+``quantize_affine`` before it). A backend that runs quantized layers (``quantization.linear``)
+then sees the same program whichever way it was made. The caller's programs are unchanged; the
+weights left in float are shared with them.
+
+torchao is needed to quantize (``pip install torchao``); a lowered file runs without it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast, overload
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+from torch.fx import Graph, Node
+
+from torchdelegate.errors import QuantizationError
+from torchdelegate.lowering.exported_programs import build_program
+from torchdelegate.lowering.structural_copy import copy_graph, copy_module_call_graph, copy_signature
+from torchdelegate.quantization.linear import affine_ops
+
+_aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a recipe does to each linear layer's weight (and activation)."""
+
+    name: str
+    weight_bits: int
+    grouped: bool  # groups along the input dimension by default; else one scale per output row
+    dynamic_int8_activation: bool
+    summary: str
+
+
+RECIPES = {
+    "8da4w": Recipe("8da4w", 4, True, True, "int8 dynamic activations (per token), int4 weights in groups"),
+    "int4": Recipe("int4", 4, True, False, "int4 weights in groups, float activations"),
+    "int8": Recipe("int8", 8, False, False, "int8 weights, one scale per output row, float activations"),
+}
+DEFAULT_GROUP_SIZE = 32
+
+
+def recipe_named(name: str) -> Recipe:
+    recipe = RECIPES.get(name)
+    if recipe is None:
+        known = ", ".join(f"{n} ({r.summary})" for n, r in RECIPES.items())
+        raise QuantizationError(f"unknown quantization recipe {name!r}; the recipes are {known}")
+    return recipe
+
+
+@overload
+def quantize(
+    programs: ExportedProgram,
+    recipe: str,
+    *,
+    group_size: int | None = None,
+    keep_float: Sequence[str] = (),
+) -> ExportedProgram: ...
+
+
+@overload
+def quantize(
+    programs: Mapping[str, ExportedProgram],
+    recipe: str,
+    *,
+    group_size: int | None = None,
+    keep_float: Sequence[str] = (),
+) -> dict[str, ExportedProgram]: ...
+
+
+def quantize(
+    programs: ExportedProgram | Mapping[str, ExportedProgram],
+    recipe: str,
+    *,
+    group_size: int | None = None,
+    keep_float: Sequence[str] = (),
+) -> ExportedProgram | dict[str, ExportedProgram]:
+    """New programs whose float linear layers are quantized by ``recipe`` (``8da4w``, ``int4``, ``int8``).
+
+    ``group_size``: inputs per scale (default 32 for the int4 recipes, one scale per row for
+    int8); it must divide the inputs of every layer quantized. ``keep_float``: patterns
+    (``fnmatch``) of weight names or module paths left in float, such as ``lm_head``. Layers
+    whose weight is not a float32 parameter (already quantized, say) are left as they are, and
+    embeddings are never quantized. Methods that share a weight share its quantized form.
+    """
+    chosen = recipe_named(recipe)
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+        raise QuantizationError(f"group size {group_size!r}: give a positive number of inputs per scale")
+    group = group_size if group_size is not None else (DEFAULT_GROUP_SIZE if chosen.grouped else None)
+    patterns = [keep_float] if isinstance(keep_float, str) else list(keep_float)
+    weights = _Weights(chosen, group)
+    if isinstance(programs, ExportedProgram):
+        return _quantized(programs, "forward", weights, patterns)
+    return {method: _quantized(program, method, weights, patterns) for method, program in programs.items()}
+
+
+class _Weights:
+    """Each float weight's quantized tensors, made once by torchao however many methods read it."""
+
+    def __init__(self, recipe: Recipe, group_size: int | None) -> None:
+        self.recipe, self.group_size = recipe, group_size
+        self._made: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = {}
+
+    def quantized(self, weight: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """(integers as int8, scales, zero points, group size) of ``weight`` [out, in]."""
+        made = self._made.get(weight)
+        if made is None:
+            made = self._made[weight] = self._quantize(weight, where)
+        return made
+
+    def _quantize(self, weight: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        columns = int(weight.shape[1])
+        group = self.group_size or columns
+        if columns % group:
+            raise QuantizationError(
+                f"{where}: group size {group} does not divide its {columns} inputs; choose a group size that "
+                "divides the inputs of every layer quantized, or keep this layer in float (keep_float / --keep-float)"
+            )
+        holder = torch.nn.Linear(columns, int(weight.shape[0]), bias=False, device="meta")
+        holder.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)  # shared, not copied
+        _torchao_quantize(holder, self.recipe, group)
+        quantized: Any = holder.weight  # torchao's IntxUnpackedToInt8Tensor
+        return quantized.qdata, quantized.scale, quantized.zero_point, group
+
+
+def _torchao_quantize(holder: torch.nn.Linear, recipe: Recipe, group: int) -> None:
+    try:
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
+        from torchao.quantization.granularity import PerAxis, PerGroup
+    except ImportError as e:
+        raise ImportError("quantizing needs torchao: pip install torchao (a lowered file runs without it)") from e
+    dtype = getattr(torch, "int4") if recipe.weight_bits == 4 else torch.int8  # noqa: B009  (typeshed lacks it)
+    columns = holder.in_features
+    granularity = PerGroup(group) if group != columns or recipe.grouped else PerAxis(0)
+    config: Any
+    if recipe.dynamic_int8_activation:
+        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=granularity)
+    else:
+        config = IntxWeightOnlyConfig(weight_dtype=dtype, granularity=granularity)
+    quantize_(holder, config)
+
+
+def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_float: list[str]) -> ExportedProgram:
+    ops = affine_ops()
+    if ops is None:
+        __import__("torchao.quantization")  # registers torch.ops.torchao
+        ops = affine_ops()
+    assert ops is not None
+    graph, attrs = copy_graph(program.graph_module)
+    signature = copy_signature(program.graph_signature)
+    parameters = {s.arg.name: s for s in signature.input_specs if s.kind == InputKind.PARAMETER}
+    state = dict(program.state_dict)
+    layers = [n for n in graph.nodes if _selected(n, parameters, program, keep_float)]
+    if not layers:
+        return program
+    rewrite = _Rewrite(graph, signature, state, ops)
+    for linear in layers:
+        spec = parameters[cast(Node, linear.args[1]).name]
+        assert spec.target is not None
+        where = f"method {method!r}: linear layer {_module_path(linear) or linear.name!r} (weight {spec.target!r})"
+        qdata, scale, zero_point, group = weights.quantized(program.state_dict[spec.target], where)
+        rewrite.layer(linear, spec.target, (qdata, scale, zero_point), group, weights.recipe)
+    rewrite.finish()
+    return build_program(
+        program,
+        attrs,
+        graph,
+        rewrite.signature(),
+        state,
+        dict(program.constants),
+        range_constraints=dict(program.range_constraints),
+        module_call_graph=copy_module_call_graph(program.module_call_graph),
+        with_meta=True,
+    )
+
+
+def _selected(node: Node, parameters: dict[str, InputSpec], program: ExportedProgram, keep_float: list[str]) -> bool:
+    """A linear layer over a float32 2-D parameter that no pattern keeps in float."""
+    if node.op != "call_function" or node.target is not _aten.linear.default or len(node.args) < 2:
+        return False
+    weight = node.args[1]
+    spec = parameters.get(weight.name) if isinstance(weight, Node) else None
+    if spec is None or spec.target is None:
+        return False
+    value = program.state_dict.get(spec.target)
+    if not isinstance(value, torch.Tensor) or type(value) not in (torch.Tensor, torch.nn.Parameter):
+        return False
+    if value.dtype != torch.float32 or value.dim() != 2:
+        return False
+    names = [spec.target, spec.target.rpartition(".")[0], _module_path(node)]
+    return not any(_matches(name, pattern) for pattern in keep_float for name in names if name)
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """``pattern`` matches the whole dotted name or its last components (``lm_head`` matches ``model.lm_head``)."""
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
+
+
+def _module_path(node: Node) -> str:
+    """The path of the module that called this node (export's ``nn_module_stack``), '' if unknown."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return path if isinstance(path, str) else ""
+
+
+class _Rewrite:
+    """The new placeholders, nodes and state of one program, added layer by layer."""
+
+    def __init__(self, graph: Graph, signature: ExportGraphSignature, state: dict[str, Any], ops: Any) -> None:
+        self.graph, self.state, self.ops = graph, state, ops
+        self.specs = list(signature.input_specs)
+        self.outputs = list(signature.output_specs)
+        self.new_specs: list[InputSpec] = []
+        self.placeholders: dict[str, Node] = {}
+        self.replaced: set[str] = set()
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        kinds = [s.kind for s in self.specs]
+        last = max((i for i, k in enumerate(kinds) if k == InputKind.PARAMETER), default=-1)
+        self.anchor = placeholders[last + 1] if last + 1 < len(placeholders) else None
+        self.fake_mode = next(
+            (n.meta["val"].fake_mode for n in placeholders if hasattr(n.meta.get("val"), "fake_mode")), None
+        )
+
+    def _placeholder(self, target: str, tensor: torch.Tensor) -> Node:
+        node = self.placeholders.get(target)
+        if node is not None:
+            return node
+        name = "p_" + target.replace(".", "_")
+        if self.anchor is not None:
+            with self.graph.inserting_before(self.anchor):
+                node = self.graph.placeholder(name)
+        else:
+            with self.graph.inserting_after(self._last_placeholder()):
+                node = self.graph.placeholder(name)
+        node.meta["val"] = self.fake_mode.from_tensor(tensor, static_shapes=True) if self.fake_mode else tensor
+        self.state[target] = torch.nn.Parameter(tensor, requires_grad=False)
+        self.new_specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(node.name), target, None))
+        self.placeholders[target] = node
+        return node
+
+    def _last_placeholder(self) -> Node:
+        return [n for n in self.graph.nodes if n.op == "placeholder"][-1]
+
+    def _call(self, target: Any, args: tuple[Any, ...], like: Node) -> Node:
+        node = self.graph.call_function(target, args)
+        for key in ("nn_module_stack", "source_fn_stack", "stack_trace", "torch_fn"):
+            if key in like.meta:
+                node.meta[key] = like.meta[key]
+        values = [a.meta["val"] if isinstance(a, Node) else a for a in args]
+        if self.fake_mode is not None:
+            with self.fake_mode:
+                node.meta["val"] = target(*values)
+        return node
+
+    def layer(
+        self, linear: Node, weight_name: str, tensors: tuple[torch.Tensor, ...], group: int, recipe: Recipe
+    ) -> None:
+        qdata, scale, zero_point = tensors
+        nodes = [self._placeholder(f"{weight_name}_{part}", t) for part, t in zip(_PARTS, tensors, strict=True)]
+        source, weight = linear.args[0], linear.args[1]
+        assert isinstance(source, Node) and isinstance(weight, Node)
+        bounds = (-8, 7) if recipe.weight_bits == 4 else (-128, 127)
+        with self.graph.inserting_before(linear):
+            if recipe.dynamic_int8_activation:
+                source = self._activation(source, linear)
+            dequantized = self._call(
+                self.ops[2], (nodes[0], [1, group], nodes[1], nodes[2], torch.int8, *bounds), linear
+            )
+        linear.args = (source, dequantized, *linear.args[2:])
+        self.replaced.add(weight.name)
+
+    def _activation(self, source: Node, linear: Node) -> Node:
+        """torchao's per-token asymmetric int8 quantization of ``source`` and back."""
+        choose, quantize, dequantize = self.ops
+        block = [1] * (source.meta["val"].dim() - 1) + [int(source.meta["val"].shape[-1])]
+        bounds = (torch.int8, -128, 127)
+        chosen = self._call(choose, (source, "ASYMMETRIC", block, *bounds, None, None, torch.int8), linear)
+        scale = self._call(operator.getitem, (chosen, 0), linear)
+        zero_point = self._call(operator.getitem, (chosen, 1), linear)
+        quantized = self._call(quantize, (source, block, scale, zero_point, *bounds), linear)
+        return self._call(dequantize, (quantized, block, scale, zero_point, *bounds), linear)
+
+    def finish(self) -> None:
+        """Float weights no layer reads any more leave the program."""
+        for node in list(self.graph.nodes):
+            if node.op == "placeholder" and node.name in self.replaced and not node.users:
+                spec = next(s for s in self.specs if s.arg.name == node.name)
+                self.specs.remove(spec)
+                if spec.target is not None:
+                    self.state.pop(spec.target, None)
+                self.graph.erase_node(node)
+        self.graph.lint()
+
+    def signature(self) -> ExportGraphSignature:
+        kinds = [s.kind for s in self.specs]
+        last = max((i for i, k in enumerate(kinds) if k == InputKind.PARAMETER), default=-1)
+        specs = [*self.specs[: last + 1], *self.new_specs, *self.specs[last + 1 :]]
+        return ExportGraphSignature(input_specs=specs, output_specs=self.outputs)
+
+
+_PARTS = ("qdata", "scale", "zero_point")

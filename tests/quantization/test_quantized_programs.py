@@ -1,0 +1,219 @@
+"""Quantized programs (torchao 8da4w, int4 and int8 weight-only) lowered, saved and run in a fresh process.
+
+Two architectures: a tiny Llama quantized by torchao itself before export (as a user who
+quantized their model does), and a tiny Qwen2 (biased projections, an MLP whose inputs are not
+a power of two) exported in fp32 and quantized by ``torchdelegate.quantize`` (as a deployer who
+starts from fp32 does). Outputs are compared with the quantized eager model's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+torchao_quantization = pytest.importorskip("torchao.quantization")
+
+from language_models import static_cache_module, tiny_llama  # noqa: E402
+
+import torchdelegate as td  # noqa: E402
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.reference import ReferencePartitioner  # noqa: E402
+
+TESTS = Path(__file__).parent.parent
+CACHE = 16
+PROMPT = 6
+RECIPES = ["8da4w", "int4", "int8"]
+# ONNX Runtime runs 8da4w's products on int8 arithmetic that quantizes activations in blocks of 32,
+# where torchao quantizes each row: logits move by this much (docs/QUANTIZATION.md).
+ORT_DYNAMIC_BOUND = 0.05
+EXACT = 1e-3
+
+
+def _torchao_config(recipe: str) -> Any:
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    if recipe == "8da4w":
+        return torchao_quantization.Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4, weight_granularity=PerGroup(32)
+        )
+    if recipe == "int4":
+        return torchao_quantization.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
+    return torchao_quantization.IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
+
+
+def _qwen2() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=96,  # the down projection's 96 inputs: per-row int8 scales span a padded block
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+        use_sliding_window=False,
+    )
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def _calls() -> list[dict[str, Any]]:
+    prompt = torch.randint(0, 256, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    calls = [{"method": "prefill", "args": [], "kwargs": {"input_ids": prompt, "cache_position": torch.arange(PROMPT)}}]
+    for step, token in enumerate((5, 17, 250)):
+        kwargs = {"input_ids": torch.tensor([[token]]), "cache_position": torch.tensor([PROMPT + step])}
+        calls.append({"method": "decode", "args": [], "kwargs": kwargs})
+    return calls
+
+
+def _export(module: torch.nn.Module) -> dict[str, torch.export.ExportedProgram]:
+    calls = _calls()
+    with torch.no_grad():  # strict, as transformers exports this module (non-strict fails in torch 2.13)
+        return {c["method"]: torch.export.export(module, (), c["kwargs"], strict=True) for c in calls[:2]}
+
+
+def _eager(programs: dict[str, torch.export.ExportedProgram]) -> list[torch.Tensor]:
+    """The quantized programs run by torch, sharing one cache as the loaded program's methods do."""
+    modules = {m: p.module() for m, p in programs.items()}
+    cache = {k: v for k, v in modules["prefill"].named_buffers()}
+    for name, buffer in modules["decode"].named_buffers():
+        buffer.data = cache[name].data
+    with torch.no_grad():
+        return [modules[c["method"]](**c["kwargs"]) for c in _calls()]
+
+
+def _fresh_outputs(path: Path, tmp_path: Path) -> list[torch.Tensor]:
+    """The saved program's outputs for the calls, from a process that built nothing."""
+    torch.save(_calls(), tmp_path / "calls.pt")
+    jobs = [{"program": str(path), "calls": str(tmp_path / "calls.pt"), "outputs": str(tmp_path / "out.pt")}]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    subprocess.run([sys.executable, str(TESTS / "zoo" / "fresh.py"), str(tmp_path / "jobs.json")], check=True)
+    answer = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert "error" not in answer, answer
+    return [leaves[0] for leaves in answer["outputs"]]
+
+
+def _quantized_bytes(programs: dict[str, torch.export.ExportedProgram]) -> int:
+    """The distinct tensors of the quantized programs but their KV cache: integers, scales, float weights."""
+    written = set().union(*(p.graph_signature.buffers_to_mutate.values() for p in programs.values()))
+    tensors = {}
+    for program in programs.values():
+        for name, tensor in program.state_dict.items():
+            if name not in written:
+                tensors[name] = tensor.untyped_storage().nbytes()
+    return sum(tensors.values())
+
+
+def _lowered_and_checked(
+    programs: dict[str, torch.export.ExportedProgram], partitioners: list[Any], bound: float, tmp_path: Path
+) -> td.EdgeProgramManager:
+    expected = _eager(programs)
+    lowered = td.to_edge_transform_and_lower(programs, partitioner=partitioners)
+    path = tmp_path / "quantized.tdp"
+    lowered.save(path)
+    assert path.stat().st_size <= 1.02 * _quantized_bytes(programs) + 256 * 1024
+    for got, want in zip(_fresh_outputs(path, tmp_path), expected, strict=True):
+        torch.testing.assert_close(got, want, atol=bound, rtol=0)
+    return lowered
+
+
+def _integer_products(lowered: td.EdgeProgramManager) -> int:
+    """How many quantized products ONNX Runtime's blobs run on MatMulNBits."""
+    from torchdelegate.backends.onnxruntime.blob_header import unpacked
+
+    headers = [unpacked(memoryview(d.processed_bytes))[0] for d in _delegates(lowered) if d.backend_id == "onnxruntime"]
+    return sum(header.get("fusions", {}).get("MatMulNBits", 0) for header in headers)
+
+
+def _delegates(lowered: td.EdgeProgramManager) -> list[Any]:
+    return [d for ds in lowered.delegates().values() for d in ds]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_llama_quantized_by_torchao_runs_its_products_on_onnx_runtime_integer_kernel(
+    recipe: str, tmp_path: Path
+) -> None:
+    from torchao.quantization import quantize_
+
+    model = tiny_llama()
+    quantize_(model, _torchao_config(recipe))
+    programs = _export(static_cache_module(model, CACHE))
+    bound = ORT_DYNAMIC_BOUND if recipe == "8da4w" else EXACT
+    lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], bound, tmp_path)
+    assert {d.backend_id for d in _delegates(lowered)} == {"onnxruntime"}
+    assert _integer_products(lowered) == 2 * 15  # 7 per layer and the head, in each method
+    ops = {str(n.target) for m in lowered.methods for n in lowered.exported_program(m).graph.nodes}
+    assert not any("torchao" in op for op in ops)  # nothing quantized is left to torch
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_fp32_qwen2_quantized_by_torchdelegate_lowers_to_onnx_runtime_then_reference(
+    recipe: str, tmp_path: Path
+) -> None:
+    fp32 = _export(static_cache_module(_qwen2(), CACHE))
+    programs = td.quantize(fp32, recipe)
+    bound = ORT_DYNAMIC_BOUND if recipe == "8da4w" else EXACT
+    lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], bound, tmp_path)
+    assert _integer_products(lowered) == 2 * 15
+
+
+@pytest.mark.parametrize("recipe", ["8da4w", "int8"])
+def test_the_reference_backend_runs_quantized_programs_with_torchs_arithmetic(recipe: str, tmp_path: Path) -> None:
+    programs = td.quantize(_export(static_cache_module(tiny_llama(), CACHE)), recipe)
+    lowered = _lowered_and_checked(programs, [ReferencePartitioner()], EXACT, tmp_path)
+    state = [t for d in _delegates(lowered) for t in d.original_module.state_dict.values()]
+    assert any(t.dtype == torch.int8 for t in state)  # the weights stay integers
+
+
+def test_quantize_matches_torchao_and_leaves_the_callers_programs_as_they_were() -> None:
+    from torchao.quantization import quantize_
+
+    model = tiny_llama()
+    fp32 = _export(static_cache_module(model, CACHE))
+    names = {m: [n.name for n in p.graph.nodes] for m, p in fp32.items()}
+    state = {m: dict(p.state_dict) for m, p in fp32.items()}
+    ours = td.quantize(fp32, "8da4w")
+    assert {m: [n.name for n in p.graph.nodes] for m, p in fp32.items()} == names
+    assert all(p.state_dict == state[m] for m, p in fp32.items())
+    quantize_(model, _torchao_config("8da4w"))
+    theirs = _export(static_cache_module(model, CACHE))
+    for got, want in zip(_eager(ours), _eager(theirs), strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    name = "model.model.layers.0.mlp.up_proj.weight"
+    prefill, decode = (ours[m].state_dict for m in ("prefill", "decode"))
+    assert prefill[f"{name}_qdata"].data_ptr() == decode[f"{name}_qdata"].data_ptr()  # quantized once for both
+    assert name not in prefill
+
+
+def test_keep_float_leaves_the_head_in_float_and_group_size_is_applied() -> None:
+    programs = td.quantize(
+        _export(static_cache_module(tiny_llama(), CACHE)), "int4", group_size=16, keep_float=["lm_head"]
+    )
+    state = programs["decode"].state_dict
+    assert state["model.lm_head.weight"].dtype == torch.float32
+    assert state["model.model.layers.0.self_attn.q_proj.weight_scale"].shape == (64, 4)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "options", "message"),
+    [
+        ("int3", {}, "unknown quantization recipe 'int3'; the recipes are 8da4w"),
+        ("int4", {"group_size": 48}, "group size 48 does not divide its 64 inputs"),
+        ("int4", {"group_size": 0}, "group size 0: give a positive number of inputs per scale"),
+    ],
+)
+def test_bad_quantization_requests_are_refused_naming_what_to_change(
+    recipe: str, options: dict[str, Any], message: str
+) -> None:
+    programs = _export(static_cache_module(tiny_llama(), CACHE))
+    with pytest.raises(td.QuantizationError, match=message.replace("(", r"\(")):
+        td.quantize(programs, recipe, **options)
