@@ -67,8 +67,8 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
 
 def _quantized(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """--quantize RECIPE (--group-size, --keep-float): the recipe applied to every method."""
-    from torchdelegate.quantization.linear import quantized_linears
     from torchdelegate.errors import QuantizationError
+    from torchdelegate.quantization.linear import quantized_linears
     from torchdelegate.quantization.recipes import quantize
 
     try:
