@@ -38,6 +38,7 @@ $(EXECUTORCH_STAMP): benchmarks/executorch-constraints.txt
 bench: $(STAMP) $(EXECUTORCH_STAMP)
 	$(PY) benchmarks/compare.py
 	$(PY) benchmarks/llm.py --size base
+	$(PY) benchmarks/llm.py --size base --quantize 8da4w
 
 # make soak: the differential property test over many more random programs (about 0.85 s each here).
 SOAK_EXAMPLES ?= 5000

@@ -10,7 +10,12 @@ Every measurement is a fresh process of its side (``llm_side.py``): one lowering
 ``--rounds`` alternating rounds of loading and running both files. Writes
 ``benchmarks/results/<date>-llm-<size>.md`` with its JSON and a plot, and prints the page.
 
-    python benchmarks/llm.py [--size base|large] [--rounds 3] [--non-strict]
+With ``--quantize 8da4w`` both sides lower the model quantized by torchao's 8da4w recipe (int8
+dynamic activations, int4 weights in groups of 32, every linear layer; embeddings in float), and
+each run also compares its logits over the prompt and 48 greedy decode steps with the fp32
+model's (``llm_side.py reference``): largest and mean absolute error, top-1 agreement.
+
+    python benchmarks/llm.py [--size base|large] [--rounds 3] [--non-strict] [--quantize 8da4w]
 """
 
 from __future__ import annotations
@@ -41,13 +46,19 @@ RUNS = {
 }
 
 
-def collect(size: str, rounds: int, strict: bool, directory: Path) -> dict[str, Any]:
+def collect(size: str, rounds: int, strict: bool, quantize: str | None, directory: Path) -> dict[str, Any]:
     """Each side's lowering, our file prepared for this machine, then ``rounds`` alternating runs:
-    our file without the machine cache, ExecuTorch's, ours with it."""
+    our file without the machine cache, ExecuTorch's, ours with it (quantized: each run's logits
+    compared with the fp32 model's)."""
     data: dict[str, Any] = {"lower": {}, "run": {run: [] for run in RUNS}}
+    checked: list[str] = []
+    if quantize:
+        reference = directory / "fp32-logits.pt"
+        measure([*SIDES["torchdelegate"], "reference", "--size", size, "--out", str(reference)])
+        checked = ["--reference", str(reference)]
     for side, command in SIDES.items():
         path = directory / f"{side}{SUFFIX[side]}"
-        extra = [] if strict else ["--non-strict"]
+        extra = ([] if strict else ["--non-strict"]) + (["--quantize", quantize] if quantize else [])
         data["lower"][side] = {
             **measure([*command, "lower", "--side", side, "--size", size, "--out", str(path), *extra])
         }
@@ -63,7 +74,7 @@ def collect(size: str, rounds: int, strict: bool, directory: Path) -> dict[str, 
         for run, (side, cached) in RUNS.items():
             path = data["lower"][side]["path"]
             env = cache if cached else {"TORCHDELEGATE_CACHE": "off"}
-            command = [*SIDES[side], "run", "--side", side, "--size", size, "--file", path]
+            command = [*SIDES[side], "run", "--side", side, "--size", size, "--file", path, *checked]
             data["run"][run].append(measure(command, env=env))
         print(f"  run round {index + 1}/{rounds} done", file=sys.stderr, flush=True)
     for figures in data["lower"].values():
@@ -138,11 +149,29 @@ def rows(data: dict[str, Any]) -> list[tuple[str, float, float, str]]:
             "×",
         ),
     ]
+    if data.get("quantize"):
+        quantized = int(data["lower"]["torchdelegate"]["quantized_weights"])
+        table += [
+            (
+                "RSS growth after running both ÷ quantized weights",
+                *both(lambda s: _median(run[s], "rss_growth") / quantized),
+                "×",
+            ),
+            (
+                "top-1 agreement with fp32 (prompt + 48 decode steps)",
+                *both(lambda s: _median(run[s], "top1_agreement")),
+                "×",
+            ),
+            ("mean |logit error| against fp32", *both(lambda s: _median(run[s], "mean_logit_error")), "×"),
+            ("largest |logit error| against fp32", *both(lambda s: _median(run[s], "max_logit_error")), "×"),
+        ]
     return table
 
 
 def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """The issue's figures: (target, measured, met)."""
+    if data.get("quantize"):
+        return quantized_targets(data)
     table = {name: (ours, theirs) for name, ours, theirs, _ in rows(data)}
     lower_peak = table["peak RSS growth during lower + save ÷ weights"][0]
     resident = table["RSS growth after loading and running both methods ÷ weights"][0]
@@ -157,6 +186,25 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
         ("decode ≤ 0.9 × ExecuTorch's", f"{decode[0] / decode[1]:.2f} ×", decode[0] <= 0.9 * decode[1]),
         ("warm prefill ≤ 0.8 × ExecuTorch's", f"{prefill[0] / prefill[1]:.2f} ×", prefill[0] <= 0.8 * prefill[1]),
         ("file ≤ 1.01 × weights", f"{file_ratio:.4f}", file_ratio <= 1.01),
+    ]
+
+
+def quantized_targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """The quantized issue's figures, against ExecuTorch's 8da4w in the same run."""
+    table = {name: (ours, theirs) for name, ours, theirs, _ in rows(data)}
+    decode = table["decode, one token (ms, median of 40)"]
+    prefill = table["warm prefill, 32 tokens (ms)"]
+    top1 = table["top-1 agreement with fp32 (prompt + 48 decode steps)"]
+    error = table["mean |logit error| against fp32"]
+    files = table["file ÷ weights"]
+    resident = table["RSS growth after running both ÷ quantized weights"][0]
+    return [
+        ("decode ≤ 0.9 × ExecuTorch's", f"{decode[0] / decode[1]:.2f} ×", decode[0] <= 0.9 * decode[1]),
+        ("warm prefill ≤ 0.9 × ExecuTorch's", f"{prefill[0] / prefill[1]:.2f} ×", prefill[0] <= 0.9 * prefill[1]),
+        ("top-1 agreement ≥ ExecuTorch's", f"{top1[0]:.3f} vs {top1[1]:.3f}", top1[0] >= top1[1]),
+        ("mean logit error ≤ ExecuTorch's", f"{error[0]:.3f} vs {error[1]:.3f}", error[0] <= error[1]),
+        ("file ≤ ExecuTorch's", f"{files[0] / files[1]:.4f} ×", files[0] <= files[1]),
+        ("RSS after both methods ≤ 1.2 × quantized weights", f"{resident:.2f}", resident <= 1.2),
     ]
 
 
@@ -183,10 +231,11 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 def write_page(data: dict[str, Any], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"{data['date']}-llm-{data['size']}"
+    stem = f"{data['date']}-llm-{data['size']}" + (f"-{data['quantize']}" if data.get("quantize") else "")
     plot(data, directory / f"{stem}.png")
     lines = [
-        f"# An LLM lowered and run by torchdelegate and ExecuTorch — {data['date']}, size {data['size']}",
+        f"# An LLM lowered and run by torchdelegate and ExecuTorch — {data['date']}, size {data['size']}"
+        + (f", quantized {data['quantize']} (torchao) on both sides" if data.get("quantize") else ""),
         "",
         machine_line(data["machine"]),
         "",
@@ -203,7 +252,8 @@ def write_page(data: dict[str, Any], directory: Path) -> Path:
         "|---|---|---|---|",
     ]
     for name, ours, theirs, unit in rows(data):
-        digits = ".4f" if name.startswith("file") else (".2f" if unit == "×" else ".1f")
+        precise = name.startswith(("file", "top-1", "mean |", "largest |"))
+        digits = ".4f" if precise else (".2f" if unit == "×" else ".1f")
         lines.append(f"| {name} | {ours:{digits}} | {theirs:{digits}} | {ours / theirs:.2f} |")
     lines += [
         "",
@@ -222,14 +272,15 @@ def main() -> None:
     parser.add_argument("--size", choices=["base", "large"], default="base")
     parser.add_argument("--rounds", type=int, default=3, help="alternating load + run rounds")
     parser.add_argument("--non-strict", dest="strict", action="store_false", help="export without dynamo")
+    parser.add_argument("--quantize", choices=["8da4w"], help="both sides lower the model quantized by this recipe")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     if not EXECUTORCH_PYTHON.exists():
         sys.exit(f"{EXECUTORCH_PYTHON} is missing: `make bench` creates it")
     data: dict[str, Any] = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv)}
-    data |= {"size": args.size, "strict": args.strict, "machine": machine()}
+    data |= {"size": args.size, "strict": args.strict, "quantize": args.quantize, "machine": machine()}
     with tempfile.TemporaryDirectory() as directory:
-        data |= collect(args.size, args.rounds, args.strict, Path(directory))
+        data |= collect(args.size, args.rounds, args.strict, args.quantize, Path(directory))
     print(write_page(data, args.out).read_text())
 
 

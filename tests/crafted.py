@@ -71,11 +71,17 @@ def lowered_with_blob(partitioner: td.Partitioner, rewrite: Callable[[bytes], by
 
 def _onnx_blob_header(blob: bytes) -> tuple[dict[str, Any], list[str], list[str]]:
     """The header of a one-partition onnxruntime blob, its model's inputs and outputs."""
-    from torchdelegate.backends.onnxruntime import BLOB_VERSION
+    from torchdelegate.backends.onnxruntime.blob_header import unpacked
 
-    header, _ = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
+    header, _ = unpacked(memoryview(blob))
     (branch,) = header["branches"]
     return header, branch["inputs"], branch["outputs"]
+
+
+def _onnx_model_blob(header: dict[str, Any], model: bytes) -> bytes:
+    from torchdelegate.backends.onnxruntime.blob_header import model_blob
+
+    return model_blob(header, model)
 
 
 def _onnx_blob_header_with(header: dict[str, Any], inputs: list[str], outputs: list[str]) -> dict[str, Any]:
@@ -128,7 +134,7 @@ def onnx_reading(location: str, *, where: str = "initializer", length: int = 16)
         )
         opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("local", 1)] if where == "function" else [])
         model = helper.make_model(graph, opset_imports=opsets, functions=[steal] if where == "function" else [])
-        return pack(_onnx_blob_header_with(header, inputs, outputs[:1]), model.SerializeToString())
+        return _onnx_model_blob(_onnx_blob_header_with(header, inputs, outputs[:1]), model.SerializeToString())
 
     return rewrite
 
@@ -147,7 +153,7 @@ def onnx_calling(domain: str, op_type: str) -> Callable[[bytes], bytes]:
         )
         opsets = [helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
         model = helper.make_model(graph, opset_imports=opsets)
-        return pack(_onnx_blob_header_with(header, inputs, outputs[:1]), model.SerializeToString())
+        return _onnx_model_blob(_onnx_blob_header_with(header, inputs, outputs[:1]), model.SerializeToString())
 
     return rewrite
 

@@ -15,10 +15,10 @@ from crafted import lowered_with_blob, onnx_calling, onnx_reading
 from models import TwoLinears, export
 
 import torchdelegate as td
-from torchdelegate.backends.blob import unpack
 
 ort = pytest.importorskip("onnxruntime")
-from torchdelegate.backends.onnxruntime import BLOB_VERSION, OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.onnxruntime.blob_header import model_blob, unpacked  # noqa: E402
 
 SECRET = b"the loader's secret bytes"
 
@@ -44,7 +44,7 @@ def _crafted(victim: Path, location: str, where: str = "initializer") -> Path:
 def test_the_crafted_model_reads_the_file_when_onnx_runtime_is_given_it_unchecked(victim: Path) -> None:
     """The attack is real: ONNX Runtime alone returns the file's bytes."""
     crafted = onnx_reading("secret.txt", length=16)(td.lowered_modules(_lowered())[0].processed_bytes)
-    _, model = unpack(memoryview(crafted), BLOB_VERSION, "onnxruntime")
+    _, model = unpacked(memoryview(crafted))
     session = ort.InferenceSession(bytes(model), providers=["CPUExecutionProvider"])
     (stolen,) = session.run(None, {session.get_inputs()[0].name: torch.randn(2, 4).numpy()})
     assert stolen.tobytes() == SECRET[:16]
@@ -82,12 +82,11 @@ def test_session_settings_in_the_model_are_refused(victim: Path) -> None:
     import onnx
 
     def with_settings(blob: bytes) -> bytes:
-        from torchdelegate.backends.blob import pack
 
-        header, payload = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
+        header, payload = unpacked(memoryview(blob))
         model = onnx.ModelProto.FromString(bytes(payload))
         model.metadata_props.add(key="ort_config", value='{"session_options": {"optimized_model_filepath": "x"}}')
-        return pack(header, model.SerializeToString())
+        return model_blob(header, model.SerializeToString())
 
     path = lowered_with_blob(OnnxRuntimePartitioner(), with_settings, victim / "x.tdp")
     with td.load(path) as program, pytest.raises(td.FormatError, match="carries session settings"):
@@ -118,17 +117,15 @@ def test_a_supplied_initializer_reads_all_of_its_named_data_and_nothing_else(
     """A weight the backend supplies may not be pointed at a file, at another place in its named data, or past it."""
     import onnx
 
-    from torchdelegate.backends.blob import pack
-
     def pointed_elsewhere(blob: bytes) -> bytes:
-        header, payload = unpack(memoryview(blob), BLOB_VERSION, "onnxruntime")
+        header, payload = unpacked(memoryview(blob))
         model = onnx.ModelProto.FromString(bytes(payload))
         (weight,) = [t for t in model.graph.initializer if t.name in header["initializers"]][:1]
         fields = {e.key: e.value for e in weight.external_data} | {field: value}
         del weight.external_data[:]
         for key, text in fields.items():
             weight.external_data.add(key=key, value=text)
-        return pack(header, model.SerializeToString())
+        return model_blob(header, model.SerializeToString())
 
     program = td.to_edge(export(torch.nn.Linear(32, 32), torch.randn(2, 32))).to_backend(OnnxRuntimePartitioner())
     (delegate,) = td.lowered_modules(program.exported_program())

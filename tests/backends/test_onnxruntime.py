@@ -22,6 +22,7 @@ from torchdelegate import CompileSpec
 pytest.importorskip("onnxruntime")
 from torchdelegate.backends import onnxruntime as ort_backend  # noqa: E402
 from torchdelegate.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartitioner, onnx_export  # noqa: E402
+from torchdelegate.backends.onnxruntime.blob_header import model_blob, unpacked  # noqa: E402
 
 
 def test_two_methods_share_each_weight_in_the_file_and_in_memory(tmp_path: Path) -> None:
@@ -231,7 +232,6 @@ class _AllButSine(OnnxRuntimePartitioner):
 
 
 def test_the_partitions_of_every_method_that_read_the_same_weights_are_branches_of_one_model(tmp_path: Path) -> None:
-    from torchdelegate.backends.blob import unpack
     from torchdelegate.backends.reference import ReferencePartitioner
 
     torch.manual_seed(0)
@@ -241,9 +241,7 @@ def test_the_partitions_of_every_method_that_read_the_same_weights_are_branches_
     lowered = td.to_edge(programs).to_backend([_AllButSine(), ReferencePartitioner()])
     onnx_delegates = [d for ds in lowered.delegates().values() for d in ds if d.backend_id == "onnxruntime"]
     assert len(onnx_delegates) == 6
-    headers = [
-        unpack(memoryview(d.processed_bytes), ort_backend.BLOB_VERSION, "onnxruntime")[0] for d in onnx_delegates
-    ]
+    headers = [unpacked(memoryview(d.processed_bytes))[0] for d in onnx_delegates]
     models: dict[str, list[int]] = {}
     for header in headers:
         models.setdefault(header["model"], []).append(header["branch"])
@@ -261,8 +259,6 @@ def test_partitions_that_cannot_be_branches_of_one_model_keep_a_session_each() -
     """Two models importing different versions of ONNX are not combined: a warning, and each blob as it was."""
     import onnx
 
-    from torchdelegate.backends.blob import pack, unpack
-
     model = torch.nn.Linear(32, 32).eval()  # weights of 1 KiB or more: named data the two read
     store = td.NamedDataStore()
     blobs = []
@@ -270,12 +266,12 @@ def test_partitions_that_cannot_be_branches_of_one_model_keep_a_session_each() -
         result = OnnxRuntimeBackend.preprocess(td.to_edge(torch.export.export(model, (x,))).exported_program(), [])
         store.merge(result.data_store_output)
         blobs.append(result.processed_bytes)
-    header, payload = unpack(memoryview(blobs[1]), ort_backend.BLOB_VERSION, "onnxruntime")
+    header, payload = unpacked(memoryview(blobs[1]))
     older = onnx.ModelProto.FromString(bytes(payload))
     for opset in older.opset_import:
         if opset.domain == "":
             opset.version -= 1
-    blobs[1] = pack(header, older.SerializeToString())
+    blobs[1] = model_blob(header, older.SerializeToString())
     with pytest.warns(UserWarning, match="2 partitions keep one session each: the partitions import operator domain"):
         assert OnnxRuntimeBackend.link_partitions(blobs, [[], []], store) == blobs
 
@@ -353,10 +349,9 @@ def test_bfloat16_work_is_left_to_the_next_partitioner() -> None:
 
 
 def _fusions(lowered: td.EdgeProgramManager) -> dict[str, int]:
-    from torchdelegate.backends.blob import unpack
 
     (delegate,) = lowered.delegates()["forward"]
-    header, _ = unpack(memoryview(delegate.processed_bytes), ort_backend.BLOB_VERSION, "onnxruntime")
+    header, _ = unpacked(memoryview(delegate.processed_bytes))
     return header["fusions"]
 
 

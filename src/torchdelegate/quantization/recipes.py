@@ -14,9 +14,12 @@ torchao is needed to quantize (``pip install torchao``); a lowered file runs wit
 from __future__ import annotations
 
 import fnmatch
+import importlib
+import logging
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, cast, overload
 
 import torch
@@ -28,6 +31,7 @@ from torchdelegate.errors import QuantizationError
 from torchdelegate.lowering.exported_programs import build_program
 from torchdelegate.lowering.structural_copy import copy_graph, copy_module_call_graph, copy_signature
 from torchdelegate.quantization.linear import affine_ops
+from torchdelegate.torch_warnings import loggers_quieted
 
 _aten = torch.ops.aten
 
@@ -134,12 +138,25 @@ class _Weights:
         return quantized.qdata, quantized.scale, quantized.zero_point, group
 
 
-def _torchao_quantize(holder: torch.nn.Linear, recipe: Recipe, group: int) -> None:
+def torchao_quantization() -> ModuleType:
+    """``torchao.quantization``, imported without the warnings torchao logs about the GPU kernels a
+    CPU build cannot load; an ``ImportError`` saying what to install."""
     try:
-        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
-        from torchao.quantization.granularity import PerAxis, PerGroup
+        with loggers_quieted(["torchao", "torch.utils._pytree"], logging.ERROR):
+            return importlib.import_module("torchao.quantization")
     except ImportError as e:
-        raise ImportError("quantizing needs torchao: pip install torchao (a lowered file runs without it)") from e
+        raise ImportError(
+            "quantizing needs torchao: pip install 'torchdelegate[quantize]' (a lowered file runs without it)"
+        ) from e
+
+
+def _torchao_quantize(holder: torch.nn.Linear, recipe: Recipe, group: int) -> None:
+    torchao = torchao_quantization()
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    Int8DynamicActivationIntxWeightConfig = torchao.Int8DynamicActivationIntxWeightConfig
+    IntxWeightOnlyConfig = torchao.IntxWeightOnlyConfig
+    quantize_ = torchao.quantize_
     dtype = getattr(torch, "int4") if recipe.weight_bits == 4 else torch.int8  # noqa: B009  (typeshed lacks it)
     columns = holder.in_features
     granularity = PerGroup(group) if group != columns or recipe.grouped else PerAxis(0)
@@ -154,7 +171,7 @@ def _torchao_quantize(holder: torch.nn.Linear, recipe: Recipe, group: int) -> No
 def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_float: list[str]) -> ExportedProgram:
     ops = affine_ops()
     if ops is None:
-        __import__("torchao.quantization")  # registers torch.ops.torchao
+        torchao_quantization()  # registers torch.ops.torchao
         ops = affine_ops()
     assert ops is not None
     graph, attrs = copy_graph(program.graph_module)

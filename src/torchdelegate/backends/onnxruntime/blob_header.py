@@ -7,7 +7,7 @@ from __future__ import annotations
 import lzma
 from typing import Any, TypeGuard
 
-from torchdelegate.backends.blob import table_keys, unpack
+from torchdelegate.backends.blob import pack, table_keys, unpack
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, OLDER_BLOB_VERSIONS
 from torchdelegate.data import NamedDataMap
 from torchdelegate.errors import FormatError
@@ -15,10 +15,13 @@ from torchdelegate.errors import FormatError
 _LARGEST_MODEL = 2**31  # bytes: protobuf's limit, so a model that inflates past it is not one
 
 
-def compressed(model: bytes) -> bytes:
-    """A model's ONNX bytes as a blob stores them (``"compression": "xz"``): its names and shapes
-    are most of its bytes once its weights are named data."""
-    return lzma.compress(model, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=6)
+def model_blob(header: dict[str, Any], model: bytes) -> bytes:
+    """A blob of ``header`` holding the ONNX ``model`` compressed (``"compression": "xz"``): once its
+    weights are named data, a model's names and shapes are most of its bytes."""
+    window = max(4096, 1 << (len(model) - 1).bit_length())  # the model's size: no more memory than it needs
+    filters = [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": min(window, 1 << 26)}]
+    payload = lzma.compress(model, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, filters=filters)
+    return pack({**header, "version": BLOB_VERSION, "compression": "xz"}, payload)
 
 
 def _model_bytes(header: dict[str, Any], payload: memoryview) -> memoryview:

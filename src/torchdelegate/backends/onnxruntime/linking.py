@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from torchdelegate.backends.blob import pack
-from torchdelegate.backends.onnxruntime.blob_header import compressed, unpacked
+from torchdelegate.backends.onnxruntime.blob_header import model_blob, unpacked
 from torchdelegate.backends.onnxruntime.branches import SELECTOR, CombineError, combined_model
 from torchdelegate.backends.onnxruntime.onnx_export import Refused
 from torchdelegate.backends.onnxruntime.session import Model
@@ -79,14 +79,13 @@ def _linked(
         "initializers": dict(sorted(table.items())),
         "selector": SELECTOR,
         "branches": [{"inputs": branch.inputs, "outputs": branch.outputs} for branch in branches],
-        "compression": "xz",
     }
     onnx_bytes = model.SerializeToString()
     try:
         Model(header, memoryview(onnx_bytes), compile_specs, store.data_map(), pack_weights=False)
     except Exception as e:
         raise Refused(f"ONNX Runtime refused the combined model ({first_line(e)})") from e
-    key = store.add_by_content(pack(header, compressed(onnx_bytes)))
+    key = store.add_by_content(model_blob(header, onnx_bytes))
     keys = sorted({key, *(entry["key"] for entry in table.values())})
     linked = {"version": BLOB_VERSION, "model": key, "keys": keys}
     return [pack(linked | {"branch": i, "fusions": h.get("fusions", {})}, b"") for i, (h, _) in enumerate(parts)]

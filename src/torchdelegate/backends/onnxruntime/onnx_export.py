@@ -17,10 +17,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack
+from torchdelegate.backends.blob import WEIGHT_ALIGNMENT
 from torchdelegate.backends.linear import recompose_linear
 from torchdelegate.backends.onnxruntime import blockwise
-from torchdelegate.backends.onnxruntime.blob_header import compressed, unpacked
+from torchdelegate.backends.onnxruntime.blob_header import model_blob, unpacked
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
 from torchdelegate.data import NamedDataMap, NamedDataStore
@@ -165,9 +165,8 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         "branches": [branch],
         "branch": 0,
         "fusions": fusions,
-        "compression": "xz",
     }
-    return pack(header, compressed(ir.to_proto(model).SerializeToString()))
+    return model_blob(header, ir.to_proto(model).SerializeToString())
 
 
 def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:
