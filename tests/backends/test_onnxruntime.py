@@ -510,3 +510,23 @@ def test_lowering_and_saving_hold_no_copy_of_the_weights(tmp_path: Path) -> None
     with td.load(tmp_path / "m.tdp") as program, torch.no_grad():
         x = torch.randn(4, 3, 1024)
         torch.testing.assert_close(program.run("four", x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_compressed_model_that_is_damaged_truncated_or_unknown_is_a_format_error() -> None:
+    from torchdelegate.backends.blob import pack, unpack
+
+    program = td.to_edge(torch.export.export(torch.nn.Linear(32, 32), (torch.randn(2, 32),))).exported_program()
+    blob = OnnxRuntimeBackend.preprocess(program, []).processed_bytes
+    header, model = unpacked(memoryview(blob))
+    whole = model_blob(header, bytes(model))
+    _, payload = unpack(memoryview(whole), ort_backend.BLOB_VERSION, "onnxruntime")
+    damaged = pack(header | {"compression": "xz"}, bytes(payload)[: len(payload) // 2])
+    cases = {
+        pack(header | {"compression": "gzip"}, bytes(payload)): "its model is compressed as 'gzip'",
+        pack(header | {"compression": "xz"}, b"not xz at all"): "its compressed model is damaged",
+        damaged: "its compressed model is truncated or inflates past 2 GiB",
+    }
+    for crafted, message in cases.items():
+        with pytest.raises(td.FormatError, match=message):
+            unpacked(memoryview(crafted))
+    assert bytes(unpacked(memoryview(whole))[1]) == bytes(model)

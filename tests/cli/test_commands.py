@@ -174,6 +174,27 @@ def test_the_demo_generates_what_eager_generates(tmp_path: Path) -> None:
     assert (tmp_path / "kept/demo.tdp").exists() and (tmp_path / "kept/demo-report.html").exists()
 
 
+@needs_onnxruntime
+def test_lower_quantize_runs_the_quantized_products_on_onnx_runtime(tmp_path: Path) -> None:
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
+    x = torch.randn(3, 64)
+    torch.export.save(torch.export.export(model, (x,)), tmp_path / "mlp.pt2")
+    np.save(tmp_path / "x.npy", x.numpy())
+    args = ("lower", "forward=mlp.pt2", "-b", "onnxruntime", "-b", "reference", "-o", "q.tdp", "--quantize", "int8")
+    result = _command(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "quantized with int8: linear layers per method: forward 2" in result.stdout
+    assert "Failed to load" not in result.stderr  # torchao's warnings about GPU kernels are not the user's
+    assert (tmp_path / "q.tdp").stat().st_size < 0.5 * sum(p.numel() * 4 for p in model.parameters())
+    ran = _command("run", "q.tdp", "--input", "x.npy", "--save", "y.npz", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    with torch.no_grad():
+        expected = model(x).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["output_0"], expected, atol=0.02)
+
+
 def test_help_lists_the_commands(tmp_path: Path) -> None:
     result = _command("--help", cwd=tmp_path)
     assert result.returncode == 0
@@ -234,6 +255,16 @@ def saved(exported: Path) -> Path:
         ),
         (("run", "plain.tdp", "-i", "x=1", "-i", "x=2"), 2, "input 'x' is given twice"),
         (("prepare", "model.pt2"), 1, "model.pt2: not a torchdelegate program file (magic bytes"),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--group-size", "8"),
+            2,
+            "--group-size and --keep-float go with --quantize RECIPE",
+        ),
+        (
+            ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--quantize", "int4", "--group-size", "3"),
+            2,
+            "method 'forward': linear layer 'l1' (weight 'l1.weight'): group size 3 does not divide its 8 inputs",
+        ),
         (("demo", "--tokens", "0"), 2, "--tokens must be at least 1, got 0"),
         (("demo", "--rounds", "0"), 2, "--rounds must be at least 1, got 0"),
     ],

@@ -13,6 +13,7 @@ imported, and nothing here needs them otherwise.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,8 +26,6 @@ from torch.fx import Graph, Node
 from torchdelegate.lowering.structural_copy import copy_graph, copy_meta, keep_name, program_around
 
 _aten = torch.ops.aten
-_INNER_TENSOR = getattr(getattr(torch.ops, "export", None), "access_subclass_inner_tensor", None)
-_INNER_TENSOR = getattr(_INNER_TENSOR, "default", None)
 
 
 def affine_ops() -> tuple[Any, Any, Any] | None:
@@ -90,8 +89,10 @@ def quantized_linears(program: ExportedProgram) -> list[QuantizedLinear]:
     state = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
     state |= set(signature.inputs_to_lifted_tensor_constants)
 
+    inner = torch.ops.export.access_subclass_inner_tensor.default
+
     def is_state(node: Node) -> bool:  # torch.export leaves a subclass weight's parts to be read from it
-        if _call(node, _INNER_TENSOR) and isinstance(node.args[0], Node):
+        if _call(node, inner) and isinstance(node.args[0], Node):
             node = node.args[0]
         return node.name in state
 
@@ -238,9 +239,7 @@ def _value(node: Any) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-# One operator for a backend to translate: the layer's arithmetic, in torch, is the reference.
-@torch.library.custom_op("torchdelegate::linear_blockwise", mutates_args=())
-def linear_blockwise(
+def _linear_blockwise(
     x: torch.Tensor,
     qdata: torch.Tensor,
     scale: torch.Tensor,
@@ -261,9 +260,27 @@ def linear_blockwise(
     return torch.nn.functional.linear(x, weight, bias)
 
 
-@linear_blockwise.register_fake
-def _(x, qdata, scale, zero_point, bias, group_size, dynamic_int8_activation):  # type: ignore[no-untyped-def]
+def _linear_blockwise_shape(
+    x: torch.Tensor,
+    qdata: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    group_size: int,
+    dynamic_int8_activation: bool,
+) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], qdata.shape[0]))
+
+
+@functools.cache
+def linear_blockwise() -> Any:
+    """``torch.ops.torchdelegate.linear_blockwise.default``: one operator for a backend to translate,
+    its arithmetic (in torch) the reference. Registered on first use, not when torchdelegate is
+    imported: with a custom operator registered, every program loaded leaves a few KiB behind
+    in torch (torch 2.13)."""
+    op = torch.library.custom_op("torchdelegate::linear_blockwise", mutates_args=())(_linear_blockwise)
+    op.register_fake(_linear_blockwise_shape)
+    return torch.ops.torchdelegate.linear_blockwise.default
 
 
 def _per_token_int8(x: torch.Tensor) -> torch.Tensor:
@@ -299,7 +316,7 @@ def _replace(graph: Graph, layer: QuantizedLinear, by_name: dict[str, Node]) -> 
     arguments = [mine(n) for n in (layer.source, layer.qdata, layer.scale, layer.zero_point, layer.bias)]
     with graph.inserting_before(linear):
         call = graph.call_function(
-            torch.ops.torchdelegate.linear_blockwise.default,
+            linear_blockwise(),
             (*arguments, layer.group_size, bool(layer.activation)),
         )
     copy_meta(linear, call)

@@ -17,7 +17,9 @@ _LARGEST_MODEL = 2**31  # bytes: protobuf's limit, so a model that inflates past
 
 def model_blob(header: dict[str, Any], model: bytes) -> bytes:
     """A blob of ``header`` holding the ONNX ``model`` compressed (``"compression": "xz"``): once its
-    weights are named data, a model's names and shapes are most of its bytes."""
+    weights are named data, a model's names and shapes are most of its bytes. For the models
+    several delegates share (``linking.py``); a partition's own blob stays uncompressed, so that
+    the compile cache finds the weights' keys in it."""
     window = max(4096, 1 << (len(model) - 1).bit_length())  # the model's size: no more memory than it needs
     filters = [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": min(window, 1 << 26)}]
     payload = lzma.compress(model, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, filters=filters)

@@ -20,9 +20,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import torch
 
-from torchdelegate.quantization.linear import QuantizedLinear
+from torchdelegate.quantization.linear import QuantizedLinear, linear_blockwise
 
 DOMAIN = "torchdelegate"
 _NODE = "LinearBlockwise"
@@ -93,7 +92,7 @@ def translations() -> dict[Any, Any]:
         activation = int(dynamic_int8_activation)
         return node(x, qdata, scale, zero_point, bias, group_size=group_size, dynamic_int8_activation=activation)
 
-    return {torch.ops.torchdelegate.linear_blockwise.default: translate}
+    return {linear_blockwise(): translate}
 
 
 def kernel_products(ir: ModuleType, model: Any) -> int:

@@ -17,10 +17,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from torchdelegate.backends.blob import WEIGHT_ALIGNMENT
+from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack
 from torchdelegate.backends.linear import recompose_linear
 from torchdelegate.backends.onnxruntime import blockwise
-from torchdelegate.backends.onnxruntime.blob_header import model_blob, unpacked
+from torchdelegate.backends.onnxruntime.blob_header import unpacked
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
 from torchdelegate.data import NamedDataMap, NamedDataStore
@@ -28,7 +28,7 @@ from torchdelegate.errors import PreprocessError, first_line
 from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
-from torchdelegate.quantization.linear import with_blockwise_linears
+from torchdelegate.quantization.linear import linear_blockwise, with_blockwise_linears
 from torchdelegate.specs import CompileSpec
 from torchdelegate.torch_warnings import loggers_quieted
 
@@ -166,7 +166,8 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
         "branch": 0,
         "fusions": fusions,
     }
-    return model_blob(header, ir.to_proto(model).SerializeToString())
+    # Not compressed: the compile cache swaps the weights' keys where the blob names them in the clear.
+    return pack(header, ir.to_proto(model).SerializeToString())
 
 
 def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:
@@ -191,7 +192,7 @@ def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:
 
 
 def _has_blockwise(program: ExportedProgram) -> bool:
-    target = torch.ops.torchdelegate.linear_blockwise.default
+    target = linear_blockwise()
     return any(node.op == "call_function" and node.target is target for node in program.graph.nodes)
 
 
