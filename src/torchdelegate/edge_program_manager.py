@@ -329,15 +329,17 @@ def edge_keeping(
     and what was kept, to decompose once lowering is done (:meth:`KeptWhole.decompose_unclaimed`)."""
     methods = _methods(programs)
     stages = EdgeProgramManager(methods)._stages(partitioner) if partitioner is not None else []
-    kept = KeptWhole({m: set() for m in methods}, {m: [] for m in methods})
+    keep: dict[str, set[OpOverload]] = {m: set() for m in methods}
+    filters: dict[str, KeepFilters] = {m: [] for m in methods}
     default_table = torch.export.default_decompositions()
     for stage in stages:
         for method, choice in stage.items():
             if isinstance(choice, Partitioner):
                 asked, node_filter = choice.ops_to_not_decompose(methods[method])
                 ops = {op for op in _overloads(asked) if op in default_table}
-                kept.keep[method] |= ops
-                kept.filters[method].append((ops, node_filter))
+                keep[method] |= ops
+                filters[method].append((ops, node_filter))
+    kept = KeptWhole(keep, filters)
     edge = {m: _decompose(m, p, kept.keep[m], _any_accepts(kept.filters[m])) for m, p in methods.items()}
     return EdgeProgramManager(_own_state(edge)), kept
 

@@ -217,3 +217,42 @@ def test_bad_quantization_requests_are_refused_naming_what_to_change(
     programs = _export(static_cache_module(tiny_llama(), CACHE))
     with pytest.raises(td.QuantizationError, match=message.replace("(", r"\(")):
         td.quantize(programs, recipe, **options)
+
+
+class _Twice(torch.nn.Module):
+    """One linear layer called twice: both calls read one weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.fc(x)))
+
+
+@pytest.mark.parametrize("level", ["all", "disable"])
+def test_a_weight_two_layers_read_is_packed_once_and_any_optimization_level_runs_it(level: str) -> None:
+    """At level ``disable`` ONNX Runtime folds no constant: the scales stay float32 (a float16
+    ``Cast`` it does not fold would reach its weight packing as unknown)."""
+    torch.manual_seed(0)
+    program = td.quantize(torch.export.export(_Twice().eval(), (torch.randn(3, 64),)), "8da4w")
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        expected = program.module()(x)
+    specs = [td.CompileSpec("graph_optimization_level", level.encode())]
+    lowered = td.to_edge_transform_and_lower(program, partitioner=[OnnxRuntimePartitioner(compile_specs=specs)])
+    assert _integer_products(lowered) == 2
+    torch.testing.assert_close(lowered.exported_program().module()(x), expected, atol=ORT_DYNAMIC_BOUND, rtol=0)
+
+
+def test_the_blockwise_operator_computes_what_torchaos_ops_compute() -> None:
+    from torchdelegate.quantization.linear import with_blockwise_linears
+
+    torch.manual_seed(0)
+    for recipe in RECIPES:
+        program = td.quantize(torch.export.export(_Twice().eval(), (torch.randn(5, 64),)), recipe)
+        rewritten, layers = with_blockwise_linears(program)
+        assert layers == 2
+        x = torch.randn(5, 64) * 3
+        with torch.no_grad():
+            torch.testing.assert_close(rewritten.module()(x), program.module()(x), atol=1e-6, rtol=1e-6)

@@ -48,7 +48,7 @@ class QuantizedLinear:
 
     ``source`` is the float activation the layer reads (before its dynamic quantization, if
     ``activation`` holds that chain of nodes); ``group_size`` divides ``in_features``; the
-    integers lie in ``[quant_min, quant_max]`` (int4 is ``[-8, 7]``)."""
+    integers lie within int8 (int4's are within ``[-8, 7]``)."""
 
     linear: Node
     dequantize: Node
@@ -59,8 +59,6 @@ class QuantizedLinear:
     bias: Node | None
     activation: tuple[Node, ...]
     group_size: int
-    quant_min: int
-    quant_max: int
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -68,15 +66,8 @@ class QuantizedLinear:
         return (*self.activation, self.dequantize, self.linear)
 
     @property
-    def bits(self) -> int:
-        """The width its integers need: 4 when they fit in int4, else 8."""
-        return 4 if -8 <= self.quant_min and self.quant_max <= 7 else 8
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(out_features, in_features)."""
-        rows, columns = self.qdata.meta["val"].shape
-        return int(rows), int(columns)
+    def in_features(self) -> int:
+        return int(self.qdata.meta["val"].shape[1])
 
 
 def quantized_linears(program: ExportedProgram) -> list[QuantizedLinear]:
@@ -142,17 +133,15 @@ def _layer(linear: Node, ops: tuple[Any, Any, Any], is_state: Callable[[Node], b
     grouped = _grouped_integers(weight, is_state)
     if grouped is None:
         return None
-    qdata, scale, zero_point, group, (quant_min, quant_max), columns = grouped
+    qdata, scale, zero_point, group, columns = grouped
     activation, source = _dynamic_activation(source, linear, ops, columns)
     if activation is None:
         return None
-    return QuantizedLinear(
-        linear, weight, source, qdata, scale, zero_point, bias, activation, group, quant_min, quant_max
-    )
+    return QuantizedLinear(linear, weight, source, qdata, scale, zero_point, bias, activation, group)
 
 
 def _grouped_integers(dequantize: Node, is_state: Callable[[Node], bool]) -> tuple[Any, ...] | None:
-    """(integers, scales, zero points, group size, (min, max), inputs) of a weight's
+    """(integers, scales, zero points, group size, inputs) of a weight's
     ``dequantize_affine``: int8 integers [out, in] with float32 scales (and integer zero points)
     per group of the row, all state; None for any other dequantization."""
     qdata, block, scale, zero_point, input_dtype, quant_min, quant_max = _dequantize_args(dequantize)
@@ -174,9 +163,12 @@ def _grouped_integers(dequantize: Node, is_state: Callable[[Node], bool]) -> tup
     points: Any = None if zero_point is None else _value(zero_point)
     if points is not None and (points.is_floating_point() or tuple(points.shape) != tuple(scales.shape)):
         return None
-    if not (isinstance(quant_min, int) and isinstance(quant_max, int) and -128 <= quant_min < quant_max <= 127):
+    low, high = -128 if quant_min is None else quant_min, 127 if quant_max is None else quant_max
+    if not (isinstance(low, int) and isinstance(high, int) and -128 <= low < high <= 127):
         return None
-    return qdata, scale, zero_point, group, (quant_min, quant_max), columns
+    if points is not None and points.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64):
+        return None
+    return qdata, scale, zero_point, group, columns
 
 
 def _dynamic_activation(
@@ -201,6 +193,8 @@ def _dynamic_activation(
     bounds = (chosen.args[4:6], (input_dtype, quant_min, quant_max), tuple(quantized.args[4:7]))
     if mapping != "ASYMMETRIC" or list(choose_block) != per_token or target != torch.int8:
         return None, source
+    if chosen.kwargs or not _torchao_choice_defaults(chosen.args[6:]):
+        return None, source
     if bounds != ((-128, 127), (torch.int8, -128, 127), (torch.int8, -128, 127)):
         return None, source
     if list(quantized.args[1]) != per_token or quantized.args[2:4] != (scale, zero_point):
@@ -212,6 +206,13 @@ def _dynamic_activation(
     if not isinstance(float_source, Node) or _output_dtype(source) != torch.float32:
         return None, source
     return chain, float_source
+
+
+def _torchao_choice_defaults(rest: tuple[Any, ...]) -> bool:
+    """``choose_qparams_affine``'s eps, scale dtype, zero point dtype and keepdim as torchao's dynamic
+    activations leave them (the kernel's own quantization stands in for that one only)."""
+    eps, scale_dtype, point_dtype, keepdim = (*rest, None, None, None, False)[:4]
+    return eps is None and scale_dtype in (None, torch.float32) and point_dtype in (None, torch.int8) and not keepdim
 
 
 def _call(value: Any, target: Any) -> bool:
@@ -286,9 +287,9 @@ def linear_blockwise() -> Any:
 def _per_token_int8(x: torch.Tensor) -> torch.Tensor:
     low = torch.clamp(x.amin(dim=-1, keepdim=True), max=0)
     high = torch.clamp(x.amax(dim=-1, keepdim=True), min=0)
-    scale = torch.clamp((high - low) / 255, min=torch.finfo(torch.float32).eps)
+    scale = torch.clamp((high - low) / 255, min=torch.finfo(x.dtype).smallest_normal)  # torchao's arithmetic
     zero = torch.clamp(-128 - torch.round(low / scale), -128, 127)
-    return (torch.clamp(torch.round(x / scale) + zero, -128, 127) - zero) * scale
+    return (torch.clamp(torch.round(x * (1.0 / scale)) + zero, -128, 127) - zero) * scale
 
 
 def with_blockwise_linears(program: ExportedProgram) -> tuple[ExportedProgram, int]:

@@ -27,7 +27,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 from torch.fx import Graph, Node
 
-from torchdelegate.errors import QuantizationError
+from torchdelegate.errors import QuantizationError, first_line
 from torchdelegate.lowering.exported_programs import build_program
 from torchdelegate.lowering.structural_copy import copy_graph, copy_module_call_graph, copy_signature
 from torchdelegate.quantization.linear import affine_ops
@@ -133,7 +133,15 @@ class _Weights:
             )
         holder = torch.nn.Linear(columns, int(weight.shape[0]), bias=False, device="meta")
         holder.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)  # shared, not copied
-        _torchao_quantize(holder, self.recipe, group)
+        try:
+            _torchao_quantize(holder, self.recipe, group)
+        except ImportError:
+            raise
+        except Exception as e:
+            raise QuantizationError(
+                f"{where}: torchao could not quantize it ({type(e).__name__}: {first_line(e)}); keep it in float "
+                "(keep_float / --keep-float)"
+            ) from e
         quantized: Any = holder.weight  # torchao's IntxUnpackedToInt8Tensor
         return quantized.qdata, quantized.scale, quantized.zero_point, group
 
@@ -173,7 +181,8 @@ def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_fl
     if ops is None:
         torchao_quantization()  # registers torch.ops.torchao
         ops = affine_ops()
-    assert ops is not None
+    if ops is None:
+        raise ImportError("this torchao lacks torch.ops.torchao's affine quantization ops: pip install 'torchao>=0.18'")
     graph, attrs = copy_graph(program.graph_module)
     signature = copy_signature(program.graph_signature)
     parameters = {s.arg.name: s for s in signature.input_specs if s.kind == InputKind.PARAMETER}
@@ -322,9 +331,9 @@ class _Rewrite:
         self.graph.lint()
 
     def signature(self) -> ExportGraphSignature:
-        kinds = [s.kind for s in self.specs]
-        last = max((i for i, k in enumerate(kinds) if k == InputKind.PARAMETER), default=-1)
-        specs = [*self.specs[: last + 1], *self.new_specs, *self.specs[last + 1 :]]
+        """The input specs in the order of the graph's placeholders, the new ones included."""
+        by_name = {spec.arg.name: spec for spec in (*self.specs, *self.new_specs)}
+        specs = [by_name[node.name] for node in self.graph.nodes if node.op == "placeholder"]
         return ExportGraphSignature(input_specs=specs, output_specs=self.outputs)
 
 

@@ -13,6 +13,7 @@ from torchdelegate.data import NamedDataMap
 from torchdelegate.errors import FormatError
 
 _LARGEST_MODEL = 2**31  # bytes: protobuf's limit, so a model that inflates past it is not one
+_INFLATER_MEMORY = 2**28  # bytes an inflater may take: the writer's window is at most 64 MiB
 
 
 def model_blob(header: dict[str, Any], model: bytes) -> bytes:
@@ -33,7 +34,7 @@ def _model_bytes(header: dict[str, Any], payload: memoryview) -> memoryview:
         return payload
     if compression != "xz":
         raise FormatError(f"onnxruntime blob: its model is compressed as {compression!r:.40}; this version reads xz")
-    inflater = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    inflater = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=_INFLATER_MEMORY)
     try:
         model = inflater.decompress(payload, max_length=_LARGEST_MODEL)
     except lzma.LZMAError as e:

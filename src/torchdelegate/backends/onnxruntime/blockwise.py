@@ -10,17 +10,20 @@ scales. The private node never reaches ONNX Runtime.
 Dynamic int8 activations (8da4w) run on the kernel's int8 arithmetic (``accuracy_level`` 4),
 which quantizes each block of an activation row symmetrically where torchao quantizes each row
 asymmetrically: outputs differ from torchao's by that rounding. Weight-only layers compute in
-float (``accuracy_level`` 1): outputs equal torchao's up to float rounding.
+float (``accuracy_level`` 1). Scales are stored as float16 where each fits (it moves by at most
+2^-11 of itself), so weight-only outputs differ from torchao's by that much and float rounding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.quantization.linear import QuantizedLinear, linear_blockwise
 
 DOMAIN = "torchdelegate"
@@ -30,27 +33,27 @@ _ROWS_PER_STEP = 4096  # rows packed at a time: the temporaries stay a slice of 
 
 
 def block_size(group_size: int, in_features: int) -> int | None:
-    """The kernel's block for groups of ``group_size`` along ``in_features``: the group itself when
-    it is a power of two of at least 16; for one group per row (per-channel scales) 128, or the
-    smallest power of two >= 16 that covers the row; None when the kernel cannot hold it."""
-    if group_size >= 16 and group_size & (group_size - 1) == 0:
-        return group_size
+    """The kernel's block for groups of ``group_size`` along ``in_features``: for one group per row
+    (per-channel scales) 128, or the smallest power of two >= 16 that covers the row (the scale
+    repeated for every block: the kernel is slower on longer blocks); else the group itself when
+    it is a power of two of at least 16; None when the kernel cannot hold it."""
     if group_size == in_features:
         return min(128, max(16, 1 << (in_features - 1).bit_length()))
+    if group_size >= 16 and group_size & (group_size - 1) == 0:
+        return group_size
     return None
 
 
 def runs_on_kernel(layer: QuantizedLinear) -> bool:
-    """Whether ``MatMulNBits`` computes this layer exactly as it is quantized."""
-    rows, columns = layer.shape
-    return block_size(layer.group_size, columns) is not None
+    """Whether ``MatMulNBits`` holds this layer's groups (its block, or one scale repeated per block)."""
+    return block_size(layer.group_size, layer.in_features) is not None
 
 
 @cache
 def translations() -> dict[Any, Any]:
     """The exporter's translation of ``linear_blockwise``: one private node, rewritten later."""
-    onnx = __import__("onnx")
-    values = __import__("onnxscript.values", fromlist=["Op", "Opset"])
+    onnx = require("onnx")
+    values = require("onnxscript.values")
     schema = onnx.defs.OpSchema
     optional = schema.FormalParameterOption.Optional
     onnx.defs.register_schema(
@@ -95,15 +98,19 @@ def translations() -> dict[Any, Any]:
     return {linear_blockwise(): translate}
 
 
-def kernel_products(ir: ModuleType, model: Any) -> int:
+def kernel_products(ir: ModuleType, model: Any, half_scales: bool = True) -> int:
     """Rewrite every ``LinearBlockwise`` node of ``model`` (weights as initializers) into
-    ``MatMulNBits``; how many there were. Integers and zero points it no longer reads leave the model."""
+    ``MatMulNBits``; how many there were. Integers and zero points it no longer reads leave the model.
+
+    ``half_scales``: scales stored as float16 behind a ``Cast``, which only a session that folds
+    constants may be given (ONNX Runtime packs a layer's scales with its integers, and a ``Cast``
+    it does not fold leaves them unknown when it packs)."""
+    rewrite = _Rewrite(ir, model, half_scales)
     count = 0
     for node in list(model.graph):
-        if node.op_type != _NODE or node.domain != DOMAIN:
-            continue
-        _rewrite(ir, model, node)
-        count += 1
+        if node.op_type == _NODE and node.domain == DOMAIN:
+            rewrite.layer(node)
+            count += 1
     if count:
         model.opset_imports.setdefault(_KERNEL_DOMAIN, 1)
         model.opset_imports.pop(DOMAIN, None)
@@ -113,60 +120,91 @@ def kernel_products(ir: ModuleType, model: Any) -> int:
     return count
 
 
-def _rewrite(ir: ModuleType, model: Any, node: Any) -> None:
-    x, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
-    group = node.attributes["group_size"].as_int()
-    dynamic = node.attributes["dynamic_int8_activation"].as_int()
-    integers = _constant(qdata, "integers")
-    rows, columns = integers.shape
-    block = block_size(group, columns)
-    if block is None:
-        raise ValueError(f"groups of {group} along {columns} inputs: MatMulNBits takes blocks of a power of two >= 16")
-    points = None if zero_point is None else _constant(zero_point, "zero points")
+class _Rewrite:
+    """The kernel's tensors of one model, each made once: layers that read one weight (a module
+    called twice) share its packed integers, scales and zero points."""
+
+    def __init__(self, ir: ModuleType, model: Any, half_scales: bool) -> None:
+        self.ir, self.model, self.half_scales = ir, model, half_scales
+        self.made: dict[tuple[str, str], Any] = {}
+
+    def layer(self, node: Any) -> None:
+        x, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
+        group = node.attributes["group_size"].as_int()
+        integers = _constant(qdata, "integers")
+        rows, columns = integers.shape
+        block = block_size(group, columns)
+        if block is None:
+            raise ValueError(
+                f"groups of {group} along {columns} inputs: MatMulNBits takes blocks of a power of two >= 16; "
+                "quantize with such a group size, or keep this layer in float"
+            )
+        points = None if zero_point is None else _constant(zero_point, "zero points")
+        bits = _bits(integers, points)
+        blocks = -(-columns // block)
+        key = f"{qdata.name}/{block}/{bits}"
+        inputs = [x, self._made(key, "packed", lambda: _packed(integers, block, bits))]
+        inputs.append(self._scales(node, scale, rows, blocks, block != group))
+        if points is not None and points.any():
+            repeated = points if block == group else np.repeat(points.reshape(rows, 1), blocks, axis=1)
+            inputs.append(self._made(f"{zero_point.name}/{key}", "zero_points", lambda: _packed_points(repeated, bits)))
+        elif bias is not None:
+            inputs.append(None)
+        if bias is not None:
+            inputs += [None, bias]  # g_idx, then bias
+        attributes = {"K": int(columns), "N": int(rows), "bits": bits, "block_size": block}
+        attributes["accuracy_level"] = 4 if node.attributes["dynamic_int8_activation"].as_int() else 1
+        product = self.ir.node("MatMulNBits", inputs, attributes, domain=_KERNEL_DOMAIN)
+        replace_node(self.model, node, product)
+
+    def _made(self, key: str, kind: str, array: Callable[[], np.ndarray]) -> Any:
+        value = self.made.get((key, kind))
+        if value is None:
+            value = self.made[(key, kind)] = _initializer(self.ir, self.model, f"{key}.{kind}", array())
+        return value
+
+    def _scales(self, node: Any, scale: Any, rows: int, blocks: int, repeated: bool) -> Any:
+        """The kernel's float scales ``[N, blocks]`` (one per row repeated for every block when
+        ``repeated``): float16 behind a ``Cast`` when every scale survives the trip (half the
+        bytes; each moves by at most 2^-11 of itself), else float32."""
+        made = self.made.get((scale.name, f"scales/{blocks}"))
+        if made is not None:
+            return made
+        scales = _constant(scale, "scales").reshape(rows, -1)
+        if repeated:
+            scales = np.repeat(scales, blocks, axis=1)
+        halves = scales.astype(np.float16)
+        fits = np.all(np.isfinite(halves)) and np.all((np.abs(scales) >= np.finfo(np.float16).tiny) | (scales == 0))
+        if self.half_scales and fits:
+            stored = _initializer(self.ir, self.model, f"{scale.name}.float16", halves)
+            cast = self.ir.node("Cast", [stored], {"to": self.ir.DataType.FLOAT})
+            self.model.graph.insert_before(node, cast)
+            made = cast.outputs[0]
+        else:
+            made = _initializer(self.ir, self.model, f"{scale.name}.blocks", scales) if repeated else scale
+        self.made[(scale.name, f"scales/{blocks}")] = made
+        return made
+
+
+def _bits(integers: np.ndarray, points: np.ndarray | None) -> int:
+    """4 when the integers and zero points fit int4, else 8; a ``ValueError`` if zero points do not fit int8."""
+    if points is not None and (points.min(initial=0) < -128 or points.max(initial=0) > 127):
+        raise ValueError(
+            "zero points outside [-128, 127], which MatMulNBits cannot hold; quantize with int8 zero points "
+            "(torchao's defaults), or keep this layer in float"
+        )
     narrow = all(-8 <= a.min(initial=0) and a.max(initial=0) <= 7 for a in (integers, points) if a is not None)
-    bits = 4 if narrow else 8
-    blocks = -(-columns // block)
-    scales = _constant(scale, "scales").reshape(rows, -1)
-    if block != group:  # one scale per row, repeated for every block
-        scales = np.repeat(scales, blocks, axis=1)
-        if points is not None:
-            points = np.repeat(points.reshape(rows, 1), blocks, axis=1)
-    scales_value = _stored_scales(ir, model, node, scale, scales, block != group)
-    inputs = [x, _initializer(ir, model, f"{qdata.name}.packed", _packed(integers, block, bits)), scales_value]
-    if points is not None and points.any():
-        inputs.append(_initializer(ir, model, f"{qdata.name}.zero_points", _packed_points(points, bits)))
-    elif bias is not None:
-        inputs.append(None)
-    if bias is not None:
-        inputs += [None, bias]  # g_idx, then bias
-    attributes = {
-        "K": int(columns),
-        "N": int(rows),
-        "bits": bits,
-        "block_size": block,
-        "accuracy_level": 4 if dynamic else 1,
-    }
-    product = ir.node("MatMulNBits", inputs, attributes, domain=_KERNEL_DOMAIN)
-    model.graph.insert_before(node, product)
-    old, new = node.outputs[0], product.outputs[0]
+    return 4 if narrow else 8
+
+
+def replace_node(model: Any, node: Any, replacement: Any) -> None:
+    """``replacement`` (one output) takes ``node``'s place, its users and its output's name, shape and type."""
+    model.graph.insert_before(node, replacement)
+    old, new = node.outputs[0], replacement.outputs[0]
     old.replace_all_uses_with(new, replace_graph_outputs=True)
-    name, old.name = old.name, None
+    name, old.name = old.name, None  # two values may not hold one name at once
     new.name, new.shape, new.type = name, old.shape, old.type
     model.graph.remove(node, safe=True)
-
-
-def _stored_scales(ir: ModuleType, model: Any, node: Any, scale: Any, scales: np.ndarray, derived: bool) -> Any:
-    """The kernel's float scales: stored as float16 and cast back when every one survives the trip
-    (the file holds half the bytes; each scale moves by at most 2^-11 of itself), else as they are."""
-    halves = scales.astype(np.float16)
-    tiny = np.finfo(np.float16).tiny
-    exact_enough = np.all(np.isfinite(halves)) and np.all((np.abs(scales) >= tiny) | (scales == 0))
-    if not exact_enough:
-        return _initializer(ir, model, f"{scale.name}.blocks", scales) if derived else scale
-    stored = _initializer(ir, model, f"{scale.name}.float16", halves)
-    cast = ir.node("Cast", [stored], {"to": ir.DataType.FLOAT})
-    model.graph.insert_before(node, cast)
-    return cast.outputs[0]
 
 
 def _constant(value: Any, what: str) -> np.ndarray:

@@ -28,7 +28,7 @@ from torchdelegate.errors import PreprocessError, first_line
 from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.lowering.structural_copy import with_identifier_state_names
-from torchdelegate.quantization.linear import linear_blockwise, with_blockwise_linears
+from torchdelegate.quantization.linear import with_blockwise_linears
 from torchdelegate.specs import CompileSpec
 from torchdelegate.torch_warnings import loggers_quieted
 
@@ -55,16 +55,16 @@ def export_partition(
         options = Options(compile_specs)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from None
-    program, _ = with_blockwise_linears(recompose_linear(program))
+    program, quantized = with_blockwise_linears(recompose_linear(program))
     if options.fusions:
         try:
-            return _accepted_blob(program, True, compile_specs, store, where)
+            return _accepted_blob(program, True, compile_specs, store, where, quantized)
         except Refused as e:
             warnings.warn(
                 f"onnxruntime: {where}: {e}; this partition is exported without onnxscript's fusions", stacklevel=2
             )
     try:
-        return _accepted_blob(program, False, compile_specs, store, where)
+        return _accepted_blob(program, False, compile_specs, store, where, quantized)
     except Refused as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
 
@@ -91,14 +91,20 @@ class FusionError(Refused):
 
 
 def _accepted_blob(
-    program: ExportedProgram, fuse: bool, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
+    program: ExportedProgram,
+    fuse: bool,
+    compile_specs: list[CompileSpec],
+    store: NamedDataStore,
+    where: str,
+    quantized: int = 0,
 ) -> bytes:
     """The blob, once ONNX Runtime has loaded it as ``init`` will; only then do its weights join ``store``.
 
     The check packs no weights: a packed copy of every weight would double the lowering's memory.
     """
     attempt = NamedDataStore()
-    blob = _exported_blob(program, fuse, attempt, where)
+    folds_constants = Options(compile_specs).level != "disable"
+    blob = _exported_blob(program, fuse, attempt, where, quantized, folds_constants)
     output = attempt.get_named_data_store_output()
     try:
         header, payload = unpacked(memoryview(blob))
@@ -109,14 +115,19 @@ def _accepted_blob(
     return blob
 
 
-def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, where: str) -> bytes:
-    """The partition as an ONNX model whose initializers are named data, with its header."""
+def _exported_blob(
+    program: ExportedProgram, fuse: bool, store: NamedDataStore, where: str, quantized: int, folds_constants: bool
+) -> bytes:
+    """The partition as an ONNX model whose initializers are named data, with its header.
+
+    ``quantized``: how many ``linear_blockwise`` calls it makes (``blockwise.py`` translates them);
+    ``folds_constants``: whether its sessions fold constants (float16 scales need it)."""
     ir = require("onnx_ir")
     require("onnxscript")
     try:
         with quiet_exporter():
             exportable, _ = with_identifier_state_names(program)  # initializers are keyed by content, not name
-            translations = blockwise.translations() if _has_blockwise(exportable) else None
+            translations = blockwise.translations() if quantized else None
             onnx_program = torch.onnx.export(
                 exportable, (), dynamo=True, optimize=False, verbose=False, custom_translation_table=translations
             )
@@ -132,7 +143,7 @@ def _exported_blob(program: ExportedProgram, fuse: bool, store: NamedDataStore, 
     finally:
         _restore_weights(model, lifted)
     try:
-        products = blockwise.kernel_products(ir, model)
+        products = blockwise.kernel_products(ir, model, half_scales=folds_constants)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
     if products:
@@ -191,11 +202,6 @@ def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:
         zeros.outputs[0].shape, zeros.outputs[0].type = value.shape, value.type
 
 
-def _has_blockwise(program: ExportedProgram) -> bool:
-    target = linear_blockwise()
-    return any(node.op == "call_function" and node.target is target for node in program.graph.nodes)
-
-
 def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
     """Each product with a transposed float weight, ``MatMul(x, Transpose(w))``, becomes
     ``FusedMatMul(x, w, transB=1)``: the optimizer would fold the transpose into a transposed
@@ -208,12 +214,7 @@ def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
             continue
         attributes = {"transA": 0, "transB": 1, "alpha": 1.0}
         product = ir.node("FusedMatMul", [node.inputs[0], transpose.inputs[0]], attributes, domain="com.microsoft")
-        model.graph.insert_before(node, product)
-        old, new = node.outputs[0], product.outputs[0]
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
-        name, old.name = old.name, None  # two values may not hold one name at once
-        new.name, new.shape, new.type = name, old.shape, old.type
-        model.graph.remove(node, safe=True)
+        blockwise.replace_node(model, node, product)
         if not transpose.outputs[0].uses():
             model.graph.remove(transpose, safe=True)
         model.opset_imports.setdefault("com.microsoft", 1)
