@@ -194,6 +194,12 @@ def test_quantize_matches_torchao_and_leaves_the_callers_programs_as_they_were()
     assert name not in prefill
 
 
+def test_a_keep_float_pattern_that_matches_nothing_is_warned_about() -> None:
+    program = torch.export.export(_Twice().eval(), (torch.randn(3, 64),))
+    with pytest.warns(UserWarning, match="keep_float pattern 'lm_haed' matched no linear layer"):
+        td.quantize(program, "int8", keep_float=["lm_haed", "fc"])
+
+
 def test_keep_float_leaves_the_head_in_float_and_group_size_is_applied() -> None:
     programs = td.quantize(
         _export(static_cache_module(tiny_llama(), CACHE)), "int4", group_size=16, keep_float=["lm_head"]
@@ -208,7 +214,7 @@ def test_keep_float_leaves_the_head_in_float_and_group_size_is_applied() -> None
     [
         ("int3", {}, "unknown quantization recipe 'int3'; the recipes are 8da4w"),
         ("int4", {"group_size": 48}, "group size 48 does not divide its 64 inputs"),
-        ("int4", {"group_size": 0}, "group size 0: give a positive number of inputs per scale"),
+        ("int4", {"group_size": 0}, "group size 0: give a positive integer number of inputs per scale"),
     ],
 )
 def test_bad_quantization_requests_are_refused_naming_what_to_change(

@@ -71,15 +71,21 @@ def _quantized(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) 
     from torchdelegate.quantization.linear import quantized_linears
     from torchdelegate.quantization.recipes import quantize
 
+    before = {method: len(quantized_linears(program)) for method, program in programs.items()}
     try:
         quantized = quantize(programs, args.quantize, group_size=args.group_size, keep_float=args.keep_float)
     except QuantizationError as e:
         raise UsageError(str(e)) from e
     except ImportError as e:
         raise CommandError(str(e)) from e
-    layers = {method: len(quantized_linears(program)) for method, program in quantized.items()}
-    counts = ", ".join(f"{method} {count}" for method, count in layers.items())
-    print(f"quantized with {args.quantize}: linear layers per method: {counts}", file=out)
+    layers = {method: len(quantized_linears(program)) - before[method] for method, program in quantized.items()}
+    if not any(layers.values()):
+        print(
+            f"quantized with {args.quantize}: no float linear layer to quantize (quantized already, or kept)", file=out
+        )
+    else:
+        counts = ", ".join(f"{method} {count}" for method, count in layers.items())
+        print(f"quantized with {args.quantize}: linear layers per method: {counts}", file=out)
     return quantized
 
 

@@ -17,6 +17,7 @@ import fnmatch
 import importlib
 import logging
 import operator
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -100,13 +101,36 @@ def quantize(
     """
     chosen = recipe_named(recipe)
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
-        raise QuantizationError(f"group size {group_size!r}: give a positive number of inputs per scale")
+        raise QuantizationError(f"group size {group_size!r}: give a positive integer number of inputs per scale")
     group = group_size if group_size is not None else (DEFAULT_GROUP_SIZE if chosen.grouped else None)
-    patterns = [keep_float] if isinstance(keep_float, str) else list(keep_float)
+    patterns = _KeptFloat([keep_float] if isinstance(keep_float, str) else list(keep_float))
     weights = _Weights(chosen, group)
     if isinstance(programs, ExportedProgram):
-        return _quantized(programs, "forward", weights, patterns)
-    return {method: _quantized(program, method, weights, patterns) for method, program in programs.items()}
+        quantized: ExportedProgram | dict[str, ExportedProgram] = _quantized(programs, "forward", weights, patterns)
+    else:
+        quantized = {method: _quantized(program, method, weights, patterns) for method, program in programs.items()}
+    for pattern in patterns.unmatched():
+        warnings.warn(
+            f"keep_float pattern {pattern!r} matched no linear layer; nothing was kept in float for it", stacklevel=2
+        )
+    return quantized
+
+
+class _KeptFloat:
+    """The keep_float patterns, and which of them matched a layer."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        self.patterns = patterns
+        self.matched: set[str] = set()
+
+    def keeps(self, names: list[str]) -> bool:
+        """Whether a pattern matches one of the names (a weight, its module, the calling module)."""
+        found = [p for p in self.patterns if any(_matches(name, p) for name in names if name)]
+        self.matched.update(found)
+        return bool(found)
+
+    def unmatched(self) -> list[str]:
+        return [p for p in self.patterns if p not in self.matched]
 
 
 class _Weights:
@@ -176,7 +200,7 @@ def _torchao_quantize(holder: torch.nn.Linear, recipe: Recipe, group: int) -> No
     quantize_(holder, config)
 
 
-def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_float: list[str]) -> ExportedProgram:
+def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_float: _KeptFloat) -> ExportedProgram:
     ops = affine_ops()
     if ops is None:
         torchao_quantization()  # registers torch.ops.torchao
@@ -211,7 +235,7 @@ def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_fl
     )
 
 
-def _selected(node: Node, parameters: dict[str, InputSpec], program: ExportedProgram, keep_float: list[str]) -> bool:
+def _selected(node: Node, parameters: dict[str, InputSpec], program: ExportedProgram, keep_float: _KeptFloat) -> bool:
     """A linear layer over a float32 2-D parameter that no pattern keeps in float."""
     if node.op != "call_function" or node.target is not _aten.linear.default or len(node.args) < 2:
         return False
@@ -224,8 +248,7 @@ def _selected(node: Node, parameters: dict[str, InputSpec], program: ExportedPro
         return False
     if value.dtype != torch.float32 or value.dim() != 2:
         return False
-    names = [spec.target, spec.target.rpartition(".")[0], _module_path(node)]
-    return not any(_matches(name, pattern) for pattern in keep_float for name in names if name)
+    return not keep_float.keeps([spec.target, spec.target.rpartition(".")[0], _module_path(node)])
 
 
 def _matches(name: str, pattern: str) -> bool:

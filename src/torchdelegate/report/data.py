@@ -299,9 +299,23 @@ def _weight_bytes(program: ExportedProgram) -> dict[str, int]:
     return found
 
 
+def _linear_flops(node: Node) -> int:
+    """A linear layer kept whole through decomposition (torch counts it as the ``addmm`` it becomes):
+    two FLOPs per input feature of each output value."""
+    output, weight = node.meta.get("val"), getattr(node.args[1], "meta", {}).get("val")
+    if not isinstance(output, torch.Tensor) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return 0
+    try:
+        return int(2 * output.numel() * weight.shape[1])
+    except Exception:  # symbolic sizes: count nothing
+        return 0
+
+
 def _flops(node: Node) -> int:
     """torch's FLOP count for ``node`` from the shapes export recorded; 0 when it has none."""
     target = node.target
+    if target is torch.ops.aten.linear.default:
+        return _linear_flops(node)
     packet = getattr(target, "overloadpacket", None)
     count = flop_registry.get(packet) if packet is not None else None
     if count is None or "val" not in node.meta:
