@@ -225,6 +225,7 @@ class EdgeProgramManager:
         external_data_path: str | os.PathLike[str] | None = None,
         debug_info: bool = False,
         report: Mapping[str, Any] | None = None,
+        assets: Mapping[str, bytes] | None = None,
     ) -> None:
         """Write the program to one file (docs/FORMAT.md): residual graphs, delegate blobs, state and
         named data, each distinct blob or tensor stored once. ``external_data_path`` puts named data
@@ -232,8 +233,18 @@ class EdgeProgramManager:
         extended, never shrunk). The delegates' original sub-programs are not saved. ``debug_info``
         keeps the residual graphs' stack traces and module paths (a few hundred bytes a node).
         ``report`` is JSON data kept with the program (``LoweringReport.to_json()``), which
-        ``Program.report`` and ``torchdelegate inspect`` read back."""
-        save_program(self._programs, self._named_data, path, external_data_path, debug_info=debug_info, report=report)
+        ``Program.report`` and ``torchdelegate inspect`` read back. ``assets`` (file name -> bytes:
+        a tokenizer, a generation config) travel in the program file for its users, never read by
+        the runtime; ``Program.asset(name)`` gives them back."""
+        save_program(
+            self._programs,
+            self._named_data,
+            path,
+            external_data_path,
+            debug_info=debug_info,
+            report=report,
+            assets=assets,
+        )
 
     def _per_method(self, value: Any, what: str) -> dict[str, Any]:
         if isinstance(value, Mapping):

@@ -73,6 +73,11 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
         mutable = sum(r.mutable for r in file.state)
         stored_bytes = human_bytes(state_bytes)
         print(f"state: {len(file.state)} tensors, {stored_bytes} stored ({mutable} updated at run time)", file=out)
+        if file.assets:
+            carried = ", ".join(
+                f"{n} ({human_bytes(file.segment_length(d, 'asset'))})" for n, d in sorted(file.assets.items())
+            )
+            print(f"assets: {carried}", file=out)
         saved = program.report
     if saved is None:
         print(f"report: none saved ({_NO_REPORT})", file=out)

@@ -210,6 +210,20 @@ class Program:
         return self._file.report
 
     @property
+    def asset_names(self) -> list[str]:
+        """The names of the files the program carries for its users (``save(..., assets=...)``), sorted."""
+        return sorted(self._file.assets)
+
+    def asset(self, name: str) -> bytes:
+        """The bytes of asset ``name``, its checksum checked (a ``FormatError`` if it does not match)."""
+        digest = self._file.assets.get(name) if isinstance(name, str) else None
+        if digest is None:
+            raise KeyError(f"no asset {name!r} in {self.path}; its assets are {self.asset_names}")
+        if self._gate.closed:
+            raise ProgramClosedError(f"cannot read asset {name!r}: the program {self.path} is closed; load it again")
+        return bytes(self._file.data(digest, f"asset {name!r}"))
+
+    @property
     def plain_types(self) -> dict[str, str]:
         """Container types the file names that this process has not registered, each with the plain
         type (``"dict"`` or ``"tuple"``) its values are passed and returned as (docs/FORMAT.md §3).

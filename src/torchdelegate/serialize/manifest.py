@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +168,27 @@ class NamedDataRecord:
         return cls(fields.get("key", str, bool), fields.get("data", str), alignment)
 
 
+ASSET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+"""An asset's name: a plain file name (no directory, not hidden), at most 128 characters."""
+
+
+@dataclass(frozen=True)
+class AssetRecord:
+    """A file a program carries for its users (a tokenizer, a generation config): bytes the
+    runtime never interprets, in a segment of the program file."""
+
+    name: str
+    data: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "data": self.data}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str, path: Path) -> AssetRecord:
+        fields = Fields(value, where, path)
+        return cls(fields.get("name", str, lambda v: ASSET_NAME.fullmatch(v) is not None), fields.get("data", str))
+
+
 @dataclass(frozen=True)
 class ExternalDataRecord:
     """The external data file a program keeps its data in, and the segments it needs from it."""
@@ -204,6 +227,7 @@ class ProgramManifest:
     named_data: list[NamedDataRecord]
     external_data: ExternalDataRecord | None = None
     report: dict[str, Any] | None = None
+    assets: list[AssetRecord] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         manifest: dict[str, Any] = {
@@ -217,6 +241,8 @@ class ProgramManifest:
         }
         if self.report is not None:
             manifest["report"] = self.report
+        if self.assets:
+            manifest["assets"] = [a.to_json() for a in self.assets]
         return manifest
 
     @classmethod
@@ -234,7 +260,8 @@ class ProgramManifest:
         report = value.get("report")
         if report is not None and not isinstance(report, dict):
             raise FormatError(f"{path}: manifest field 'report' is {type(report).__name__}; expected an object")
-        return cls(producer, methods, delegates, state, named_data, external, report)
+        assets = fields.records("assets", AssetRecord.from_json) if "assets" in value else []
+        return cls(producer, methods, delegates, state, named_data, external, report, assets)
 
 
 def data_manifest() -> dict[str, Any]:

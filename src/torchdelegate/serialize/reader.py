@@ -41,7 +41,10 @@ class ProgramFile:
         self.state = manifest.state
         self.named_data = manifest.named_data
         self.report = manifest.report
+        self._asset_records = manifest.assets
         self._check_references()
+        self.assets = {asset.name: asset.data for asset in manifest.assets}
+        """Each asset's name and the SHA-256 of its segment."""
 
     def _open_external(self, record: ExternalDataRecord, given: str | os.PathLike[str] | None) -> Container:
         name = record.file_name
@@ -82,6 +85,8 @@ class ProgramFile:
                     f"{self.path}: named data {named.key!r} needs {named.alignment}-byte alignment; "
                     f"its segment is at offset {start}"
                 )
+        for asset in self._asset_records:
+            self._location(asset.data, f"asset {asset.name!r}")
         for method in self.methods:
             for index in method.delegates:
                 if not 0 <= index < len(self.delegates):
@@ -92,6 +97,7 @@ class ProgramFile:
             ("method name", [m.name for m in self.methods]),
             ("state name", [s.name for s in self.state]),
             ("named data key", [n.key for n in self.named_data]),
+            ("asset name", [a.name for a in self._asset_records]),
         ):
             if len(set(names)) != len(names):
                 twice = sorted({n for n in names if names.count(n) > 1})[:3]

@@ -35,8 +35,10 @@ from torchdelegate.serialize.container import (
 )
 from torchdelegate.serialize.graph import program_to_json
 from torchdelegate.serialize.manifest import (
+    ASSET_NAME,
     DATA_MAGIC,
     PROGRAM_MAGIC,
+    AssetRecord,
     DelegateRecord,
     ExternalDataRecord,
     MethodRecord,
@@ -74,12 +76,16 @@ def save_program(
     *,
     debug_info: bool = False,
     report: Mapping[str, Any] | None = None,
+    assets: Mapping[str, bytes] | None = None,
 ) -> None:
     """Write ``programs`` (one per method) and the named data of their delegates to ``path``.
 
     ``debug_info`` keeps each residual node's stack trace and module path in the file;
-    ``report`` (JSON data) is kept as the manifest's ``report``, for ``torchdelegate inspect``.
+    ``report`` (JSON data) is kept as the manifest's ``report``, for ``torchdelegate inspect``;
+    ``assets`` (name -> bytes: a tokenizer, a generation config) go in the program file as they
+    are, for whoever uses the program (``Program.asset``); nothing reads or runs them.
     """
+    checked_assets = _checked_assets(assets or {})
     path = Path(path)
     external = Path(external_data_path) if external_data_path is not None else None
     if external is not None and external.resolve() == path.resolve():
@@ -110,6 +116,7 @@ def save_program(
         named,
         external_record,
         None if report is None else dict(report),
+        [AssetRecord(name, local.add(data)) for name, data in checked_assets],
     )
     try:
         if external is not None:
@@ -124,6 +131,23 @@ def save_program(
             f"{', '.join(users) or 'a segment'} changed after it was lowered (a tensor written in place?); "
             f"lower the program again from the changed model. Nothing was written to {written}"
         ) from None
+
+
+def _checked_assets(assets: Mapping[str, bytes]) -> list[tuple[str, bytes]]:
+    """The assets sorted by name, each name a plain file name and each value bytes; a clear error else."""
+    if not isinstance(assets, Mapping):
+        raise TypeError(f"assets must be a mapping of names to bytes, got {type(assets).__name__}")
+    checked = []
+    for name, data in sorted(assets.items(), key=lambda item: str(item[0])):
+        if not isinstance(name, str) or ASSET_NAME.fullmatch(name) is None:
+            raise ValueError(
+                f"asset name {name!r}: use a plain file name of letters, digits, '_', '.' and '-' "
+                "(at most 128 characters, not starting with '.' or '-'), such as 'tokenizer.json'"
+            )
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"asset {name!r} is a {type(data).__name__}; give its bytes (json.dumps(...).encode())")
+        checked.append((name, bytes(data)))
+    return checked
 
 
 def _check_named_data(delegates: Mapping[LoweredBackendModule, int], named_data: NamedDataStoreOutput) -> None:
