@@ -154,6 +154,14 @@ class BoundMethod:
         """The user inputs as ``name: dtype[sizes]``, in the order a call passes them."""
         return self._method.inputs.parameters()
 
+    def input_shape(self, name: str) -> tuple[int | None, ...]:
+        """The sizes of tensor input ``name``: each fixed size, or None where the export let it vary."""
+        for leaf in self._method.inputs.leaves:
+            if leaf.name == name and leaf.kind == "tensor":
+                return tuple(d.value for d in leaf.dims)
+        tensors = [leaf.name for leaf in self._method.inputs.leaves if leaf.kind == "tensor"]
+        raise KeyError(f"method {self.name!r} has no tensor input {name!r}; its tensor inputs are {tensors}")
+
     output_type: str | None
     """The container type the file says the outputs come in (``builtins.tuple``,
     ``transformers.modeling_outputs.CausalLMOutputWithPast``), None for a single value. If this

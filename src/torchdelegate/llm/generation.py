@@ -1,0 +1,196 @@
+"""Generating tokens with a loaded program's ``prefill`` and ``decode`` over a static KV cache.
+
+The program is the one transformers' exportable wrapper gives (``TorchExportableModuleForDecoderOnlyLM``):
+both methods take ``input_ids`` [1, n] and ``cache_position`` [n] and return logits [1, n, vocabulary],
+writing the cache they share at those positions. A prefill exported for a fixed prompt length
+takes a prompt in chunks of that length, the last one padded: the padding's cache entries lie
+past the prompt, where causal attention never reads them before decoding writes them again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from torchdelegate.runtime.program import Program
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: greedy when ``temperature`` is 0; otherwise sampled from the
+    ``top_k`` most likely tokens whose probabilities add up to ``top_p``, ``seed`` fixing the draw."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature {self.temperature!r}: give 0 (greedy) or more")
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+        ):
+            raise ValueError(f"top_k {self.top_k!r}: give a number of tokens >= 1")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p {self.top_p!r}: give a probability in (0, 1]")
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Timings of one generation (seconds), and what they come to in tokens per second."""
+
+    prompt_tokens: int
+    new_tokens: int
+    time_to_first_token: float
+    decode_time: float
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.time_to_first_token if self.time_to_first_token else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        decoded = self.new_tokens - 1  # the first new token comes from the prompt's pass
+        return decoded / self.decode_time if decoded > 0 and self.decode_time else 0.0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The new tokens, why generation ended (``"stop token"``, ``"max new tokens"``, ``"cache full"``)
+    and its timings."""
+
+    tokens: list[int]
+    finish: str
+    stats: GenerationStats = field(compare=False)
+
+
+class Generator:
+    """Generates tokens with ``program``'s ``prefill`` and ``decode`` methods.
+
+    ``stop_tokens`` end a generation (the stop token is returned as its last token);
+    ``max_positions`` is the static cache's length, which a prompt and its new tokens may not
+    exceed (None: the program's own shapes say nothing, and the program fails past its cache).
+    """
+
+    def __init__(
+        self,
+        program: Program,
+        *,
+        stop_tokens: Sequence[int] = (),
+        max_positions: int | None = None,
+        prefill: str = "prefill",
+        decode: str = "decode",
+    ) -> None:
+        self._prefill, self._decode = program.method(prefill), program.method(decode)
+        self.chunk = self._prefill.input_shape("input_ids")[-1]
+        """The prompt length prefill was exported for (None: any length)."""
+        self.stop_tokens = frozenset(int(t) for t in stop_tokens)
+        self.max_positions = max_positions
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: Sampling = Sampling(),
+        on_token: Callable[[int], None] | None = None,
+    ) -> Generation:
+        """Up to ``max_new_tokens`` tokens after ``prompt`` (its ids), each passed to ``on_token``
+        as soon as it is chosen."""
+        tokens: list[int] = []
+        finish = "max new tokens"
+        started = time.perf_counter()
+        first = started
+        for token in self._tokens(list(prompt), max_new_tokens, sampling):
+            if not tokens:
+                first = time.perf_counter()
+            if isinstance(token, str):
+                finish = token
+                break
+            tokens.append(token)
+            if on_token is not None:
+                on_token(token)
+            if token in self.stop_tokens:
+                finish = "stop token"
+                break
+        done = time.perf_counter()
+        stats = GenerationStats(len(prompt), len(tokens), first - started, done - first)
+        return Generation(tokens, finish, stats)
+
+    def stream(self, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling = Sampling()) -> Iterator[int]:
+        """The new tokens one by one, as they are chosen; stops after a stop token."""
+        for token in self._tokens(list(prompt), max_new_tokens, sampling):
+            if isinstance(token, str):
+                return
+            yield token
+            if token in self.stop_tokens:
+                return
+
+    def _tokens(self, prompt: list[int], max_new_tokens: int, sampling: Sampling) -> Iterator[int | str]:
+        """Each new token; ``"cache full"`` when the cache has no room for the next."""
+        if not prompt:
+            raise ValueError("the prompt is empty: give at least one token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {max_new_tokens!r}: give 1 or more")
+        if self.max_positions is not None and len(prompt) >= self.max_positions:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens and the cache holds {self.max_positions} positions; "
+                "shorten the prompt, or export the model with a longer cache"
+            )
+        choose = _Chooser(sampling)
+        with torch.no_grad():
+            token = choose(self._read_prompt(prompt))
+            position = len(prompt)
+            for count in range(max_new_tokens):
+                yield token
+                if count + 1 == max_new_tokens or token in self.stop_tokens:
+                    return
+                if self.max_positions is not None and position >= self.max_positions:
+                    yield "cache full"
+                    return
+                logits = self._decode(input_ids=torch.tensor([[token]]), cache_position=torch.tensor([position]))
+                token = choose(logits[0, -1])
+                position += 1
+
+    def _read_prompt(self, prompt: list[int]) -> torch.Tensor:
+        """The prompt written into the cache; the logits after its last token."""
+        chunk = self.chunk or len(prompt)
+        logits = torch.empty(0)
+        for start in range(0, len(prompt), chunk):
+            part = prompt[start : start + chunk]
+            if self.max_positions is not None and start + chunk > self.max_positions:
+                for offset, token in enumerate(part):  # no room to pad: one token at a time
+                    ids, at = torch.tensor([[token]]), torch.tensor([start + offset])
+                    logits = self._decode(input_ids=ids, cache_position=at)[0, -1]
+                break
+            padded = torch.tensor([part + [part[-1]] * (chunk - len(part))])
+            logits = self._prefill(input_ids=padded, cache_position=torch.arange(start, start + chunk))
+            logits = logits[0, len(part) - 1]
+        return logits
+
+
+class _Chooser:
+    """Chooses each next token from a row of logits, as ``sampling`` says."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self.random = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        sampling = self.sampling
+        if sampling.temperature == 0:
+            return int(logits.argmax())
+        scores = logits.float() / sampling.temperature
+        if sampling.top_k is not None and sampling.top_k < scores.numel():
+            cutoff = torch.topk(scores, sampling.top_k).values[-1]
+            scores = scores.masked_fill(scores < cutoff, float("-inf"))
+        if sampling.top_p is not None and sampling.top_p < 1:
+            ordered, order = torch.sort(scores, descending=True)
+            cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+            drop = cumulative - torch.softmax(ordered, dim=-1) >= sampling.top_p  # keep the token that crosses
+            scores = scores.scatter(0, order[drop], float("-inf"))
+        probabilities = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probabilities, 1, generator=self.random))

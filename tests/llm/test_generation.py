@@ -1,0 +1,90 @@
+"""Generator: tokens from a loaded program's prefill and decode, equal to transformers' generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+
+from language_models import static_cache_module, tiny_llama  # noqa: E402
+
+import torchdelegate as td  # noqa: E402
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.reference import ReferencePartitioner  # noqa: E402
+from torchdelegate.llm import Generator, Sampling  # noqa: E402
+
+CACHE = 32
+CHUNK = 8  # the prompt length prefill is exported for
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    model = tiny_llama(vocab_size=VOCAB)
+    module = static_cache_module(model, CACHE)
+    calls = {
+        "prefill": {"input_ids": torch.zeros(1, CHUNK, dtype=torch.long), "cache_position": torch.arange(CHUNK)},
+        "decode": {"input_ids": torch.zeros(1, 1, dtype=torch.long), "cache_position": torch.tensor([CHUNK])},
+    }
+    with torch.no_grad():
+        programs = {m: torch.export.export(module, (), x, strict=True) for m, x in calls.items()}
+    path = tmp_path_factory.mktemp("llm") / "llama.tdp"
+    td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner(), ReferencePartitioner()]).save(path)
+    return model, path
+
+
+def _transformers_greedy(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("length", [3, CHUNK, 13, 20])
+def test_greedy_tokens_equal_transformers_generate_for_any_prompt_length(
+    lowered: tuple[torch.nn.Module, Path], length: int
+) -> None:
+    """Shorter prompts are padded, longer ones read in chunks, the last one padded or, past the
+    cache's room, token by token."""
+    model, path = lowered
+    prompt = torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+    with td.load(path) as program:
+        generation = Generator(program, max_positions=CACHE).generate(prompt, 10)
+    assert generation.tokens == _transformers_greedy(model, prompt, 10)
+    assert generation.finish == "max new tokens" and generation.stats.new_tokens == 10
+
+
+def test_stop_tokens_end_generation_and_streaming_gives_the_same_tokens(lowered: tuple[torch.nn.Module, Path]) -> None:
+    model, path = lowered
+    prompt = [5, 6, 7, 8]
+    expected = _transformers_greedy(model, prompt, 8)
+    with td.load(path) as program:
+        generator = Generator(program, stop_tokens=[expected[3]], max_positions=CACHE)
+        seen: list[int] = []
+        generation = generator.generate(prompt, 8, on_token=seen.append)
+        streamed = list(generator.stream(prompt, 8))
+    assert generation.tokens == seen == streamed == expected[: expected.index(expected[3]) + 1]
+    assert generation.finish == "stop token"
+
+
+def test_sampling_is_reproducible_with_a_seed_and_the_cache_bounds_generation(
+    lowered: tuple[torch.nn.Module, Path],
+) -> None:
+    _, path = lowered
+    sampling = Sampling(temperature=0.8, top_k=50, top_p=0.9, seed=7)
+    with td.load(path) as program:
+        generator = Generator(program, max_positions=CACHE)
+        first = generator.generate([1, 2, 3], 6, sampling).tokens
+        assert generator.generate([1, 2, 3], 6, sampling).tokens == first
+        full = generator.generate(list(range(3, 27)), 50)
+        assert full.finish == "cache full" and len(full.tokens) == CACHE - 24 + 1
+        with pytest.raises(ValueError, match="the prompt has 40 tokens and the cache holds 32 positions"):
+            generator.generate(list(range(40)), 4)
+    for bad, message in (({"temperature": -1.0}, "temperature"), ({"top_k": 0}, "top_k"), ({"top_p": 0.0}, "top_p")):
+        with pytest.raises(ValueError, match=message):
+            Sampling(**bad)  # type: ignore[arg-type]
