@@ -32,6 +32,10 @@ class PartitionError(TorchDelegateError, ValueError):
     """A partitioner's result cannot be lowered: bad tags, tagged inputs or outputs, cycles."""
 
 
+class CheckpointError(TorchDelegateError, ValueError):
+    """A checkpoint directory that cannot be made into a program (``torchdelegate llm export``)."""
+
+
 class QuantizationError(TorchDelegateError, ValueError):
     """A quantization request that cannot be met (an unknown recipe, a group size that does not fit)."""
 

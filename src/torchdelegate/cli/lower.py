@@ -40,15 +40,15 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
     except (BackendNotFoundError, ValueError) as error:
         raise UsageError(str(error.args[0] if error.args else error)) from error
     with contextlib.ExitStack() as stack:
-        _start_preprocessing(args, stack)  # worker processes start while the programs load
+        start_preprocessing(args, stack)  # worker processes start while the programs load
         programs = {method: _load_export(method, path) for method, path in methods}
         supports = [p.backends[0] for p in partitioners]
         partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
         started = time.perf_counter()
         if args.quantize is not None:
-            programs = _quantized(programs, args, out)
+            programs = quantized_programs(programs, args, out)
         edge, kept = edge_keeping(programs, list(partitioners))  # each backend's ops_to_not_decompose
-        with _ProgressBar(sys.stderr) as bar:
+        with ProgressBar(sys.stderr) as bar:
             lowered, report = bar.run(edge, partitioner)
         lowered = kept.decompose_unclaimed(lowered)
         seconds = time.perf_counter() - started
@@ -65,7 +65,7 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _quantized(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+def quantized_programs(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """--quantize RECIPE (--group-size, --keep-float): the recipe applied to every method."""
     from torchdelegate.errors import QuantizationError
     from torchdelegate.quantization.linear import quantized_linears
@@ -89,7 +89,7 @@ def _quantized(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) 
     return quantized
 
 
-def _start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
+def start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     """--cache, --jobs and --cluster: the preprocessing block the lowering runs in, entered on ``stack``."""
     from torchdelegate.compile.options import preprocessing
 
@@ -225,14 +225,14 @@ def _compile_specs(values: Sequence[str]) -> dict[str, list[Any]]:
     return specs
 
 
-class _ProgressBar:
+class ProgressBar:
     """A progress bar over preprocess on a terminal; one line per partition elsewhere."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.tty = stream.isatty()
 
-    def __enter__(self) -> _ProgressBar:
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *exc: object) -> None:

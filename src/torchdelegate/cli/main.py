@@ -22,6 +22,7 @@ from torchdelegate.cli.command import (
 )
 from torchdelegate.cli.demo import demo_command
 from torchdelegate.cli.inspect import inspect_command
+from torchdelegate.cli.llm import llm_export_command, llm_generate_command
 from torchdelegate.cli.lower import lower_command
 from torchdelegate.cli.parser import build_parser
 from torchdelegate.cli.prepare import prepare_command
@@ -39,13 +40,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run": run_command,
         "prepare": prepare_command,
         "demo": demo_command,
+        "llm export": llm_export_command,
+        "llm generate": llm_generate_command,
     }
-    out = sys.stdout if args.command in ("lower", "demo") else cast(TextIO, PrintableText(sys.stdout))
+    out = sys.stdout if args.command in ("lower", "demo", "llm") else cast(TextIO, PrintableText(sys.stdout))
     try:
         for module in getattr(args, "imports", ()):
             import_module(module)
         with torch_internal_warnings_silenced(), _warnings_as_lines():
-            return commands[args.command](args, out)
+            command = f"llm {args.llm_command}" if args.command == "llm" else args.command
+            return commands[command](args, out)
     except KeyboardInterrupt:
         print("torchdelegate: interrupted", file=sys.stderr)
         return 130

@@ -51,32 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     lower.add_argument("--min-partition-size", type=int, default=1, metavar="N", help="smallest partition (default 1)")
     lower.add_argument("--html", type=Path, metavar="FILE.html", help="also write the partition report as HTML")
     lower.add_argument("--external-data", type=Path, metavar="FILE", help="put weights in this separate data file")
-    lower.add_argument(
-        "--cache",
-        metavar="DIR",
-        help="keep compiled partitions in this compile cache (a directory or fsspec URL; 'off': none); "
-        "default: TORCHDELEGATE_CACHE if set",
-    )
-    lower.add_argument(
-        "--quantize",
-        choices=["8da4w", "int4", "int8"],
-        help="quantize linear layers with torchao first: 8da4w (int8 dynamic activations, int4 weights in groups), "
-        "int4 or int8 (weights only); needs torchao",
-    )
-    lower.add_argument(
-        "--group-size", type=int, metavar="N", help="--quantize: inputs per scale (default 32; int8: one per row)"
-    )
-    lower.add_argument(
-        "--keep-float",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="--quantize: leave in float the layers whose weight or module path matches (fnmatch), e.g. lm_head",
-    )
-    lower.add_argument("--jobs", "-j", type=int, metavar="N", help="compile partitions on N worker processes")
-    lower.add_argument(
-        "--cluster", metavar="tcp://HOST:PORT", help="compile partitions on the Dask cluster with this scheduler"
-    )
+    _lowering_options(lower)
 
     inspect = commands.add_parser(
         "inspect", help="describe a program file", description="Describe a program file written by torchdelegate."
@@ -129,6 +104,53 @@ def build_parser() -> argparse.ArgumentParser:
             else trust,
         )
 
+    llm = commands.add_parser(
+        "llm",
+        help="a transformers checkpoint to one program file, and text generated from it",
+        description="Deploy a decoder-only language model: export a local transformers checkpoint (nothing is "
+        "downloaded) as prefill + decode over a static KV cache, lower it and save one file that carries its "
+        "tokenizer; then generate text from that file.",
+    )
+    llm_commands = llm.add_subparsers(dest="llm_command", required=True, metavar="COMMAND", parser_class=_Parser)
+    export = llm_commands.add_parser(
+        "export",
+        help="a checkpoint directory to one program file",
+        description="Load the checkpoint in DIR (config.json, safetensors weights, tokenizer.json), export prefill "
+        "(a chunk of prompt tokens) and decode (one token) over a static KV cache, lower them to the backends in "
+        "priority order, and save one file with the tokenizer and generation settings.",
+    )
+    export.add_argument("directory", type=Path, metavar="DIR", help="the checkpoint directory save_pretrained wrote")
+    export.add_argument("-o", "--output", required=True, type=Path, help="the program file to write")
+    export.add_argument(
+        "--backend",
+        "-b",
+        action="append",
+        dest="backends",
+        metavar="ID",
+        help="a backend, highest priority first (repeat; default: onnxruntime, then reference)",
+    )
+    export.add_argument("--max-cache", type=int, default=256, metavar="N", help="KV cache positions (default 256)")
+    export.add_argument(
+        "--prefill-chunk", type=int, default=32, metavar="N", help="prompt tokens prefill takes at a time (default 32)"
+    )
+    _lowering_options(export)
+    generate = llm_commands.add_parser(
+        "generate",
+        help="generate text from a program llm export wrote",
+        description="Generate text after a prompt, printing it as it comes, then the time to first token and the "
+        "speeds.",
+    )
+    generate.add_argument("file", type=Path)
+    generate.add_argument("--prompt", "-p", required=True, help="the text to continue")
+    generate.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="at most N tokens (default 64)")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
+    generate.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
+    generate.add_argument("--top-p", type=float, metavar="P", help="sample among the most likely tokens up to P")
+    generate.add_argument("--seed", type=int, metavar="S", help="the seed of the sampling")
+    generate.add_argument("--ids", action="store_true", help="also print the generated token ids")
+    for sub in (export, generate):
+        sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
+
     demo = commands.add_parser(
         "demo",
         help="lower, save, load and run a small language model, checked against eager",
@@ -154,3 +176,33 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (lower, inspect, run, prepare, demo):
         sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
     return parser
+
+
+def _lowering_options(parser: argparse.ArgumentParser) -> None:
+    """--cache, --quantize (--group-size, --keep-float), --jobs and --cluster: for lower and llm export."""
+    parser.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep compiled partitions in this compile cache (a directory or fsspec URL; 'off': none); "
+        "default: TORCHDELEGATE_CACHE if set",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=["8da4w", "int4", "int8"],
+        help="quantize linear layers with torchao first: 8da4w (int8 dynamic activations, int4 weights in groups), "
+        "int4 or int8 (weights only); needs torchao",
+    )
+    parser.add_argument(
+        "--group-size", type=int, metavar="N", help="--quantize: inputs per scale (default 32; int8: one per row)"
+    )
+    parser.add_argument(
+        "--keep-float",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="--quantize: leave in float the layers whose weight or module path matches (fnmatch), e.g. lm_head",
+    )
+    parser.add_argument("--jobs", "-j", type=int, metavar="N", help="compile partitions on N worker processes")
+    parser.add_argument(
+        "--cluster", metavar="tcp://HOST:PORT", help="compile partitions on the Dask cluster with this scheduler"
+    )

@@ -1,0 +1,117 @@
+"""A local transformers checkpoint as a program to lower: the model over a static KV cache, exported
+as ``prefill`` (a chunk of prompt tokens) and ``decode`` (one token), and the files a program
+carries to generate text with it (its tokenizer, its generation config, the settings ``Generator``
+needs). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from torchdelegate.errors import CheckpointError, first_line
+from torchdelegate.torch_warnings import loggers_quieted
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+SETTINGS = "torchdelegate_llm.json"
+"""The asset that says how the program generates: cache length, prefill chunk, stop tokens."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    directory: Path
+    model: Any  # a transformers PreTrainedModel
+    assets: dict[str, bytes]
+    stop_tokens: list[int]
+
+
+def read_checkpoint(directory: Path) -> Checkpoint:
+    """The causal LM in ``directory`` (config, safetensors weights, ``tokenizer.json``), in float32."""
+    # transformers imports torchao where installed, which logs about GPU kernels a CPU build lacks
+    with loggers_quieted(["torchao", "torch.utils._pytree"], logging.ERROR):
+        return _read_checkpoint(directory)
+
+
+def _read_checkpoint(directory: Path) -> Checkpoint:
+    if not directory.is_dir():
+        raise CheckpointError(f"{str(directory)!r} is not a directory; give a transformers checkpoint directory")
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(f"{directory}: no config.json; give the directory save_pretrained wrote")
+    if not (directory / "tokenizer.json").is_file():
+        raise CheckpointError(
+            f"{directory}: no tokenizer.json (the tokenizers library's file, written by a fast tokenizer's "
+            "save_pretrained); the program carries it to turn text into tokens"
+        )
+    transformers = _quiet_transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{directory}/config.json cannot be read ({type(e).__name__}: {first_line(e)})") from e
+    if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING or config.is_encoder_decoder:
+        raise CheckpointError(
+            f"{directory}: {type(config).__name__} ({', '.join(config.architectures or ['no architecture'])}) is not a "
+            "decoder-only language model transformers can load as AutoModelForCausalLM"
+        )
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, dtype=torch.float32
+        ).eval()
+    except Exception as e:
+        raise CheckpointError(f"{directory}: its weights cannot be loaded ({type(e).__name__}: {first_line(e)})") from e
+    assets = {name: (directory / name).read_bytes() for name in TOKENIZER_FILES if (directory / name).is_file()}
+    return Checkpoint(directory, model, assets, _stop_tokens(model))
+
+
+def export_methods(model: Any, max_cache: int, chunk: int) -> dict[str, ExportedProgram]:
+    """``prefill`` (``chunk`` tokens) and ``decode`` (one token) over a static cache of ``max_cache``
+    positions, exported as transformers' exportable wrapper exports them (strict)."""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    if not 1 <= chunk < max_cache:
+        raise CheckpointError(f"prefill chunk {chunk}: give 1 or more tokens, fewer than the cache's {max_cache}")
+    model.generation_config.use_cache = True
+    model.generation_config.cache_implementation = "static"
+    try:
+        module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_cache).model
+        calls = {
+            "prefill": {"input_ids": torch.zeros(1, chunk, dtype=torch.long), "cache_position": torch.arange(chunk)},
+            "decode": {"input_ids": torch.zeros(1, 1, dtype=torch.long), "cache_position": torch.tensor([chunk])},
+        }
+        quiet = loggers_quieted(["torch._subclasses.fake_tensor", "torch._dynamo", "torch.export"], logging.CRITICAL)
+        with torch.no_grad(), warnings.catch_warnings(), quiet:
+            warnings.simplefilter("ignore")  # dynamo's notes on transformers' own side effects
+            return {m: torch.export.export(module, (), x, strict=True) for m, x in calls.items()}
+    except Exception as e:
+        raise CheckpointError(
+            f"{type(model).__name__} does not export with a static cache ({type(e).__name__}: {first_line(e)}); "
+            "this architecture is not supported by transformers' exportable wrapper"
+        ) from e
+
+
+def settings_asset(max_cache: int, chunk: int, stop_tokens: list[int]) -> bytes:
+    """The generation settings a program carries (``SETTINGS``)."""
+    settings = {"max_cache": max_cache, "prefill_chunk": chunk, "stop_tokens": stop_tokens}
+    return json.dumps(settings, sort_keys=True).encode()
+
+
+def _stop_tokens(model: Any) -> list[int]:
+    found: Any = getattr(model.generation_config, "eos_token_id", None)
+    if found is None:
+        found = getattr(model.config, "eos_token_id", None)
+    tokens = found if isinstance(found, (list, tuple)) else [] if found is None else [found]
+    return sorted({int(t) for t in tokens})
+
+
+def _quiet_transformers() -> Any:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers

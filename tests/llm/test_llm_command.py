@@ -1,0 +1,136 @@
+"""`torchdelegate llm export DIR` then `llm generate FILE`: a checkpoint saved with save_pretrained,
+beside a tokenizer trained here, to generated tokens equal to transformers' generate."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("onnxruntime")
+
+from language_models import tiny_llama  # noqa: E402
+
+TEXT = [
+    "It was the best of times, it was the worst of times, it was the age of wisdom.",
+    "Call me Ishmael. Some years ago, never mind how long precisely, having little money in my purse.",
+    "The quick brown fox jumps over the lazy dog, and the dog sleeps on in the sun.",
+]
+CACHE = 48
+
+
+def _tokenizer() -> object:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(TEXT, trainer)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def _checkpoint(directory: Path, model: torch.nn.Module) -> Path:
+    model.generation_config.eos_token_id = None  # random weights: no stop token, a full run to compare
+    model.config.eos_token_id = None
+    model.save_pretrained(directory)
+    _tokenizer().save_pretrained(directory)  # type: ignore[attr-defined]
+    return directory
+
+
+def _qwen2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=64,
+        use_sliding_window=False,
+    )
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "torchdelegate"
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "torchdelegate.cli"]
+    return subprocess.run([*prefix, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, architecture: str) -> None:
+    model = tiny_llama(vocab_size=512) if architecture == "llama" else _qwen2()
+    checkpoint = _checkpoint(tmp_path / "checkpoint", model)
+    export = ("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", str(CACHE), "--prefill-chunk", "8")
+    exported = _command(*export, cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "tokenizer and generation settings included" in exported.stdout
+    prompt = "It was the best of times"
+    generated = _command(
+        "llm", "generate", "m.tdp", "--prompt", prompt, "--max-new-tokens", "10", "--ids", cwd=tmp_path
+    )
+    assert generated.returncode == 0, generated.stderr
+    ids = [int(t) for t in re.search(r"token ids: \[([0-9, ]*)\]", generated.stdout).group(1).split(", ")]  # type: ignore[union-attr]
+    prompt_ids = _tokenizer().encode(prompt)  # type: ignore[attr-defined]
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([prompt_ids]), max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert ids == expected[0, len(prompt_ids) :].tolist()
+    assert re.search(
+        r"time to first token [0-9.]+ ms; prompt [0-9]+ tokens/s, generation [0-9.]+ tokens/s", generated.stdout
+    )
+
+
+def _refused(result: subprocess.CompletedProcess[str], message: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"torchdelegate: error: {message}") and result.stderr.count("\n") == 1, (
+        result.stderr
+    )
+
+
+def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp_path: Path) -> None:
+    """Each CheckpointError: unreadable or missing weights, no tokenizer, an architecture that does not export."""
+    checkpoint = _checkpoint(tmp_path / "checkpoint", tiny_llama(vocab_size=512))
+    weights = checkpoint / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 3])
+    _refused(_command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: its weights cannot")
+    weights.unlink()
+    _refused(_command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: its weights cannot")
+    bert = tmp_path / "bert"
+    transformers.BertModel(
+        transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(bert)
+    _tokenizer().save_pretrained(bert)  # type: ignore[attr-defined]
+    _refused(
+        _command("llm", "export", bert, "-o", "m.tdp", cwd=tmp_path),
+        "BertLMHeadModel does not export with a static cache",
+    )
+    (checkpoint / "tokenizer.json").unlink()
+    _refused(_command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: no tokenizer.json (")
+    assert not list(tmp_path.glob("*.tdp*")) and not list(tmp_path.glob(".*partial"))
+
+
+def test_a_prompt_longer_than_the_cache_is_refused(tmp_path: Path) -> None:
+    checkpoint = _checkpoint(tmp_path / "checkpoint", tiny_llama(vocab_size=512))
+    assert (
+        _command(
+            "llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", "16", "--prefill-chunk", "4", cwd=tmp_path
+        ).returncode
+        == 0
+    )
+    long = " ".join(TEXT)
+    result = _command("llm", "generate", "m.tdp", "--prompt", long, cwd=tmp_path)
+    _refused(result, "the prompt is")
+    assert "shorten it, or export with a larger --max-cache" in result.stderr
