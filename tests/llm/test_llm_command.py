@@ -134,3 +134,37 @@ def test_a_prompt_longer_than_the_cache_is_refused(tmp_path: Path) -> None:
     result = _command("llm", "generate", "m.tdp", "--prompt", long, cwd=tmp_path)
     _refused(result, "the prompt is")
     assert "shorten it, or export with a larger --max-cache" in result.stderr
+
+
+CHAT = (
+    "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ bos_token }}assistant:{% endif %}"
+)
+
+
+def test_chat_applies_the_checkpoints_template_as_transformers_does(tmp_path: Path) -> None:
+    model = tiny_llama(vocab_size=512)
+    checkpoint = _checkpoint(tmp_path / "checkpoint", model)
+    tokenizer = _tokenizer()
+    tokenizer.chat_template = CHAT  # type: ignore[attr-defined]
+    tokenizer.save_pretrained(checkpoint)  # type: ignore[attr-defined]
+    export = ("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", str(CACHE), "--prefill-chunk", "8")
+    assert _command(*export, cwd=tmp_path).returncode == 0
+    generated = _command(
+        "llm", "generate", "m.tdp", "-p", "hello there", "--chat", "--max-new-tokens", "6", "--ids", cwd=tmp_path
+    )
+    assert generated.returncode == 0, generated.stderr
+    ids = [int(t) for t in re.search(r"token ids: \[([0-9, ]*)\]", generated.stdout).group(1).split(", ")]  # type: ignore[union-attr]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello there"}], add_generation_prompt=True)  # type: ignore[attr-defined]
+    prompt = prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert ids == expected[0, len(prompt) :].tolist()
+    plain = _checkpoint(tmp_path / "plain", tiny_llama(vocab_size=512))
+    assert (
+        _command(
+            "llm", "export", plain, "-o", "p.tdp", "--max-cache", "16", "--prefill-chunk", "4", cwd=tmp_path
+        ).returncode
+        == 0
+    )
+    _refused(_command("llm", "generate", "p.tdp", "-p", "hi", "--chat", cwd=tmp_path), "p.tdp carries no chat template")

@@ -82,7 +82,10 @@ def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
             raise CommandError(f"{args.file} carries no tokenizer: make it with torchdelegate llm export")
         settings = json.loads(program.asset(SETTINGS))
         tokenizer = _tokenizer(program.asset("tokenizer.json"))
-        prompt = tokenizer.encode(args.prompt).ids
+        if args.chat:
+            prompt = tokenizer.encode(_chat_prompt(program, args.prompt), add_special_tokens=False).ids
+        else:
+            prompt = tokenizer.encode(args.prompt).ids
         generator = Generator(program, stop_tokens=settings["stop_tokens"], max_positions=settings["max_cache"])
         if len(prompt) >= settings["max_cache"]:
             raise CommandError(
@@ -102,6 +105,36 @@ def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
         file=out,
     )
     return EXIT_OK
+
+
+def _chat_prompt(program: Any, message: str) -> str:
+    """``message`` as the checkpoint's chat template renders one user turn, ready for the reply.
+
+    The template comes from the file: it is rendered in jinja2's immutable sandbox, which gives it
+    no access to Python beyond the values passed."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    names = program.asset_names
+    config = json.loads(program.asset("tokenizer_config.json")) if "tokenizer_config.json" in names else {}
+    template = program.asset("chat_template.jinja").decode() if "chat_template.jinja" in names else None
+    template = template or config.get("chat_template")
+    if not isinstance(template, str):
+        raise CommandError(f"{program.path} carries no chat template: generate without --chat")
+    special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return environment.from_string(template).render(
+            messages=[{"role": "user", "content": message}], add_generation_prompt=True, **special
+        )
+    except Exception as e:
+        raise CommandError(f"{program.path}: its chat template cannot be rendered ({type(e).__name__}: {e})") from e
+
+
+def _token_text(value: Any) -> str:
+    """A special token's text as tokenizer_config.json gives it (a string, or an object with ``content``)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
 
 
 def _tokenizer(data: bytes) -> Any:

@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
     generate.add_argument("--top-p", type=float, metavar="P", help="sample among the most likely tokens up to P")
     generate.add_argument("--seed", type=int, metavar="S", help="the seed of the sampling")
+    generate.add_argument(
+        "--chat", action="store_true", help="the prompt is a user's message: apply the checkpoint's chat template"
+    )
     generate.add_argument("--ids", action="store_true", help="also print the generated token ids")
     for sub in (export, generate):
         sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")

@@ -19,7 +19,13 @@ from torch.export import ExportedProgram
 from torchdelegate.errors import CheckpointError, first_line
 from torchdelegate.torch_warnings import loggers_quieted
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 SETTINGS = "torchdelegate_llm.json"
 """The asset that says how the program generates: cache length, prefill chunk, stop tokens."""
 
