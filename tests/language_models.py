@@ -38,6 +38,22 @@ def tiny_llama(hidden_size: int = 64, vocab_size: int = 512) -> torch.nn.Module:
     return model
 
 
+def tiny_qwen2(intermediate_size: int = 96, vocab_size: int = 512) -> torch.nn.Module:
+    """A 2-layer Qwen2 (biased q/k/v projections); 96 MLP inputs by default, not a power of two."""
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab_size,
+        max_position_embeddings=64,
+        use_sliding_window=False,
+    )
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
 def tiny_gpt2(vocab_size: int = 512) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=vocab_size, n_positions=64)

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
-from language_models import tiny_llama  # noqa: E402
+from language_models import tiny_llama, tiny_qwen2  # noqa: E402
 
 TEXT = [
     "It was the best of times, it was the worst of times, it was the age of wisdom.",
@@ -48,21 +48,6 @@ def _checkpoint(directory: Path, model: torch.nn.Module) -> Path:
     return directory
 
 
-def _qwen2() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        max_position_embeddings=64,
-        use_sliding_window=False,
-    )
-    return transformers.Qwen2ForCausalLM(config).eval()
-
-
 def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).parent / "torchdelegate"
     prefix = [str(script)] if script.exists() else [sys.executable, "-m", "torchdelegate.cli"]
@@ -71,7 +56,7 @@ def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
 def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, architecture: str) -> None:
-    model = tiny_llama(vocab_size=512) if architecture == "llama" else _qwen2()
+    model = tiny_llama(vocab_size=512) if architecture == "llama" else tiny_qwen2()
     checkpoint = _checkpoint(tmp_path / "checkpoint", model)
     export = ("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", str(CACHE), "--prefill-chunk", "8")
     exported = _command(*export, cwd=tmp_path)
@@ -82,7 +67,7 @@ def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, a
         "llm", "generate", "m.tdp", "--prompt", prompt, "--max-new-tokens", "10", "--ids", cwd=tmp_path
     )
     assert generated.returncode == 0, generated.stderr
-    ids = [int(t) for t in re.search(r"token ids: \[([0-9, ]*)\]", generated.stdout).group(1).split(", ")]  # type: ignore[union-attr]
+    ids = _generated_ids(generated.stdout)
     prompt_ids = _tokenizer().encode(prompt)  # type: ignore[attr-defined]
     with torch.no_grad():
         expected = model.generate(torch.tensor([prompt_ids]), max_new_tokens=10, do_sample=False, pad_token_id=0)
@@ -90,6 +75,13 @@ def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, a
     assert re.search(
         r"time to first token [0-9.]+ ms; prompt [0-9]+ tokens/s, generation [0-9.]+ tokens/s", generated.stdout
     )
+
+
+def _generated_ids(stdout: str) -> list[int]:
+    """The token ids ``llm generate --ids`` printed."""
+    found = re.search(r"token ids: \[([0-9, ]*)\]", stdout)
+    assert found is not None, stdout
+    return [int(t) for t in found.group(1).split(", ")]
 
 
 def _refused(result: subprocess.CompletedProcess[str], message: str) -> None:
@@ -154,7 +146,7 @@ def test_chat_applies_the_checkpoints_template_as_transformers_does(tmp_path: Pa
         "llm", "generate", "m.tdp", "-p", "hello there", "--chat", "--max-new-tokens", "6", "--ids", cwd=tmp_path
     )
     assert generated.returncode == 0, generated.stderr
-    ids = [int(t) for t in re.search(r"token ids: \[([0-9, ]*)\]", generated.stdout).group(1).split(", ")]  # type: ignore[union-attr]
+    ids = _generated_ids(generated.stdout)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello there"}], add_generation_prompt=True)  # type: ignore[attr-defined]
     prompt = prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt
     with torch.no_grad():

@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 torchao_quantization = pytest.importorskip("torchao.quantization")
 
-from language_models import static_cache_module, tiny_llama  # noqa: E402
+from language_models import static_cache_module, tiny_llama, tiny_qwen2  # noqa: E402
 
 import torchdelegate as td  # noqa: E402
 from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
@@ -47,23 +47,6 @@ def _torchao_config(recipe: str) -> Any:
     if recipe == "int4":
         return torchao_quantization.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
     return torchao_quantization.IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
-
-
-def _qwen2() -> torch.nn.Module:
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        hidden_size=64,
-        intermediate_size=96,  # the down projection's 96 inputs: per-row int8 scales span a padded block
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-        use_sliding_window=False,
-    )
-    return transformers.Qwen2ForCausalLM(config).eval()
 
 
 def _calls() -> list[dict[str, Any]]:
@@ -159,7 +142,7 @@ def test_a_llama_quantized_by_torchao_runs_its_products_on_onnx_runtime_integer_
 def test_a_fp32_qwen2_quantized_by_torchdelegate_lowers_to_onnx_runtime_then_reference(
     recipe: str, tmp_path: Path
 ) -> None:
-    fp32 = _export(static_cache_module(_qwen2(), CACHE))
+    fp32 = _export(static_cache_module(tiny_qwen2(), CACHE))
     programs = td.quantize(fp32, recipe)
     bound = ORT_DYNAMIC_BOUND if recipe == "8da4w" else EXACT
     lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], bound, tmp_path)

@@ -7,29 +7,22 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError
-from torchdelegate.cli.lower import ProgressBar, quantized_programs, start_preprocessing
+from torchdelegate.cli.lower import chosen_partitioners, lowered_with_report, start_preprocessing
 from torchdelegate.report.terminal import human_bytes
 
 
 def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
-    from torchdelegate.backends.support import backend_partitioners
-    from torchdelegate.edge_program_manager import edge_keeping
-    from torchdelegate.errors import BackendNotFoundError, CheckpointError
+    from torchdelegate.errors import CheckpointError
     from torchdelegate.llm.checkpoint import SETTINGS, export_methods, read_checkpoint, settings_asset
-    from torchdelegate.partition.capability import CapabilityPartitioner
 
     if args.max_cache < 2:
         raise UsageError(f"--max-cache {args.max_cache}: give at least 2 positions")
-    try:
-        partitioners = backend_partitioners(args.backends or ["onnxruntime", "reference"])
-    except (BackendNotFoundError, ValueError) as error:
-        raise UsageError(str(error.args[0] if error.args else error)) from error
+    partitioners = chosen_partitioners(args, args.backends or ["onnxruntime", "reference"], {})
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         start_preprocessing(args, stack)
@@ -40,13 +33,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         except CheckpointError as error:
             raise CommandError(str(error)) from error
         print(f"exported prefill ({chunk} tokens) and decode from {args.directory}", file=out)
-        if args.quantize is not None:
-            programs = quantized_programs(programs, args, out)
-        edge, kept = edge_keeping(programs, list(partitioners))
-        partitioner = CapabilityPartitioner([p.backends[0] for p in partitioners])
-        with ProgressBar(sys.stderr) as bar:
-            lowered, report = bar.run(edge, partitioner)
-        lowered = kept.decompose_unclaimed(lowered)
+        lowered, report = lowered_with_report(programs, partitioners, args, out)
     assets = {**checkpoint.assets, SETTINGS: settings_asset(args.max_cache, chunk, checkpoint.stop_tokens)}
     _save_whole(lowered, args.output, report.without_cache_answers().to_json(), assets)
     seconds = time.perf_counter() - started

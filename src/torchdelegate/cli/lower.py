@@ -27,30 +27,15 @@ if TYPE_CHECKING:
 
 
 def lower_command(args: argparse.Namespace, out: TextIO) -> int:
-    from torchdelegate.backends.support import backend_partitioners
-    from torchdelegate.edge_program_manager import edge_keeping
-    from torchdelegate.partition.capability import CapabilityPartitioner
     from torchdelegate.report import render_html, render_text
 
     methods = _method_files(args.methods)
-    if args.quantize is None and (args.group_size is not None or args.keep_float):
-        raise UsageError("--group-size and --keep-float go with --quantize RECIPE")
-    try:
-        partitioners = backend_partitioners(args.backends, _compile_specs(args.compile_spec))
-    except (BackendNotFoundError, ValueError) as error:
-        raise UsageError(str(error.args[0] if error.args else error)) from error
+    partitioners = chosen_partitioners(args, args.backends, _compile_specs(args.compile_spec))
     with contextlib.ExitStack() as stack:
         start_preprocessing(args, stack)  # worker processes start while the programs load
         programs = {method: _load_export(method, path) for method, path in methods}
-        supports = [p.backends[0] for p in partitioners]
-        partitioner = CapabilityPartitioner(supports, min_partition_size=args.min_partition_size)
         started = time.perf_counter()
-        if args.quantize is not None:
-            programs = quantized_programs(programs, args, out)
-        edge, kept = edge_keeping(programs, list(partitioners))  # each backend's ops_to_not_decompose
-        with ProgressBar(sys.stderr) as bar:
-            lowered, report = bar.run(edge, partitioner)
-        lowered = kept.decompose_unclaimed(lowered)
+        lowered, report = lowered_with_report(programs, partitioners, args, out, args.min_partition_size)
         seconds = time.perf_counter() - started
     args.output.parent.mkdir(parents=True, exist_ok=True)
     lowered.save(args.output, external_data_path=args.external_data, report=report.without_cache_answers().to_json())
@@ -65,7 +50,43 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def quantized_programs(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+def chosen_partitioners(
+    args: argparse.Namespace, backend_ids: Sequence[str], compile_specs: dict[str, list[Any]]
+) -> list[Any]:
+    """The shipped partitioners of the backends asked for, in priority order; the quantize options checked."""
+    from torchdelegate.backends.support import backend_partitioners
+
+    if args.quantize is None and (args.group_size is not None or args.keep_float):
+        raise UsageError("--group-size and --keep-float go with --quantize RECIPE")
+    try:
+        return backend_partitioners(backend_ids, compile_specs)
+    except (BackendNotFoundError, ValueError) as error:
+        raise UsageError(str(error.args[0] if error.args else error)) from error
+
+
+def lowered_with_report(
+    programs: dict[str, Any],
+    partitioners: list[Any],
+    args: argparse.Namespace,
+    out: TextIO,
+    min_partition_size: int = 1,
+) -> tuple[Any, Any]:
+    """The programs quantized (``--quantize``), decomposed keeping what each backend asks to keep,
+    lowered with a progress bar, and the report; kept ops no backend claimed decomposed after."""
+    from torchdelegate.edge_program_manager import edge_keeping
+    from torchdelegate.partition.capability import CapabilityPartitioner
+
+    if args.quantize is not None:
+        programs = _quantized_programs(programs, args, out)
+    supports = [p.backends[0] for p in partitioners]
+    partitioner = CapabilityPartitioner(supports, min_partition_size=min_partition_size)
+    edge, kept = edge_keeping(programs, list(partitioners))
+    with ProgressBar(sys.stderr) as bar:
+        lowered, report = bar.run(edge, partitioner)
+    return kept.decompose_unclaimed(lowered), report
+
+
+def _quantized_programs(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
     """--quantize RECIPE (--group-size, --keep-float): the recipe applied to every method."""
     from torchdelegate.errors import QuantizationError
     from torchdelegate.quantization.linear import quantized_linears

@@ -161,12 +161,11 @@ def _grouped_integers(dequantize: Node, is_state: Callable[[Node], bool]) -> tup
     if scales.dtype != torch.float32 or _output_dtype(dequantize) != torch.float32:
         return None
     points: Any = None if zero_point is None else _value(zero_point)
-    if points is not None and (points.is_floating_point() or tuple(points.shape) != tuple(scales.shape)):
+    integer = (torch.int8, torch.int16, torch.int32, torch.int64)
+    if points is not None and (points.dtype not in integer or tuple(points.shape) != tuple(scales.shape)):
         return None
     low, high = -128 if quant_min is None else quant_min, 127 if quant_max is None else quant_max
     if not (isinstance(low, int) and isinstance(high, int) and -128 <= low < high <= 127):
-        return None
-    if points is not None and points.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64):
         return None
     return qdata, scale, zero_point, group, columns
 
@@ -222,11 +221,7 @@ def _call(value: Any, target: Any) -> bool:
 def _dequantize_args(node: Node) -> tuple[Any, ...]:
     """``dequantize_affine``'s (input, block_size, scale, zero_point, input_dtype, quant_min, quant_max)."""
     names = ("input", "block_size", "scale", "zero_point", "input_dtype", "quant_min", "quant_max")
-    values = [*node.args[:7]] + [None] * (7 - min(len(node.args), 7))
-    for index, name in enumerate(names):
-        if index >= len(node.args):
-            values[index] = node.kwargs.get(name)
-    return tuple(values)
+    return tuple(node.args[i] if i < len(node.args) else node.kwargs.get(name) for i, name in enumerate(names))
 
 
 def _output_dtype(node: Node) -> Any:
@@ -261,15 +256,7 @@ def _linear_blockwise(
     return torch.nn.functional.linear(x, weight, bias)
 
 
-def _linear_blockwise_shape(
-    x: torch.Tensor,
-    qdata: torch.Tensor,
-    scale: torch.Tensor,
-    zero_point: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    group_size: int,
-    dynamic_int8_activation: bool,
-) -> torch.Tensor:
+def _linear_blockwise_shape(x: torch.Tensor, qdata: torch.Tensor, *_: Any) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], qdata.shape[0]))
 
 

@@ -155,12 +155,11 @@ class _Weights:
                 f"{where}: group size {group} does not divide its {columns} inputs; choose a group size that "
                 "divides the inputs of every layer quantized, or keep this layer in float (keep_float / --keep-float)"
             )
+        torchao = torchao_quantization()
         holder = torch.nn.Linear(columns, int(weight.shape[0]), bias=False, device="meta")
         holder.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)  # shared, not copied
         try:
-            _torchao_quantize(holder, self.recipe, group)
-        except ImportError:
-            raise
+            torchao.quantize_(holder, _torchao_config(torchao, self.recipe, group, columns))
         except Exception as e:
             raise QuantizationError(
                 f"{where}: torchao could not quantize it ({type(e).__name__}: {first_line(e)}); keep it in float "
@@ -182,22 +181,13 @@ def torchao_quantization() -> ModuleType:
         ) from e
 
 
-def _torchao_quantize(holder: torch.nn.Linear, recipe: Recipe, group: int) -> None:
-    torchao = torchao_quantization()
-    from torchao.quantization.granularity import PerAxis, PerGroup
-
-    Int8DynamicActivationIntxWeightConfig = torchao.Int8DynamicActivationIntxWeightConfig
-    IntxWeightOnlyConfig = torchao.IntxWeightOnlyConfig
-    quantize_ = torchao.quantize_
+def _torchao_config(torchao: ModuleType, recipe: Recipe, group: int, columns: int) -> Any:
+    """torchao's config of ``recipe`` for groups of ``group`` of ``columns`` inputs."""
     dtype = getattr(torch, "int4") if recipe.weight_bits == 4 else torch.int8  # noqa: B009  (typeshed lacks it)
-    columns = holder.in_features
-    granularity = PerGroup(group) if group != columns or recipe.grouped else PerAxis(0)
-    config: Any
+    granularity = torchao.PerGroup(group) if group != columns or recipe.grouped else torchao.PerAxis(0)
     if recipe.dynamic_int8_activation:
-        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=granularity)
-    else:
-        config = IntxWeightOnlyConfig(weight_dtype=dtype, granularity=granularity)
-    quantize_(holder, config)
+        return torchao.Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=granularity)
+    return torchao.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=granularity)
 
 
 def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_float: _KeptFloat) -> ExportedProgram:
@@ -317,7 +307,6 @@ class _Rewrite:
     def layer(
         self, linear: Node, weight_name: str, tensors: tuple[torch.Tensor, ...], group: int, recipe: Recipe
     ) -> None:
-        qdata, scale, zero_point = tensors
         nodes = [self._placeholder(f"{weight_name}_{part}", t) for part, t in zip(_PARTS, tensors, strict=True)]
         source, weight = linear.args[0], linear.args[1]
         assert isinstance(source, Node) and isinstance(weight, Node)

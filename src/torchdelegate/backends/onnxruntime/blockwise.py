@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from torchdelegate.backends.onnxruntime.ir_edits import replace_node
 from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.quantization.linear import QuantizedLinear, linear_blockwise
 
@@ -195,16 +196,6 @@ def _bits(integers: np.ndarray, points: np.ndarray | None) -> int:
         )
     narrow = all(-8 <= a.min(initial=0) and a.max(initial=0) <= 7 for a in (integers, points) if a is not None)
     return 4 if narrow else 8
-
-
-def replace_node(model: Any, node: Any, replacement: Any) -> None:
-    """``replacement`` (one output) takes ``node``'s place, its users and its output's name, shape and type."""
-    model.graph.insert_before(node, replacement)
-    old, new = node.outputs[0], replacement.outputs[0]
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    name, old.name = old.name, None  # two values may not hold one name at once
-    new.name, new.shape, new.type = name, old.shape, old.type
-    model.graph.remove(node, safe=True)
 
 
 def _constant(value: Any, what: str) -> np.ndarray:

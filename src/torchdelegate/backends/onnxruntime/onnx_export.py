@@ -21,6 +21,7 @@ from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack
 from torchdelegate.backends.linear import recompose_linear
 from torchdelegate.backends.onnxruntime import blockwise
 from torchdelegate.backends.onnxruntime.blob_header import unpacked
+from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
 from torchdelegate.data import NamedDataMap, NamedDataStore
@@ -56,15 +57,16 @@ def export_partition(
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from None
     program, quantized = with_blockwise_linears(recompose_linear(program))
+    folds_constants = options.level != "disable"
     if options.fusions:
         try:
-            return _accepted_blob(program, True, compile_specs, store, where, quantized)
+            return _accepted_blob(program, True, compile_specs, store, where, quantized, folds_constants)
         except Refused as e:
             warnings.warn(
                 f"onnxruntime: {where}: {e}; this partition is exported without onnxscript's fusions", stacklevel=2
             )
     try:
-        return _accepted_blob(program, False, compile_specs, store, where, quantized)
+        return _accepted_blob(program, False, compile_specs, store, where, quantized, folds_constants)
     except Refused as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
 
@@ -97,13 +99,13 @@ def _accepted_blob(
     store: NamedDataStore,
     where: str,
     quantized: int = 0,
+    folds_constants: bool = True,
 ) -> bytes:
     """The blob, once ONNX Runtime has loaded it as ``init`` will; only then do its weights join ``store``.
 
     The check packs no weights: a packed copy of every weight would double the lowering's memory.
     """
     attempt = NamedDataStore()
-    folds_constants = Options(compile_specs).level != "disable"
     blob = _exported_blob(program, fuse, attempt, where, quantized, folds_constants)
     output = attempt.get_named_data_store_output()
     try:
@@ -197,9 +199,7 @@ def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:
         zeros = ir.node("ConstantOfShape", [shape], {"value": ir.tensor(np.zeros(1, dtype=array.dtype))})
         model.graph.insert_before(model.graph[0], zeros)
         model.graph.initializers.pop(name)
-        value.replace_all_uses_with(zeros.outputs[0])
-        zeros.outputs[0].name, value.name = name, None
-        zeros.outputs[0].shape, zeros.outputs[0].type = value.shape, value.type
+        take_place(model, value, zeros.outputs[0])
 
 
 def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
@@ -214,7 +214,7 @@ def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
             continue
         attributes = {"transA": 0, "transB": 1, "alpha": 1.0}
         product = ir.node("FusedMatMul", [node.inputs[0], transpose.inputs[0]], attributes, domain="com.microsoft")
-        blockwise.replace_node(model, node, product)
+        replace_node(model, node, product)
         if not transpose.outputs[0].uses():
             model.graph.remove(transpose, safe=True)
         model.opset_imports.setdefault("com.microsoft", 1)
