@@ -48,10 +48,13 @@ def _checkpoint(directory: Path, model: torch.nn.Module) -> Path:
     return directory
 
 
-def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _prefix() -> list[str]:
     script = Path(sys.executable).parent / "torchdelegate"
-    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "torchdelegate.cli"]
-    return subprocess.run([*prefix, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torchdelegate.cli"]
+
+
+def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*_prefix(), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
@@ -152,6 +155,7 @@ def test_chat_applies_the_checkpoints_template_as_transformers_does(tmp_path: Pa
     with torch.no_grad():
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert ids == expected[0, len(prompt) :].tolist()
+    _chat_continues_from_the_cache_as_transformers_reads_the_whole_conversation(tmp_path, model, tokenizer)
     plain = _checkpoint(tmp_path / "plain", tiny_llama(vocab_size=512))
     assert (
         _command(
@@ -160,3 +164,38 @@ def test_chat_applies_the_checkpoints_template_as_transformers_does(tmp_path: Pa
         == 0
     )
     _refused(_command("llm", "generate", "p.tdp", "-p", "hi", "--chat", cwd=tmp_path), "p.tdp carries no chat template")
+    _refused(_command("llm", "chat", "p.tdp", cwd=tmp_path), "p.tdp carries no chat template")
+
+
+def _chat_continues_from_the_cache_as_transformers_reads_the_whole_conversation(
+    tmp_path: Path, model: torch.nn.Module, tokenizer: object
+) -> None:
+    """Turns of ``llm chat``: each reads only what the cache lacks and answers as transformers does from the
+    whole conversation; a message too long for the cache is refused and the chat goes on; a conversation
+    that outgrows the cache starts again from its last message; /reset starts over."""
+    lines = ["hello there", " ".join(TEXT * 2), "and then", "ok", "/reset", "hello there"]
+    chat = subprocess.run(
+        [*_prefix(), "llm", "chat", "m.tdp", "--ids", "--max-new-tokens", "5"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stderr.startswith("torchdelegate: error: the prompt is") and chat.stderr.count("\n") == 1
+    replies = [[int(t) for t in ids.split(", ")] for ids in re.findall(r"token ids: \[([0-9, ]*)\]", chat.stdout)]
+    assert len(replies) == 4 and "earlier turns are forgotten" in chat.stdout and "(a new conversation)" in chat.stdout
+    messages: list[dict[str, str]] = []
+    for message, reply in zip(["hello there", "and then", "ok"], replies, strict=False):
+        messages.append({"role": "user", "content": message})
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)  # type: ignore[attr-defined]
+        if len(prompt) >= CACHE:  # what the chat did: forget the earlier turns
+            messages = messages[-1:]
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)  # type: ignore[attr-defined]
+        with torch.no_grad():
+            expected = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False, pad_token_id=0)
+        room = CACHE - len(prompt) + 1  # a full cache ends the reply early
+        assert reply == expected[0, len(prompt) :].tolist()[:room]
+        messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})  # type: ignore[attr-defined]
+    assert replies[3] == replies[0]

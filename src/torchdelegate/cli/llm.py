@@ -1,4 +1,4 @@
-"""``torchdelegate llm export DIR`` and ``torchdelegate llm generate FILE``: a transformers
+"""``torchdelegate llm export DIR``, ``llm generate FILE`` and ``llm chat FILE``: a transformers
 checkpoint lowered to one file that carries its tokenizer, and text generated from that file."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -55,32 +56,17 @@ def _save_whole(lowered: Any, path: Path, report: dict[str, Any], assets: dict[s
 
 def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
     import torchdelegate as td
-    from torchdelegate.llm import Generator, Sampling
-    from torchdelegate.llm.checkpoint import SETTINGS
 
-    try:
-        sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: give 1 or more")
+    sampling = _sampling(args)
     with td.load(args.file) as program:
-        if SETTINGS not in program.asset_names or "tokenizer.json" not in program.asset_names:
-            raise CommandError(f"{args.file} carries no tokenizer: make it with torchdelegate llm export")
-        settings = json.loads(program.asset(SETTINGS))
-        tokenizer = _tokenizer(program.asset("tokenizer.json"))
+        model = _LanguageModel(program)
         if args.chat:
-            prompt = tokenizer.encode(_chat_prompt(program, args.prompt), add_special_tokens=False).ids
+            text = model.chat_template().render([{"role": "user", "content": args.prompt}])
+            prompt = model.tokenizer.encode(text, add_special_tokens=False).ids
         else:
-            prompt = tokenizer.encode(args.prompt).ids
-        generator = Generator(program, stop_tokens=settings["stop_tokens"], max_positions=settings["max_cache"])
-        if len(prompt) >= settings["max_cache"]:
-            raise CommandError(
-                f"the prompt is {len(prompt)} tokens and the program's cache holds {settings['max_cache']}; "
-                "shorten it, or export with a larger --max-cache"
-            )
-        shown = _Stream(tokenizer, out)
-        generation = generator.generate(prompt, args.max_new_tokens, sampling, on_token=shown)
+            prompt = model.tokenizer.encode(args.prompt).ids
+        model.check_fits(prompt)
+        generation = model.generator.generate(prompt, args.max_new_tokens, sampling, on_token=_Stream(model, out))
     print("", file=out)
     if args.ids:
         print(f"token ids: {generation.tokens}", file=out)
@@ -94,27 +80,162 @@ def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _chat_prompt(program: Any, message: str) -> str:
-    """``message`` as the checkpoint's chat template renders one user turn, ready for the reply.
+def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
+    """Read a user's messages line by line (a terminal, or any stdin), answer each in turn.
+
+    The conversation so far stays in the KV cache: each turn reads only the tokens the cache does
+    not hold yet. When the conversation outgrows the cache, the earlier turns are dropped."""
+    import torchdelegate as td
+
+    sampling = _sampling(args)
+    interactive = sys.stdin.isatty()
+    with td.load(args.file) as program:
+        model = _LanguageModel(program)
+        conversation = _Conversation(model, args.system)
+        print(
+            f"chatting with {args.file.name} ({model.settings['max_cache']} positions of context); "
+            "/reset starts over, /exit or end of input ends",
+            file=out,
+        )
+        while (message := _next_message(interactive, out)) is not None:
+            if message == "/exit":
+                break
+            if message == "/reset":
+                conversation.reset()
+                print("(a new conversation)", file=out)
+            elif message:
+                try:
+                    generation = conversation.reply(message, args.max_new_tokens, sampling, out)
+                except CommandError as error:  # this message is refused; the conversation goes on
+                    print(f"torchdelegate: error: {error}", file=sys.stderr)
+                    continue
+                stats = generation.stats
+                ids = f"; token ids: {generation.tokens}" if args.ids else ""
+                print(
+                    f"\n({stats.new_tokens} tokens, first after {stats.time_to_first_token * 1e3:.0f} ms, "
+                    f"{stats.decode_tokens_per_second:.1f} tokens/s{ids})",
+                    file=out,
+                )
+    return EXIT_OK
+
+
+def _next_message(interactive: bool, out: TextIO) -> str | None:
+    """The user's next line, stripped; None at the end of input."""
+    if interactive:
+        try:
+            return input("> ").strip()
+        except EOFError:
+            print("", file=out)
+            return None
+    line = sys.stdin.readline()
+    return line.strip() if line else None
+
+
+def _sampling(args: argparse.Namespace) -> Any:
+    from torchdelegate.llm import Sampling
+
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: give 1 or more")
+    try:
+        return Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+class _LanguageModel:
+    """What a file ``llm export`` wrote carries to generate text: its settings, tokenizer and generator."""
+
+    def __init__(self, program: Any) -> None:
+        from torchdelegate.llm import Generator
+        from torchdelegate.llm.checkpoint import SETTINGS
+
+        if SETTINGS not in program.asset_names or "tokenizer.json" not in program.asset_names:
+            raise CommandError(f"{program.path} carries no tokenizer: make it with torchdelegate llm export")
+        self.program = program
+        self.settings = json.loads(program.asset(SETTINGS))
+        self.tokenizer = _tokenizer(program.asset("tokenizer.json"))
+        stop_tokens, max_cache = self.settings["stop_tokens"], self.settings["max_cache"]
+        self.generator = Generator(program, stop_tokens=stop_tokens, max_positions=max_cache)
+
+    def check_fits(self, prompt: list[int]) -> None:
+        if len(prompt) >= self.settings["max_cache"]:
+            raise CommandError(
+                f"the prompt is {len(prompt)} tokens and the program's cache holds {self.settings['max_cache']}; "
+                "shorten it, or export with a larger --max-cache"
+            )
+
+    def chat_template(self) -> _ChatTemplate:
+        program, names = self.program, self.program.asset_names
+        config = json.loads(program.asset("tokenizer_config.json")) if "tokenizer_config.json" in names else {}
+        template = program.asset("chat_template.jinja").decode() if "chat_template.jinja" in names else None
+        template = template or config.get("chat_template")
+        if not isinstance(template, str):
+            raise CommandError(f"{program.path} carries no chat template: generate without --chat")
+        return _ChatTemplate(program.path, template, config)
+
+
+class _ChatTemplate:
+    """The checkpoint's chat template, which turns a conversation into the text the model reads.
 
     The template comes from the file: it is rendered in jinja2's immutable sandbox, which gives it
     no access to Python beyond the values passed."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    names = program.asset_names
-    config = json.loads(program.asset("tokenizer_config.json")) if "tokenizer_config.json" in names else {}
-    template = program.asset("chat_template.jinja").decode() if "chat_template.jinja" in names else None
-    template = template or config.get("chat_template")
-    if not isinstance(template, str):
-        raise CommandError(f"{program.path} carries no chat template: generate without --chat")
-    special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    try:
-        return environment.from_string(template).render(
-            messages=[{"role": "user", "content": message}], add_generation_prompt=True, **special
-        )
-    except Exception as e:
-        raise CommandError(f"{program.path}: its chat template cannot be rendered ({type(e).__name__}: {e})") from e
+    def __init__(self, path: Path, template: str, config: dict[str, Any]) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        self.path = path
+        self.special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        try:
+            self.template = environment.from_string(template)
+        except Exception as e:
+            raise CommandError(f"{path}: its chat template cannot be read ({type(e).__name__}: {e})") from e
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """``messages`` as the text the model reads, ending where the assistant's reply begins."""
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
+        except Exception as e:
+            raise CommandError(f"{self.path}: its chat template cannot be rendered ({type(e).__name__}: {e})") from e
+
+
+class _Conversation:
+    """The messages so far, and the tokens the KV cache holds at positions 0, 1, ..."""
+
+    def __init__(self, model: _LanguageModel, system: str | None) -> None:
+        self.model, self.template = model, model.chat_template()
+        self.opening = [{"role": "system", "content": system}] if system else []
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = list(self.opening)
+        self.cached: list[int] = []
+
+    def reply(self, message: str, max_new_tokens: int, sampling: Any, out: TextIO) -> Any:
+        """Answer ``message``, streaming the reply to ``out``; a message that does not fit the cache even
+        alone is refused (CommandError) and leaves the conversation as it was."""
+        turn = {"role": "user", "content": message}
+        self.model.check_fits(self._prompt([*self.opening, turn]))
+        prompt = self._prompt([*self.messages, turn])
+        if len(prompt) >= self.model.settings["max_cache"]:
+            print("(the conversation outgrew the cache: earlier turns are forgotten)", file=out)
+            self.messages = list(self.opening)
+            prompt = self._prompt([*self.messages, turn])
+        self.messages.append(turn)
+        held = min(_common_prefix(self.cached, prompt), len(prompt) - 1)
+        stream = _Stream(self.model, out)
+        generation = self.model.generator.generate(prompt, max_new_tokens, sampling, on_token=stream, cached=held)
+        self.cached = prompt + generation.tokens[:-1]  # the last token chosen was never read
+        self.messages.append({"role": "assistant", "content": stream.text()})
+        return generation
+
+    def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(self.model.tokenizer.encode(self.template.render(messages), add_special_tokens=False).ids)
+
+
+def _common_prefix(first: list[int], second: list[int]) -> int:
+    length = min(len(first), len(second))
+    return next((i for i in range(length) if first[i] != second[i]), length)
 
 
 def _token_text(value: Any) -> str:
@@ -135,15 +256,18 @@ def _tokenizer(data: bytes) -> Any:
 class _Stream:
     """Prints each token's text as it comes: the decoded text so far, less what was printed."""
 
-    def __init__(self, tokenizer: Any, out: TextIO) -> None:
-        self.tokenizer, self.out = tokenizer, out
+    def __init__(self, model: _LanguageModel, out: TextIO) -> None:
+        self.tokenizer, self.out = model.tokenizer, out
         self.tokens: list[int] = []
         self.printed = ""
 
     def __call__(self, token: int) -> None:
         self.tokens.append(token)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        text = self.text()
         if text.startswith(self.printed) and not text.endswith("\ufffd"):  # a character still being spelled
             self.out.write(text[len(self.printed) :])
             self.out.flush()
             self.printed = text
+
+    def text(self) -> str:
+        return str(self.tokenizer.decode(self.tokens, skip_special_tokens=True))

@@ -22,7 +22,7 @@ from torchdelegate.cli.command import (
 )
 from torchdelegate.cli.demo import demo_command
 from torchdelegate.cli.inspect import inspect_command
-from torchdelegate.cli.llm import llm_export_command, llm_generate_command
+from torchdelegate.cli.llm import llm_chat_command, llm_export_command, llm_generate_command
 from torchdelegate.cli.lower import lower_command
 from torchdelegate.cli.parser import build_parser
 from torchdelegate.cli.prepare import prepare_command
@@ -42,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": demo_command,
         "llm export": llm_export_command,
         "llm generate": llm_generate_command,
+        "llm chat": llm_chat_command,
     }
     out = sys.stdout if args.command in ("lower", "demo", "llm") else cast(TextIO, PrintableText(sys.stdout))
     try:

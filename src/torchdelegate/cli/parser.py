@@ -142,16 +142,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("file", type=Path)
     generate.add_argument("--prompt", "-p", required=True, help="the text to continue")
-    generate.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="at most N tokens (default 64)")
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
-    generate.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
-    generate.add_argument("--top-p", type=float, metavar="P", help="sample among the most likely tokens up to P")
-    generate.add_argument("--seed", type=int, metavar="S", help="the seed of the sampling")
     generate.add_argument(
         "--chat", action="store_true", help="the prompt is a user's message: apply the checkpoint's chat template"
     )
-    generate.add_argument("--ids", action="store_true", help="also print the generated token ids")
-    for sub in (export, generate):
+    chat = llm_commands.add_parser(
+        "chat",
+        help="talk with a program llm export wrote",
+        description="An interactive conversation: each line read is a user's message, answered through the "
+        "checkpoint's chat template. The conversation stays in the KV cache; earlier turns are dropped when it "
+        "outgrows it. /reset starts over; /exit or the end of input ends.",
+    )
+    chat.add_argument("file", type=Path)
+    chat.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
+    for sub, tokens in ((generate, 64), (chat, 256)):
+        sub.add_argument(
+            "--max-new-tokens", type=int, default=tokens, metavar="N", help=f"at most N tokens (default {tokens})"
+        )
+        sub.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
+        sub.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
+        sub.add_argument("--top-p", type=float, metavar="P", help="sample among the most likely tokens up to P")
+        sub.add_argument("--seed", type=int, metavar="S", help="the seed of the sampling")
+        sub.add_argument("--ids", action="store_true", help="also print the generated token ids")
+    for sub in (export, generate, chat):
         sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
 
     demo = commands.add_parser(

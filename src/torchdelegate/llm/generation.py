@@ -97,14 +97,18 @@ class Generator:
         max_new_tokens: int,
         sampling: Sampling = Sampling(),
         on_token: Callable[[int], None] | None = None,
+        cached: int = 0,
     ) -> Generation:
         """Up to ``max_new_tokens`` tokens after ``prompt`` (its ids), each passed to ``on_token``
-        as soon as it is chosen."""
+        as soon as it is chosen.
+
+        ``cached``: how many of the prompt's first tokens the cache already holds at their
+        positions, from an earlier call (a conversation's previous turns); only the rest is read."""
         tokens: list[int] = []
         finish = "max new tokens"
         started = time.perf_counter()
         first = started
-        for token in self._tokens(list(prompt), max_new_tokens, sampling):
+        for token in self._tokens(list(prompt), max_new_tokens, sampling, cached):
             if not tokens:
                 first = time.perf_counter()
             if isinstance(token, str):
@@ -117,22 +121,24 @@ class Generator:
                 finish = "stop token"
                 break
         done = time.perf_counter()
-        stats = GenerationStats(len(prompt), len(tokens), first - started, done - first)
+        stats = GenerationStats(len(prompt) - cached, len(tokens), first - started, done - first)
         return Generation(tokens, finish, stats)
 
     def stream(self, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling = Sampling()) -> Iterator[int]:
         """The new tokens one by one, as they are chosen; stops after a stop token."""
-        for token in self._tokens(list(prompt), max_new_tokens, sampling):
+        for token in self._tokens(list(prompt), max_new_tokens, sampling, 0):
             if isinstance(token, str):
                 return
             yield token
             if token in self.stop_tokens:
                 return
 
-    def _tokens(self, prompt: list[int], max_new_tokens: int, sampling: Sampling) -> Iterator[int | str]:
+    def _tokens(self, prompt: list[int], max_new_tokens: int, sampling: Sampling, cached: int) -> Iterator[int | str]:
         """Each new token; ``"cache full"`` when the cache has no room for the next."""
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
+        if not 0 <= cached < len(prompt):
+            raise ValueError(f"cached {cached!r}: give 0 to {len(prompt) - 1}, leaving at least one token to read")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens {max_new_tokens!r}: give 1 or more")
         if self.max_positions is not None and len(prompt) >= self.max_positions:
@@ -142,7 +148,7 @@ class Generator:
             )
         choose = _Chooser(sampling)
         with torch.no_grad():
-            token = choose(self._read_prompt(prompt))
+            token = choose(self._read_prompt(prompt, cached))
             position = len(prompt)
             for count in range(max_new_tokens):
                 yield token
@@ -155,11 +161,11 @@ class Generator:
                 token = choose(logits[0, -1])
                 position += 1
 
-    def _read_prompt(self, prompt: list[int]) -> torch.Tensor:
-        """The prompt written into the cache; the logits after its last token."""
-        chunk = self.chunk or len(prompt)
+    def _read_prompt(self, prompt: list[int], cached: int) -> torch.Tensor:
+        """The prompt from position ``cached`` on written into the cache; the logits after its last token."""
+        chunk = self.chunk or len(prompt) - cached
         logits = torch.empty(0)
-        for start in range(0, len(prompt), chunk):
+        for start in range(cached, len(prompt), chunk):
             part = prompt[start : start + chunk]
             if self.max_positions is not None and start + chunk > self.max_positions:
                 for offset, token in enumerate(part):  # no room to pad: one token at a time
