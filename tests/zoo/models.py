@@ -187,44 +187,31 @@ def static_cache(model: nn.Module) -> Case:
     return Case({"prefill": module, "decode": module}, calls, strict=True)
 
 
-def llama() -> Case:
+def llama_model() -> nn.Module:
     from language_models import tiny_llama
 
-    return static_cache(tiny_llama(vocab_size=VOCAB))
+    return tiny_llama(vocab_size=VOCAB)
 
 
-def qwen2() -> Case:
-    model = from_config("Qwen2ForCausalLM", "Qwen2Config", **DECODER_CONFIG, use_sliding_window=False)
-    return static_cache(model)
-
-
-def gemma() -> Case:
-    model = from_config("GemmaForCausalLM", "GemmaConfig", **DECODER_CONFIG, head_dim=16)
-    return static_cache(model)
-
-
-def phi3() -> Case:
-    return static_cache(from_config("Phi3ForCausalLM", "Phi3Config", **DECODER_CONFIG, pad_token_id=0))
-
-
-def gpt2() -> Case:
-    """GPT-2 returning its CausalLMOutputWithCrossAttentions as it is (no cache)."""
+def gpt2_model() -> nn.Module:
     from language_models import tiny_gpt2
 
-    return forward(tiny_gpt2(vocab_size=VOCAB), tokens(), use_cache=False)
+    return tiny_gpt2(vocab_size=VOCAB)
 
 
-def mistral() -> Case:
-    return logits(from_config("MistralForCausalLM", "MistralConfig", **DECODER_CONFIG, sliding_window=None))
+_WITHOUT_GQA = {k: v for k, v in DECODER_CONFIG.items() if k != "num_key_value_heads"}
 
-
-def phi() -> Case:
-    config = {k: v for k, v in DECODER_CONFIG.items() if k != "num_key_value_heads"}
-    return logits(from_config("PhiForCausalLM", "PhiConfig", **config))
-
-
-def opt() -> Case:
-    config = dict(
+CAUSAL_LMS: dict[str, Callable[[], nn.Module]] = {
+    "llama": llama_model,
+    "qwen2": lambda: from_config("Qwen2ForCausalLM", "Qwen2Config", **DECODER_CONFIG, use_sliding_window=False),
+    "gemma": lambda: from_config("GemmaForCausalLM", "GemmaConfig", **DECODER_CONFIG, head_dim=16),
+    "phi3": lambda: from_config("Phi3ForCausalLM", "Phi3Config", **DECODER_CONFIG, pad_token_id=0),
+    "gpt2": gpt2_model,
+    "mistral": lambda: from_config("MistralForCausalLM", "MistralConfig", **DECODER_CONFIG, sliding_window=None),
+    "phi": lambda: from_config("PhiForCausalLM", "PhiConfig", **_WITHOUT_GQA),
+    "opt": lambda: from_config(
+        "OPTForCausalLM",
+        "OPTConfig",
         hidden_size=32,
         ffn_dim=64,
         num_hidden_layers=2,
@@ -232,17 +219,11 @@ def opt() -> Case:
         vocab_size=VOCAB,
         max_position_embeddings=64,
         word_embed_proj_dim=32,
-    )
-    return logits(from_config("OPTForCausalLM", "OPTConfig", **config))
-
-
-def gpt_neox() -> Case:
-    config = {k: v for k, v in DECODER_CONFIG.items() if k != "num_key_value_heads"}
-    return logits(from_config("GPTNeoXForCausalLM", "GPTNeoXConfig", **config))
-
-
-def falcon() -> Case:
-    config = dict(
+    ),
+    "gpt-neox": lambda: from_config("GPTNeoXForCausalLM", "GPTNeoXConfig", **_WITHOUT_GQA),
+    "falcon": lambda: from_config(
+        "FalconForCausalLM",
+        "FalconConfig",
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -250,12 +231,55 @@ def falcon() -> Case:
         new_decoder_architecture=False,
         multi_query=True,
         alibi=False,
-    )
-    return logits(from_config("FalconForCausalLM", "FalconConfig", **config))
+    ),
+    "qwen3": lambda: from_config("Qwen3ForCausalLM", "Qwen3Config", **DECODER_CONFIG, head_dim=16),
+}
+"""The zoo's decoder-only language models, each from a tiny config with random weights (seed it first)."""
+
+
+def llama() -> Case:
+    return static_cache(CAUSAL_LMS["llama"]())
+
+
+def qwen2() -> Case:
+    return static_cache(CAUSAL_LMS["qwen2"]())
+
+
+def gemma() -> Case:
+    return static_cache(CAUSAL_LMS["gemma"]())
+
+
+def phi3() -> Case:
+    return static_cache(CAUSAL_LMS["phi3"]())
+
+
+def gpt2() -> Case:
+    """GPT-2 returning its CausalLMOutputWithCrossAttentions as it is (no cache)."""
+    return forward(CAUSAL_LMS["gpt2"](), tokens(), use_cache=False)
+
+
+def mistral() -> Case:
+    return logits(CAUSAL_LMS["mistral"]())
+
+
+def phi() -> Case:
+    return logits(CAUSAL_LMS["phi"]())
+
+
+def opt() -> Case:
+    return logits(CAUSAL_LMS["opt"]())
+
+
+def gpt_neox() -> Case:
+    return logits(CAUSAL_LMS["gpt-neox"]())
+
+
+def falcon() -> Case:
+    return logits(CAUSAL_LMS["falcon"]())
 
 
 def qwen3() -> Case:
-    return logits(from_config("Qwen3ForCausalLM", "Qwen3Config", **DECODER_CONFIG, head_dim=16))
+    return logits(CAUSAL_LMS["qwen3"]())
 
 
 # ---------------------------------------------------------------- encoder-decoders

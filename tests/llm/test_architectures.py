@@ -1,0 +1,69 @@
+"""The zoo's decoder-only architectures through ``torchdelegate llm export`` and ``llm generate``:
+greedy tokens equal to transformers' generate; those transformers' exportable wrapper cannot
+export with a static cache refused in one line. (Llama and Qwen2 are in test_llm_command.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+pytest.importorskip("onnxruntime")
+
+from zoo.models import CAUSAL_LMS, VOCAB  # noqa: E402
+
+from torchdelegate.cli.main import main  # noqa: E402
+
+EXPORTED = ["gemma", "phi3", "gpt2", "mistral", "phi", "gpt-neox", "qwen3"]
+REFUSED = {"opt": "OPTForCausalLM", "falcon": "FalconForCausalLM"}  # the wrapper fails on their decode step
+PROMPT = [5, 9, 17, 33, 2, 70, 101, 64, 12, 3]  # more than one prefill chunk of 4
+
+
+def _checkpoint(directory: Path, architecture: str) -> tuple[torch.nn.Module, Path]:
+    """The zoo's model saved as save_pretrained does, beside a word-level tokenizer of its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    model = CAUSAL_LMS[architecture]()
+    model.generation_config.eos_token_id = None  # random weights: no stop token, a full run to compare
+    model.config.eos_token_id = None
+    model.save_pretrained(directory)
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return model, directory
+
+
+@pytest.mark.parametrize("architecture", EXPORTED)
+def test_export_then_generate_gives_transformers_greedy_tokens(
+    tmp_path: Path, architecture: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, checkpoint = _checkpoint(tmp_path / "checkpoint", architecture)
+    program = tmp_path / "m.tdp"
+    export = ["llm", "export", str(checkpoint), "-o", str(program), "--max-cache", "24", "--prefill-chunk", "4"]
+    assert main(export) == 0
+    prompt = " ".join(f"w{i}" for i in PROMPT)
+    capsys.readouterr()
+    assert main(["llm", "generate", str(program), "-p", prompt, "--max-new-tokens", "8", "--ids"]) == 0
+    found = re.search(r"token ids: \[([0-9, ]*)\]", capsys.readouterr().out)
+    assert found is not None
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert [int(t) for t in found.group(1).split(", ")] == expected[0, len(PROMPT) :].tolist()
+
+
+@pytest.mark.parametrize("architecture", sorted(REFUSED))
+def test_an_architecture_the_wrapper_cannot_export_is_refused(
+    tmp_path: Path, architecture: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, checkpoint = _checkpoint(tmp_path / "checkpoint", architecture)
+    assert main(["llm", "export", str(checkpoint), "-o", str(tmp_path / "m.tdp")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"torchdelegate: error: {REFUSED[architecture]} does not export with a static cache")
+    assert error.count("\n") == 1 and not list(tmp_path.glob("*.tdp")) and not list(tmp_path.glob(".*.partial"))
+    assert json.loads((checkpoint / "config.json").read_text())["architectures"] == [REFUSED[architecture]]
