@@ -88,3 +88,32 @@ def test_sampling_is_reproducible_with_a_seed_and_the_cache_bounds_generation(
     for bad, message in (({"temperature": -1.0}, "temperature"), ({"top_k": 0}, "top_k"), ({"top_p": 0.0}, "top_p")):
         with pytest.raises(ValueError, match=message):
             Sampling(**bad)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def dynamic(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    """The same model with a prefill of any prompt length, exported as ``llm export`` does."""
+    from torchdelegate.llm.checkpoint import export_methods
+
+    model = tiny_llama(vocab_size=VOCAB)
+    path = tmp_path_factory.mktemp("llm") / "dynamic.tdp"
+    programs = export_methods(model, CACHE, None)
+    td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner(), ReferencePartitioner()]).save(path)
+    return model, path
+
+
+def test_a_prefill_of_dynamic_length_reads_any_prompt_in_one_call(dynamic: tuple[torch.nn.Module, Path]) -> None:
+    """One token (read by decode), a few, the most the cache takes; and a prompt read after ``cached``
+    tokens an earlier call left in the cache."""
+    model, path = dynamic
+    with td.load(path) as program:
+        generator = Generator(program, max_positions=CACHE)
+        assert generator.chunk is None
+        for length in (1, 5, CACHE - 1):
+            prompt = torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+            assert generator.generate(prompt, 1).tokens == _transformers_greedy(model, prompt, 1)
+        first = generator.generate([4, 5, 6, 7], 3).tokens
+        prompt = [4, 5, 6, 7, *first[:-1], 9, 10]
+        assert generator.generate(prompt, 4, cached=6).tokens == _transformers_greedy(model, prompt, 4)
+        with pytest.raises(ValueError, match="cached 6: give 0 to 5"):
+            generator.generate(prompt[:6], 1, cached=6)

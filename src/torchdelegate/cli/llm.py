@@ -21,19 +21,22 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.errors import CheckpointError
     from torchdelegate.llm.checkpoint import SETTINGS, export_methods, read_checkpoint, settings_asset
 
-    if args.max_cache < 2:
-        raise UsageError(f"--max-cache {args.max_cache}: give at least 2 positions")
+    if args.max_cache < 3:
+        raise UsageError(f"--max-cache {args.max_cache}: give at least 3 positions")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise UsageError(f"--prefill-chunk {args.prefill_chunk}: give 1 or more tokens")
     partitioners = chosen_partitioners(args, args.backends or ["onnxruntime", "reference"], {})
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         start_preprocessing(args, stack)
         try:
             checkpoint = read_checkpoint(args.directory)
-            chunk = min(args.prefill_chunk, args.max_cache - 1)
+            chunk = None if args.prefill_chunk is None else min(args.prefill_chunk, args.max_cache - 1)
             programs = export_methods(checkpoint.model, args.max_cache, chunk)
         except CheckpointError as error:
             raise CommandError(str(error)) from error
-        print(f"exported prefill ({chunk} tokens) and decode from {args.directory}", file=out)
+        prompt = f"{chunk} tokens at a time" if chunk else f"prompts of 2 to {args.max_cache - 1} tokens"
+        print(f"exported prefill ({prompt}) and decode from {args.directory}", file=out)
         lowered, report = lowered_with_report(programs, partitioners, args, out)
     assets = {**checkpoint.assets, SETTINGS: settings_asset(args.max_cache, chunk, checkpoint.stop_tokens)}
     _save_whole(lowered, args.output, report.without_cache_answers().to_json(), assets)

@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         help="a checkpoint directory to one program file",
         description="Load the checkpoint in DIR (config.json, safetensors weights, tokenizer.json), export prefill "
-        "(a chunk of prompt tokens) and decode (one token) over a static KV cache, lower them to the backends in "
+        "(the prompt) and decode (one token) over a static KV cache, lower them to the backends in "
         "priority order, and save one file with the tokenizer and generation settings.",
     )
     export.add_argument("directory", type=Path, metavar="DIR", help="the checkpoint directory save_pretrained wrote")
@@ -131,7 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--max-cache", type=int, default=256, metavar="N", help="KV cache positions (default 256)")
     export.add_argument(
-        "--prefill-chunk", type=int, default=32, metavar="N", help="prompt tokens prefill takes at a time (default 32)"
+        "--prefill-chunk",
+        type=int,
+        metavar="N",
+        help="export prefill for exactly N tokens, read a prompt N at a time (for backends that need static "
+        "shapes); default: prefill takes a prompt of any length up to the cache",
     )
     _lowering_options(export)
     generate = llm_commands.add_parser(

@@ -75,25 +75,32 @@ def _read_checkpoint(directory: Path) -> Checkpoint:
     return Checkpoint(directory, model, assets, _stop_tokens(model))
 
 
-def export_methods(model: Any, max_cache: int, chunk: int) -> dict[str, ExportedProgram]:
-    """``prefill`` (``chunk`` tokens) and ``decode`` (one token) over a static cache of ``max_cache``
-    positions, exported as transformers' exportable wrapper exports them (strict)."""
+def export_methods(model: Any, max_cache: int, chunk: int | None) -> dict[str, ExportedProgram]:
+    """``prefill`` and ``decode`` (one token) over a static cache of ``max_cache`` positions, exported
+    as transformers' exportable wrapper exports them (strict). Prefill takes a prompt of any length from
+    2 to ``max_cache - 1`` tokens, or exactly ``chunk`` tokens for backends that need static shapes."""
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    if not 1 <= chunk < max_cache:
+    if chunk is not None and not 1 <= chunk < max_cache:
         raise CheckpointError(f"prefill chunk {chunk}: give 1 or more tokens, fewer than the cache's {max_cache}")
+    if max_cache < 3:
+        raise CheckpointError(f"a cache of {max_cache} positions: give 3 or more")
     model.generation_config.use_cache = True
     model.generation_config.cache_implementation = "static"
+    example = chunk or min(8, max_cache - 1)
+    prompt = {"input_ids": torch.zeros(1, example, dtype=torch.long), "cache_position": torch.arange(example)}
+    token = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "cache_position": torch.tensor([example])}
+    length = torch.export.Dim("prompt", min=2, max=max_cache - 1)
+    dynamic = None if chunk else {"input_ids": {1: length}, "cache_position": {0: length}}
     try:
         module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_cache).model
-        calls = {
-            "prefill": {"input_ids": torch.zeros(1, chunk, dtype=torch.long), "cache_position": torch.arange(chunk)},
-            "decode": {"input_ids": torch.zeros(1, 1, dtype=torch.long), "cache_position": torch.tensor([chunk])},
-        }
         quiet = loggers_quieted(["torch._subclasses.fake_tensor", "torch._dynamo", "torch.export"], logging.CRITICAL)
         with torch.no_grad(), warnings.catch_warnings(), quiet:
             warnings.simplefilter("ignore")  # dynamo's notes on transformers' own side effects
-            return {m: torch.export.export(module, (), x, strict=True) for m, x in calls.items()}
+            return {
+                "prefill": torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True),
+                "decode": torch.export.export(module, (), token, strict=True),
+            }
     except Exception as e:
         raise CheckpointError(
             f"{type(model).__name__} does not export with a static cache ({type(e).__name__}: {first_line(e)}); "
@@ -101,8 +108,8 @@ def export_methods(model: Any, max_cache: int, chunk: int) -> dict[str, Exported
         ) from e
 
 
-def settings_asset(max_cache: int, chunk: int, stop_tokens: list[int]) -> bytes:
-    """The generation settings a program carries (``SETTINGS``)."""
+def settings_asset(max_cache: int, chunk: int | None, stop_tokens: list[int]) -> bytes:
+    """The generation settings a program carries (``SETTINGS``); ``prefill_chunk`` null: any length."""
     settings = {"max_cache": max_cache, "prefill_chunk": chunk, "stop_tokens": stop_tokens}
     return json.dumps(settings, sort_keys=True).encode()
 

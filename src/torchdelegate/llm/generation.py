@@ -2,9 +2,10 @@
 
 The program is the one transformers' exportable wrapper gives (``TorchExportableModuleForDecoderOnlyLM``):
 both methods take ``input_ids`` [1, n] and ``cache_position`` [n] and return logits [1, n, vocabulary],
-writing the cache they share at those positions. A prefill exported for a fixed prompt length
-takes a prompt in chunks of that length, the last one padded: the padding's cache entries lie
-past the prompt, where causal attention never reads them before decoding writes them again.
+writing the cache they share at those positions. A prefill of dynamic length reads the whole prompt
+in one call (a lone token goes to decode). A prefill exported for a fixed length takes a prompt in
+chunks of that length, the last one padded: the padding's cache entries lie past the prompt, where
+causal attention never reads them before decoding writes them again.
 """
 
 from __future__ import annotations
@@ -167,8 +168,9 @@ class Generator:
         logits = torch.empty(0)
         for start in range(cached, len(prompt), chunk):
             part = prompt[start : start + chunk]
-            if self.max_positions is not None and start + chunk > self.max_positions:
-                for offset, token in enumerate(part):  # no room to pad: one token at a time
+            no_room = self.max_positions is not None and start + chunk > self.max_positions
+            if no_room or (self.chunk is None and len(part) == 1):  # decode reads a lone token
+                for offset, token in enumerate(part):  # one token at a time
                     ids, at = torch.tensor([[token]]), torch.tensor([start + offset])
                     logits = self._decode(input_ids=ids, cache_position=at)[0, -1]
                 break

@@ -8,6 +8,7 @@ against what a graph may contain (``allow_list.py``).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,7 @@ from torchdelegate.errors import FormatError, OperatorNotFoundError, Serializati
 from torchdelegate.serialize import call_delegate as _call_delegate  # noqa: F401 - registers the operator graphs call
 from torchdelegate.serialize.allow_list import check_graph_document, namespace_of, unregistered_operators, walk
 from torchdelegate.serialize.tree_specs import with_plain_containers
-from torchdelegate.torch_warnings import torch_internal_warnings_silenced
+from torchdelegate.torch_warnings import loggers_quieted, torch_internal_warnings_silenced
 
 # Node metadata that only helps a person debugging: stack traces and module paths are most of
 # a graph's JSON (a few hundred bytes per node), so files carry them only when asked.
@@ -124,7 +125,8 @@ def program_from_json(
             (state_dict if kind == "buffer" else constants)[name] = tensors[name]
     try:
         serialized = _dict_to_dataclass(schema.ExportedProgram, document)
-        with torch_internal_warnings_silenced():
+        # a dynamic dimension whose only readers were delegated is logged as missing from the graph
+        with torch_internal_warnings_silenced(), loggers_quieted(["torch._export.serde.serialize"], logging.ERROR):
             return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
     except FormatError:
         raise
