@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,9 +168,10 @@ def test_verbose_shows_the_traceback(exported: Path) -> None:
 
 @needs_onnxruntime
 def test_the_demo_generates_what_eager_generates(tmp_path: Path) -> None:
-    result = _command("demo", "--tokens", "6", "--rounds", "1", "--output-dir", "kept", cwd=tmp_path)
+    result = _command("demo", "--tokens", "30", "--rounds", "1", "--output-dir", "kept", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "tokens identical to eager" in result.stdout
+    assert re.search(r"-> 30 tokens:\n  torchdelegate is [a-z]+ [a-z]+", result.stdout), result.stdout
     assert "method 'decode':" in result.stdout and "onnxruntime_0" in result.stdout
     assert (tmp_path / "kept/demo.tdp").exists() and (tmp_path / "kept/demo-report.html").exists()
 

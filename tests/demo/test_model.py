@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,3 +109,55 @@ def test_generate_refuses_what_the_cache_cannot_hold() -> None:
         generate(model.prefill, model.decode, PROMPT, 10, max_len=16)
     with pytest.raises(ValueError, match="prompt_len"):
         export_demo(model, prompt_len=16)
+
+
+TRAINING_TEXT = Path(__file__).parents[2] / "training" / "botchan.txt"
+
+
+def test_the_shipped_weights_fit_the_budget_and_their_greedy_output_reads_as_text() -> None:
+    """At most 4 MB in the package; greedy text from a prompt not in the book is made of the book's words."""
+    from torchdelegate.demo.model import DEMO_WEIGHTS, trained_demo_model
+
+    assert DEMO_WEIGHTS.stat().st_size <= 4_000_000
+    model = trained_demo_model()
+    prompt = torch.tensor([list(b"torchdelegate is")])
+    text = bytes(generate(model.prefill, model.decode, prompt, 80, max_len=model.config.max_len)).decode("ascii")
+    assert text.isprintable() or all(c.isprintable() or c == "\n" for c in text)
+    words = re.findall(r"[a-z]+", text.lower())
+    known = set(re.findall(r"[a-z]+", TRAINING_TEXT.read_text().lower()))
+    assert len(words) >= 10 and sum(w in known for w in words) >= 0.8 * len(words), text
+
+
+def test_training_computes_what_the_cached_forward_computes() -> None:
+    """The training forward (whole windows, no cache) gives the exported forward's logits, so trained
+    weights run unchanged in prefill and decode."""
+    from torchdelegate.demo.model import trained_demo_model
+    from torchdelegate.demo.training import window_logits
+
+    model = trained_demo_model()
+    tokens = torch.tensor([list(b"The teacher said that he was")])
+    with torch.no_grad():
+        windows = window_logits(model, tokens)
+        for end in (5, tokens.shape[1]):
+            reset_cache(model)
+            torch.testing.assert_close(windows[:, end - 1], model.prefill(tokens[:, :end]), atol=1e-4, rtol=1e-4)
+
+
+def test_training_lowers_the_held_out_loss_and_the_weights_round_trip(tmp_path: Path) -> None:
+    from torchdelegate.demo.model import save_demo_weights, trained_demo_model
+    from torchdelegate.demo.training import TrainingPlan, held_out_loss, train
+
+    model = build_demo_model(DemoConfig(d_model=32, n_layers=1, n_heads=2, max_len=16))
+    text = TRAINING_TEXT.read_bytes()[:20_000]
+    data = torch.frombuffer(bytearray(text[19_000:]), dtype=torch.uint8).long()
+    before = held_out_loss(model, data)
+    report = train(model, text, TrainingPlan(steps=60, batch=8, warmup=10))
+    assert report.held_out_loss < before - 1.0 and not model.training
+    with pytest.raises(ValueError, match="too short"):
+        train(model, text[:100], TrainingPlan(steps=1))
+    path = tmp_path / "weights.pt"
+    save_demo_weights(trained_demo_model(), path)
+    assert torch.equal(trained_demo_model(path).head.weight, trained_demo_model().head.weight)
+    torch.save({"head.weight": torch.zeros(256, 128)}, path)
+    with pytest.raises(ValueError, match="lacks the demo model's weights"):
+        trained_demo_model(path)

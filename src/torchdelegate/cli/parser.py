@@ -173,11 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="lower, save, load and run a small language model, checked against eager",
-        description="A small decoder-only language model (built in, random weights from a fixed seed) as prefill + "
+        description="A small decoder-only language model (built in, trained on a public-domain novel) as prefill + "
         "decode with a KV cache: lowered to ONNX Runtime with reference as fallback, saved, loaded, generating "
         "tokens checked against eager torch.",
     )
-    demo.add_argument("--tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
+    demo.add_argument("--tokens", type=int, default=80, metavar="N", help="tokens to generate (default 80)")
     demo.add_argument("--output-dir", type=Path, metavar="DIR", help="keep the program file and report here")
     demo.add_argument("--rounds", type=int, default=3, metavar="R", help="timing rounds, median taken (default 3)")
 

@@ -1,10 +1,11 @@
 """A demo language model to lower and run: a small byte-level decoder with a static KV cache.
 
 Exported as two methods, ``prefill`` and ``decode``, that share every weight and the cache:
-the case torchdelegate is built for, without downloading a model. Random, deterministic
-weights (from a seed, never the global RNG). See :mod:`torchdelegate.demo.model`.
+the case torchdelegate is built for, without downloading a model. The shipped weights were
+trained on a public-domain novel; :func:`build_demo_model` gives random, deterministic ones
+(from a seed, never the global RNG) for any size. See :mod:`torchdelegate.demo.model`.
 
-    model = build_demo_model()
+    model = trained_demo_model()
     programs = export_demo(model, prompt_len=8)   # {"prefill": ..., "decode": ...}
     lowered = torchdelegate.to_edge(programs).to_backend([OnnxRuntimePartitioner(), ReferencePartitioner()])
     lowered.save("demo.tdp")
@@ -12,6 +13,22 @@ weights (from a seed, never the global RNG). See :mod:`torchdelegate.demo.model`
         tokens = generate(program.method("prefill"), program.method("decode"), prompt, new_tokens=16)
 """
 
-from torchdelegate.demo.model import DecoderLM, DemoConfig, build_demo_model, export_demo, generate, reset_cache
+from torchdelegate.demo.model import (
+    DecoderLM,
+    DemoConfig,
+    build_demo_model,
+    export_demo,
+    generate,
+    reset_cache,
+    trained_demo_model,
+)
 
-__all__ = ["DecoderLM", "DemoConfig", "build_demo_model", "export_demo", "generate", "reset_cache"]
+__all__ = [
+    "DecoderLM",
+    "DemoConfig",
+    "build_demo_model",
+    "export_demo",
+    "generate",
+    "reset_cache",
+    "trained_demo_model",
+]

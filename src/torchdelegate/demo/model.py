@@ -3,8 +3,10 @@
 Why it exists: examples, benchmarks and tests need a language model that exercises what
 torchdelegate is for — two methods of one program sharing every weight and a KV cache that
 ``prefill`` writes and ``decode`` reads — without downloading anything or depending on
-transformers. Its weights are random but deterministic (a seed and a local
-``torch.Generator``; the global RNG is never touched). With the default scale greedy
+transformers. :func:`trained_demo_model` has the weights shipped in the package, trained on a
+public-domain novel (``training/``), so that its greedy output reads as text.
+:func:`build_demo_model` has random but deterministic weights for any config (a seed and a
+local ``torch.Generator``; the global RNG is never touched). With the default scale greedy
 generation wanders over many tokens (23 distinct in 64 from seed 0) instead of repeating
 one; larger weights make the residual stream collapse onto a few tokens.
 
@@ -32,6 +34,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -67,7 +70,7 @@ class DemoConfig:
         return self.d_model // self.n_heads
 
 
-class _Block(nn.Module):
+class Block(nn.Module):
     """Pre-LayerNorm transformer block: causal multi-head attention over the cache, then a GELU MLP."""
 
     def __init__(self, config: DemoConfig, device: torch.device | str) -> None:
@@ -111,7 +114,7 @@ class DecoderLM(nn.Module):
         d, shape = config.d_model, (1, config.n_heads, config.max_len, config.head_dim)
         self.tok_emb = nn.Embedding(config.vocab_size, d, device=meta)
         self.pos_emb = nn.Embedding(config.max_len, d, device=meta)
-        self.blocks = nn.ModuleList(_Block(config, meta) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, meta) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(d, device=meta)
         self.head = nn.Linear(d, config.vocab_size, bias=False, device=meta)
         for i in range(config.n_layers):
@@ -177,6 +180,27 @@ def reset_cache(model: DecoderLM) -> None:
 def build_demo_model(config: DemoConfig = DemoConfig(), seed: int = 0) -> DecoderLM:
     """The demo model in eval mode: equal weights for equal ``(config, seed)``, empty caches."""
     return DecoderLM(config, seed).eval()
+
+
+DEMO_WEIGHTS = Path(__file__).with_name("weights.pt")
+"""The trained weights the package ships (``training/train_demo_model.py`` writes them)."""
+
+
+def trained_demo_model(path: Path = DEMO_WEIGHTS) -> DecoderLM:
+    """The demo model with the weights trained on a public-domain novel, in eval mode, empty caches:
+    its greedy output reads as (broken) English. Loaded without unpickling code (``weights_only``)."""
+    model = DecoderLM(DemoConfig())
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state, strict=False)
+    missing = {name for name, _ in model.named_parameters()} - set(state)
+    if missing:
+        raise ValueError(f"{path} lacks the demo model's weights {sorted(missing)}")
+    return model.eval()
+
+
+def save_demo_weights(model: DecoderLM, path: Path) -> None:
+    """``model``'s parameters (not its cache) as :func:`trained_demo_model` reads them."""
+    torch.save({name: p.detach().contiguous() for name, p in model.named_parameters()}, path)
 
 
 class _Prefill(nn.Module):
