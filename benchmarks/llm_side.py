@@ -10,6 +10,8 @@ it imports torch, transformers and the side's own framework only.
     prepare --side torchdelegate --file F   Program.prepare() into TORCHDELEGATE_CACHE (machine cache)
     run   --side S --size Z --file F   load both methods, a first prefill, warm prefills, decodes; with
                                        --reference R, the logits of the prompt and of R's tokens against R's
+    generate --side S --file F --prompt-ids JSON [--new-tokens N]   a greedy loop in Python over the
+                                       methods: time to first token, decode tokens/s, the tokens
 
 Resident memory is read from /proc (RSS from statm, PSS from smaps_rollup, anonymous memory from
 status); each stage's peak is
@@ -269,6 +271,31 @@ def accuracy(methods: Any, path: Path) -> dict[str, Any]:
     }
 
 
+def generate(args: argparse.Namespace) -> dict[str, Any]:
+    """A runner-free greedy loop in Python over the loaded methods: prefill the prompt's ids, then
+    decode one token at a time, each chosen by argmax; the time to first token and decode's rate."""
+    warm_up_torch(256)
+    prompt = json.loads(args.prompt_ids)
+    started = time.perf_counter()
+    methods = _Methods(args.side, args.file)
+    loaded = time.perf_counter()
+    with torch.no_grad():
+        inputs = {"input_ids": torch.tensor([prompt]), "cache_position": torch.arange(len(prompt))}
+        tokens = [int(_logits(methods("prefill", inputs))[-1].argmax())]
+        first = time.perf_counter()
+        for step in range(args.new_tokens - 1):
+            position = torch.tensor([len(prompt) + step])
+            logits = _logits(methods("decode", {"input_ids": torch.tensor([[tokens[-1]]]), "cache_position": position}))
+            tokens.append(int(logits[-1].argmax()))
+        done = time.perf_counter()
+    return {
+        "load_ms": (loaded - started) * 1e3,
+        "time_to_first_token_ms": (first - loaded) * 1e3,
+        "decode_tokens_per_s": (args.new_tokens - 1) / (done - first),
+        "tokens": tokens,
+    }
+
+
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     """torchdelegate's ``Program.prepare`` of the file, into ``TORCHDELEGATE_CACHE``."""
     import torchdelegate as td
@@ -285,7 +312,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["lower", "prepare", "run", "reference"])
+    parser.add_argument("phase", choices=["lower", "prepare", "run", "reference", "generate"])
     parser.add_argument("--side", choices=["torchdelegate", "executorch"], default="torchdelegate")
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument(
@@ -295,8 +322,11 @@ def main() -> None:
     parser.add_argument("--reference", type=Path, help="run: the reference phase's file, to compare logits with")
     parser.add_argument("--out", type=Path, help="lower, reference: the file to write")
     parser.add_argument("--file", type=Path, help="prepare, run: the file to load")
+    parser.add_argument("--prompt-ids", help="generate: the prompt's token ids, a JSON list")
+    parser.add_argument("--new-tokens", type=int, default=64, help="generate: tokens to generate (default 64)")
     args = parser.parse_args()
-    figures = {"lower": lower, "prepare": prepare, "run": run, "reference": reference}[args.phase](args)
+    phases = {"lower": lower, "prepare": prepare, "run": run, "reference": reference, "generate": generate}
+    figures = phases[args.phase](args)
     print(json.dumps({"side": args.side, "size": args.size, "phase": args.phase, "pid": os.getpid(), **figures}))
 
 

@@ -200,3 +200,21 @@ def _chat_continues_from_the_cache_as_transformers_reads_the_whole_conversation(
         assert reply == expected[0, len(prompt) :].tolist()[:room]
         messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})  # type: ignore[attr-defined]
     assert replies[3] == replies[0]
+
+
+def test_the_demo_model_as_a_checkpoint_speaks_through_llm_export_and_generate(tmp_path: Path) -> None:
+    """``demo --checkpoint`` writes the trained demo model as a GPT-2 checkpoint: ``llm generate`` prints
+    the text the demo model generates in eager torch."""
+    from torchdelegate.demo import generate, trained_demo_model
+
+    written = _command("demo", "--checkpoint", "ck", cwd=tmp_path)
+    assert written.returncode == 0 and "next: torchdelegate llm export ck" in written.stdout, written.stderr
+    assert _command("llm", "export", "ck", "-o", "d.tdp", "--max-cache", "128", cwd=tmp_path).returncode == 0
+    generated = _command(
+        "llm", "generate", "d.tdp", "-p", "The teacher said", "--max-new-tokens", "40", "--ids", cwd=tmp_path
+    )
+    assert generated.returncode == 0, generated.stderr
+    model = trained_demo_model()
+    expected = generate(model.prefill, model.decode, torch.tensor([list(b"The teacher said")]), 40, max_len=128)
+    assert _generated_ids(generated.stdout) == expected
+    assert generated.stdout.startswith(bytes(expected).decode())

@@ -3,17 +3,39 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TextIO
 
-from torchdelegate.cli.command import EXIT_FAILED, EXIT_OK, UsageError
+from torchdelegate.cli.command import EXIT_FAILED, EXIT_OK, CommandError, UsageError
 
 
 def demo_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.demo.session import run_demo
 
+    if args.checkpoint is not None:
+        return _write_checkpoint(args.checkpoint, out)
     if args.tokens < 1:
         raise UsageError(f"--tokens must be at least 1, got {args.tokens}")
     if args.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
     result = run_demo(tokens=args.tokens, output_dir=args.output_dir, rounds=args.rounds, out=out)
     return EXIT_OK if result.matches else EXIT_FAILED
+
+
+def _write_checkpoint(directory: Path, out: TextIO) -> int:
+    """--checkpoint DIR: the demo model as a transformers checkpoint, for ``llm export``."""
+    from torchdelegate.demo.model import trained_demo_model
+
+    try:
+        from torchdelegate.demo.checkpoint import save_transformers_checkpoint
+
+        save_transformers_checkpoint(trained_demo_model(), directory)
+    except ImportError as e:
+        raise CommandError(
+            f"--checkpoint needs transformers and tokenizers: pip install 'torchdelegate[llm]' ({e})"
+        ) from e
+    print(
+        f"wrote {directory}: the demo model as a transformers GPT-2 checkpoint and its byte-level tokenizer", file=out
+    )
+    print(f"next: torchdelegate llm export {directory} -o demo-llm.tdp", file=out)
+    return EXIT_OK

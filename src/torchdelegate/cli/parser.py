@@ -180,6 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", type=int, default=80, metavar="N", help="tokens to generate (default 80)")
     demo.add_argument("--output-dir", type=Path, metavar="DIR", help="keep the program file and report here")
     demo.add_argument("--rounds", type=int, default=3, metavar="R", help="timing rounds, median taken (default 3)")
+    demo.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="instead, write the demo model as a transformers checkpoint (GPT-2, byte-level tokenizer) in DIR, "
+        "for torchdelegate llm export",
+    )
 
     for sub in (lower, inspect, run, prepare):
         sub.add_argument(
