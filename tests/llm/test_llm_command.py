@@ -67,6 +67,10 @@ def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, a
     assert exported.returncode == 0, exported.stderr
     assert "tokenizer and generation settings included" in exported.stdout
     assert ("8 tokens at a time" if chunk else f"prompts of 2 to {CACHE - 1} tokens") in exported.stdout
+    import torchdelegate as td
+
+    with td.load(tmp_path / "m.tdp") as program:
+        assert program.method("prefill").input_shape("input_ids") == (1, 8 if chunk else None)
     prompt = "It was the best of times"
     generated = _command(
         "llm", "generate", "m.tdp", "--prompt", prompt, "--max-new-tokens", "10", "--ids", cwd=tmp_path

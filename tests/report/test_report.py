@@ -61,6 +61,20 @@ def test_partitions_carry_their_nodes_ops_boundary_weights_and_flops() -> None:
     }
 
 
+def test_flops_of_a_dynamic_dimension_are_counted_at_the_example_size_and_the_dimension_stays_dynamic() -> None:
+    """Counting reads no symbolic size as an int: that would make the caller's dimension static."""
+    batch = torch.export.Dim("batch", min=2, max=64)
+    program = torch.export.export(TwoLinears(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    edge = td.to_edge(program)
+    support = {aten.permute.default, aten.addmm.default, aten.relu.default, aten.add.Tensor, aten.sigmoid.default}
+    lowered, report = lower_with_report(edge, CapabilityPartitioner(support, REFERENCE))
+    assert report.methods["forward"].total_flops == 2 * 2 * 3 * 4 * 4
+    for kept in (program, edge.exported_program(), lowered.exported_program()):
+        (x,) = [n for n in kept.graph.nodes if n.op == "placeholder" and n.name == "x"]
+        assert not isinstance(x.meta["val"].shape[0], int), kept
+    assert lowered.exported_program().module()(torch.randn(7, 4)).shape == (7, 4)
+
+
 def test_every_reason_reaches_the_report_and_its_text() -> None:
     class Diamond(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

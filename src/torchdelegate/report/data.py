@@ -299,16 +299,37 @@ def _weight_bytes(program: ExportedProgram) -> dict[str, int]:
     return found
 
 
+def _at_example_sizes(value: Any) -> Any:
+    """A tensor of symbolic sizes as a meta tensor of the sizes export traced with (its example's).
+
+    FLOPs are counted at those sizes. Reading a symbolic size as an int would instead add a guard to
+    the program's shape environment and make the caller's dynamic dimension static."""
+    if not isinstance(value, torch.Tensor) or all(isinstance(size, int) for size in value.shape):
+        return value
+    sizes = [size if isinstance(size, int) else size.node.hint for size in value.shape]
+    if any(size is None for size in sizes):  # data-dependent: no example size
+        raise _NoExampleSize
+    return torch.empty(sizes, dtype=value.dtype, device="meta")
+
+
+class _NoExampleSize(Exception):
+    pass
+
+
+def _example_value(argument: Any) -> Any:
+    return _at_example_sizes(argument.meta.get("val")) if isinstance(argument, Node) else argument
+
+
 def _linear_flops(node: Node) -> int:
     """A linear layer kept whole through decomposition (torch counts it as the ``addmm`` it becomes):
     two FLOPs per input feature of each output value."""
-    output, weight = node.meta.get("val"), getattr(node.args[1], "meta", {}).get("val")
+    try:
+        output, weight = _example_value(node), _example_value(node.args[1])
+    except _NoExampleSize:
+        return 0
     if not isinstance(output, torch.Tensor) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return 0
-    try:
-        return int(2 * output.numel() * weight.shape[1])
-    except Exception:  # symbolic sizes: count nothing
-        return 0
+    return 2 * output.numel() * weight.shape[1]
 
 
 def _flops(node: Node) -> int:
@@ -321,12 +342,10 @@ def _flops(node: Node) -> int:
     if count is None or "val" not in node.meta:
         return 0
 
-    def value(argument: Any) -> Any:
-        return argument.meta.get("val") if isinstance(argument, Node) else argument
-
-    args = torch.utils._pytree.tree_map(value, node.args)
-    kwargs = torch.utils._pytree.tree_map(value, node.kwargs)
     try:
-        return int(count(*args, **kwargs, out_val=node.meta["val"]))
-    except Exception:  # a shape torch's counter cannot read (symbolic sizes): count nothing
+        args = torch.utils._pytree.tree_map(_example_value, node.args)
+        kwargs = torch.utils._pytree.tree_map(_example_value, node.kwargs)
+        output = torch.utils._pytree.tree_map(_at_example_sizes, node.meta["val"])
+        return int(count(*args, **kwargs, out_val=output))
+    except Exception:  # a shape torch's counter cannot read: count nothing
         return 0
