@@ -118,6 +118,23 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
         _command("llm", "export", bert, "-o", "m.tdp", cwd=tmp_path),
         "BertLMHeadModel does not export with a static cache",
     )
+    weights.write_bytes(good)
+    _refused(
+        _command("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", "65", cwd=tmp_path),
+        "a cache of 65 positions: LlamaForCausalLM has positions for 64 tokens (its config); give --max-cache 64",
+    )
+    (checkpoint / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }")
+    _refused(
+        _command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path),
+        f"{checkpoint}/chat_template.jinja is not a template jinja2 reads",
+    )
+    (checkpoint / "chat_template.jinja").unlink()
+    tokenizer = (checkpoint / "tokenizer.json").read_text()
+    (checkpoint / "tokenizer.json").write_text(tokenizer[: len(tokenizer) // 2])
+    _refused(
+        _command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path),
+        f"{checkpoint}/tokenizer.json cannot be read by the tokenizers library",
+    )
     (checkpoint / "tokenizer.json").unlink()
     _refused(_command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: no tokenizer.json (")
     assert not list(tmp_path.glob("*.tdp*")) and not list(tmp_path.glob(".*partial"))
@@ -135,6 +152,8 @@ def test_a_prompt_longer_than_the_cache_is_refused(tmp_path: Path) -> None:
     result = _command("llm", "generate", "m.tdp", "--prompt", long, cwd=tmp_path)
     _refused(result, "the prompt is")
     assert "shorten it, or export with a larger --max-cache" in result.stderr
+    huge = _command("llm", "generate", "m.tdp", "-p", "hi", "--temperature", "1", "--seed", str(2**70), cwd=tmp_path)
+    assert huge.returncode == 2 and "seed 1180591620717411303424: give an integer from 0" in huge.stderr
 
 
 CHAT = (
@@ -170,6 +189,7 @@ def test_chat_applies_the_checkpoints_template_as_transformers_does(tmp_path: Pa
     )
     _refused(_command("llm", "generate", "p.tdp", "-p", "hi", "--chat", cwd=tmp_path), "p.tdp carries no chat template")
     _refused(_command("llm", "chat", "p.tdp", cwd=tmp_path), "p.tdp carries no chat template")
+    assert "use llm generate without --chat" in _command("llm", "chat", "p.tdp", cwd=tmp_path).stderr
 
 
 def _chat_continues_from_the_cache_as_transformers_reads_the_whole_conversation(
@@ -191,6 +211,7 @@ def _chat_continues_from_the_cache_as_transformers_reads_the_whole_conversation(
     assert chat.stderr.startswith("torchdelegate: error: the prompt is") and chat.stderr.count("\n") == 1
     replies = [[int(t) for t in ids.split(", ")] for ids in re.findall(r"token ids: \[([0-9, ]*)\]", chat.stdout)]
     assert len(replies) == 4 and "earlier turns are forgotten" in chat.stdout and "(a new conversation)" in chat.stdout
+    assert "(2 tokens; cut short: the cache is full," in chat.stdout
     messages: list[dict[str, str]] = []
     for message, reply in zip(["hello there", "and then", "ok"], replies, strict=False):
         messages.append({"role": "user", "content": message})

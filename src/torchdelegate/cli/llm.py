@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError
 from torchdelegate.cli.lower import chosen_partitioners, lowered_with_report, start_preprocessing
+from torchdelegate.errors import first_line
 from torchdelegate.report.terminal import human_bytes
 
 
@@ -21,7 +22,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.errors import CheckpointError
     from torchdelegate.llm.checkpoint import SETTINGS, export_methods, read_checkpoint, settings_asset
 
-    if args.max_cache < 3:
+    if args.max_cache is not None and args.max_cache < 3:
         raise UsageError(f"--max-cache {args.max_cache}: give at least 3 positions")
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
         raise UsageError(f"--prefill-chunk {args.prefill_chunk}: give 1 or more tokens")
@@ -31,18 +32,25 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         start_preprocessing(args, stack)
         try:
             checkpoint = read_checkpoint(args.directory)
-            chunk = None if args.prefill_chunk is None else min(args.prefill_chunk, args.max_cache - 1)
-            programs = export_methods(checkpoint.model, args.max_cache, chunk)
+            cache = checkpoint.cache_length(args.max_cache)
+            if args.prefill_chunk is not None and args.prefill_chunk >= cache:
+                raise UsageError(f"--prefill-chunk {args.prefill_chunk}: give fewer tokens than the cache's {cache}")
+            programs = export_methods(checkpoint.model, cache, args.prefill_chunk)
         except CheckpointError as error:
             raise CommandError(str(error)) from error
-        prompt = f"{chunk} tokens at a time" if chunk else f"prompts of 2 to {args.max_cache - 1} tokens"
+        chunk = args.prefill_chunk
+        prompt = f"{chunk} tokens at a time" if chunk else f"prompts of 2 to {cache - 1} tokens"
         print(f"exported prefill ({prompt}) and decode from {args.directory}", file=out)
         lowered, report = lowered_with_report(programs, partitioners, args, out)
-    assets = {**checkpoint.assets, SETTINGS: settings_asset(args.max_cache, chunk, checkpoint.stop_tokens)}
+    assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens)}
     _save_whole(lowered, args.output, report.without_cache_answers().to_json(), assets)
     seconds = time.perf_counter() - started
     size = human_bytes(args.output.stat().st_size)
-    print(f"wrote {args.output}: {size} in {seconds:.1f} s (tokenizer and generation settings included)", file=out)
+    print(
+        f"wrote {args.output}: {size} in {seconds:.1f} s (a cache of {cache} positions; tokenizer and generation "
+        "settings included)",
+        file=out,
+    )
     return EXIT_OK
 
 
@@ -114,8 +122,9 @@ def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
                     continue
                 stats = generation.stats
                 ids = f"; token ids: {generation.tokens}" if args.ids else ""
+                cut = "; cut short: the cache is full" if generation.finish == "cache full" else ""
                 print(
-                    f"\n({stats.new_tokens} tokens, first after {stats.time_to_first_token * 1e3:.0f} ms, "
+                    f"\n({stats.new_tokens} tokens{cut}, first after {stats.time_to_first_token * 1e3:.0f} ms, "
                     f"{stats.decode_tokens_per_second:.1f} tokens/s{ids})",
                     file=out,
                 )
@@ -173,7 +182,9 @@ class _LanguageModel:
         template = program.asset("chat_template.jinja").decode() if "chat_template.jinja" in names else None
         template = template or config.get("chat_template")
         if not isinstance(template, str):
-            raise CommandError(f"{program.path} carries no chat template: generate without --chat")
+            raise CommandError(
+                f"{program.path} carries no chat template (its checkpoint had none): use llm generate without --chat"
+            )
         return _ChatTemplate(program.path, template, config)
 
 
@@ -253,7 +264,10 @@ def _tokenizer(data: bytes) -> Any:
         from tokenizers import Tokenizer
     except ImportError as e:
         raise CommandError("generating text needs the tokenizers library: pip install tokenizers") from e
-    return Tokenizer.from_str(data.decode("utf-8"))
+    try:
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as e:
+        raise CommandError(f"the file's tokenizer.json cannot be read ({type(e).__name__}: {first_line(e)})") from e
 
 
 class _Stream:

@@ -129,7 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="a backend, highest priority first (repeat; default: onnxruntime, then reference)",
     )
-    export.add_argument("--max-cache", type=int, default=256, metavar="N", help="KV cache positions (default 256)")
+    export.add_argument(
+        "--max-cache",
+        type=int,
+        metavar="N",
+        help="KV cache positions: prompt and generated tokens (default 256, or fewer if the model has fewer positions)",
+    )
     export.add_argument(
         "--prefill-chunk",
         type=int,

@@ -36,6 +36,18 @@ class Checkpoint:
     model: Any  # a transformers PreTrainedModel
     assets: dict[str, bytes]
     stop_tokens: list[int]
+    max_positions: int | None  # the positions the model was built for (None: its config does not say)
+
+    def cache_length(self, asked: int | None, default: int = 256) -> int:
+        """The static cache's length: ``asked``, else ``default``, at most the model's positions."""
+        if asked is not None and self.max_positions is not None and asked > self.max_positions:
+            raise CheckpointError(
+                f"a cache of {asked} positions: {type(self.model).__name__} has positions for {self.max_positions} "
+                f"tokens (its config); give --max-cache {self.max_positions} or less"
+            )
+        if asked is not None:
+            return asked
+        return default if self.max_positions is None else min(default, self.max_positions)
 
 
 def read_checkpoint(directory: Path) -> Checkpoint:
@@ -72,7 +84,30 @@ def _read_checkpoint(directory: Path) -> Checkpoint:
     except Exception as e:
         raise CheckpointError(f"{directory}: its weights cannot be loaded ({type(e).__name__}: {first_line(e)})") from e
     assets = {name: (directory / name).read_bytes() for name in TOKENIZER_FILES if (directory / name).is_file()}
-    return Checkpoint(directory, model, assets, _stop_tokens(model))
+    _check_tokenizer(directory, assets)
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return Checkpoint(directory, model, assets, _stop_tokens(model), positions if isinstance(positions, int) else None)
+
+
+def _check_tokenizer(directory: Path, assets: dict[str, bytes]) -> None:
+    """The tokenizer and chat template read as generating will read them: a file that cannot be used is
+    refused now, not after lowering."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_str(assets["tokenizer.json"].decode("utf-8"))
+    except Exception as e:
+        raise CheckpointError(
+            f"{directory}/tokenizer.json cannot be read by the tokenizers library ({type(e).__name__}: {first_line(e)})"
+        ) from e
+    if "chat_template.jinja" in assets:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        try:
+            ImmutableSandboxedEnvironment().parse(assets["chat_template.jinja"].decode("utf-8"))
+        except (TemplateError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{directory}/chat_template.jinja is not a template jinja2 reads ({e})") from e
 
 
 def export_methods(model: Any, max_cache: int, chunk: int | None) -> dict[str, ExportedProgram]:

@@ -38,6 +38,10 @@ class Sampling:
             raise ValueError(f"top_k {self.top_k!r}: give a number of tokens >= 1")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p {self.top_p!r}: give a probability in (0, 1]")
+        if not self.temperature < float("inf"):
+            raise ValueError(f"temperature {self.temperature!r}: give a finite number")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed {self.seed!r}: give an integer from 0 to 2**63 - 1")
 
 
 @dataclass(frozen=True)
