@@ -22,6 +22,8 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.errors import CheckpointError
     from torchdelegate.llm.checkpoint import SETTINGS, export_methods, read_checkpoint, settings_asset
 
+    if args.output.is_dir():
+        raise UsageError(f"-o {args.output} is a directory: give the file to write, e.g. {args.output}/model.tdp")
     if args.max_cache is not None and args.max_cache < 3:
         raise UsageError(f"--max-cache {args.max_cache}: give at least 3 positions")
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
