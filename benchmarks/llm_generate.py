@@ -15,6 +15,7 @@ against 200 bare ``run("decode", ...)`` calls, medians of 5 alternating repetiti
 
     python benchmarks/llm_generate.py [--rounds 3] [--recipes fp32 8da4w]
     python benchmarks/llm_generate.py checkpoint DIR      (a phase: writes the checkpoint)
+    python benchmarks/llm_generate.py eager DIR RECIPE IDS   (a phase: transformers' greedy tokens)
 """
 
 from __future__ import annotations
@@ -60,6 +61,20 @@ def write_checkpoint(directory: Path) -> dict[str, Any]:
     tokenizer.train_from_iterator(TEXT.read_text().splitlines(), trainer)
     PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)
     return {"checkpoint_bytes": sum(p.stat().st_size for p in directory.iterdir())}
+
+
+def eager_tokens(directory: Path, recipe: str, ids: list[int]) -> dict[str, Any]:
+    """transformers' greedy tokens from the checkpoint in eager torch (torchao's recipe applied for 8da4w)."""
+    import torch
+    from llm_side import quantized
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    if recipe != "fp32":
+        model = quantized(model, recipe)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    return {"tokens": out[0, len(ids) :].tolist()}
 
 
 def prompt(directory: Path) -> tuple[str, list[int]]:
@@ -168,7 +183,10 @@ def collect(rounds: int, recipes: list[str], directory: Path) -> dict[str, Any]:
     measure([sys.executable, __file__, "checkpoint", str(directory / "checkpoint")])
     text, ids = prompt(directory / "checkpoint")
     data: dict[str, Any] = {"prompt": text, "prompt_ids": ids, "lower": {}, "runs": {}}
+    data["eager"] = {}
     for recipe in recipes:
+        command = [sys.executable, __file__, "eager", str(directory / "checkpoint"), recipe, json.dumps(ids)]
+        data["eager"][recipe] = measure(command)["tokens"]
         data["lower"][recipe] = lower(directory, recipe)
         print(f"  lowered {recipe}", file=sys.stderr, flush=True)
     for index in range(rounds):
@@ -218,10 +236,17 @@ def page(data: dict[str, Any]) -> list[str]:
         seconds = files["torchdelegate"]["lower_save_s"], files["executorch"]["lower_save_s"]
         row = f"| {recipe} | export + lower + save (s) | {seconds[0]:.0f} | | {seconds[1]:.0f} |"
         lines.append(f"{row} {seconds[0] / seconds[1]:.2f} |")
-        same = sum(
-            a == b for a, b in zip(runs["llm generate"][0]["tokens"], runs["executorch"][0]["tokens"], strict=True)
+        loads = (_median(runs[k], "load_ms") for k in ("ours, Python loop", "executorch"))
+        lines.append("| {} | load + initialize (ms) | | {:.0f} | {:.0f} | |".format(recipe, *loads))
+        eager = data["eager"][recipe]
+        agree = [
+            sum(a == b for a, b in zip(runs[k][0]["tokens"], eager, strict=True))
+            for k in ("llm generate", "ours, Python loop", "executorch")
+        ]
+        lines.append(
+            f"| {recipe} | greedy tokens equal to eager transformers' | {agree[0]} of {NEW_TOKENS} | {agree[1]} "
+            f"| {agree[2]} | |"
         )
-        lines.append(f"| {recipe} | greedy tokens equal to ExecuTorch's | {same} of {NEW_TOKENS} | | | |")
     overhead = data["loop_overhead"]
     lines += [
         "",
@@ -230,8 +255,11 @@ def page(data: dict[str, Any]) -> list[str]:
         f"**{overhead['overhead_us']:.1f} µs** (target ≤ 50).",
         "",
         "`llm generate`'s time to first token counts from the call to generate to the first token chosen "
-        "(tokenizing the prompt before it is not counted; loading the file is not); the Python loop's counts "
-        "the prefill call and its argmax. Decode tokens/s counts the tokens after the first.",
+        "(tokenizing the prompt is not counted, nor loading the file and initializing its delegates, which "
+        "`llm generate` does first); the Python loops' counts the prefill call and its argmax, after loading "
+        "and initializing (ExecuTorch's `load_method`, our `Program.initialize`). Decode tokens/s counts the "
+        "tokens after the first. Eager transformers' tokens: `generate` on the checkpoint (8da4w: after "
+        "torchao's `quantize_` with the same recipe).",
     ]
     return lines
 
@@ -239,6 +267,9 @@ def page(data: dict[str, Any]) -> list[str]:
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "checkpoint":
         print(json.dumps(write_checkpoint(Path(sys.argv[2]))))
+        return
+    if len(sys.argv) == 5 and sys.argv[1] == "eager":
+        print(json.dumps(eager_tokens(Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]))))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)

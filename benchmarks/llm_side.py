@@ -172,12 +172,14 @@ def lower(args: argparse.Namespace) -> dict[str, Any]:
 class _Methods:
     """A loaded program's two methods, called with the keyword inputs of ``method_inputs``."""
 
-    def __init__(self, side: str, path: Path) -> None:
+    def __init__(self, side: str, path: Path, initialize: bool = False) -> None:
         self.side = side
         if side == "torchdelegate":
             import torchdelegate as td
 
             self.program = td.load(path)
+            if initialize:
+                self.program.initialize()  # as ExecuTorch's load_method initializes its delegates
         else:
             from executorch.runtime import Runtime
 
@@ -277,7 +279,7 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
     warm_up_torch(256)
     prompt = json.loads(args.prompt_ids)
     started = time.perf_counter()
-    methods = _Methods(args.side, args.file)
+    methods = _Methods(args.side, args.file, initialize=True)
     loaded = time.perf_counter()
     with torch.no_grad():
         inputs = {"input_ids": torch.tensor([prompt]), "cache_position": torch.arange(len(prompt))}

@@ -65,9 +65,14 @@ def test_each_program_inits_each_delegate_once_over_mapped_named_data_and_destro
     assert CountingReference.destroys == delegates
     with pytest.raises(td.ProgramClosedError, match="closed"):
         program.run("decode", torch.tensor([1]), torch.tensor([3]))
-    with td.load(path) as second:  # a second Program inits its own handles
+    with td.load(path) as second:  # a second Program inits its own handles, here before any call
+        second.initialize()
+        assert CountingReference.inits == 2 * delegates
+        second.initialize()
         program_generation(second)
     assert (CountingReference.inits, CountingReference.destroys) == (2 * delegates, 2 * delegates)
+    with pytest.raises(td.ProgramClosedError, match="closed"):
+        second.initialize()
 
 
 def test_a_backend_nobody_registered_is_named_at_load(tmp_path: Path) -> None:

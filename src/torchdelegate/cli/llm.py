@@ -166,6 +166,7 @@ class _LanguageModel:
         if SETTINGS not in program.asset_names or "tokenizer.json" not in program.asset_names:
             raise CommandError(f"{program.path} carries no tokenizer: make it with torchdelegate llm export")
         self.program = program
+        program.initialize()  # the first token's time is then the prompt's, not the sessions'
         self.settings = json.loads(program.asset(SETTINGS))
         self.tokenizer = _tokenizer(program.asset("tokenizer.json"))
         stop_tokens, max_cache = self.settings["stop_tokens"], self.settings["max_cache"]

@@ -266,6 +266,17 @@ class Program:
         if self._file.external is not None:
             self._file.external.verify_all()
 
+    def initialize(self) -> None:
+        """Initialize every delegate now (each backend's ``init``: ONNX Runtime makes its sessions and
+        packs the weights) instead of at its first call, so that a first call costs what later ones do.
+        Idempotent; a delegate that fails raises as its first call would have."""
+        self._gate.enter("initialize")
+        try:
+            for delegate in self._delegates:
+                delegate.ensure_initialized()
+        finally:
+            self._gate.leave()
+
     def prepare(self) -> list[str]:
         """Do now, and keep for later loads on this machine, the machine-specific work each delegate's
         backend would otherwise repeat at every load (ONNX Runtime packs the weights for this CPU).
