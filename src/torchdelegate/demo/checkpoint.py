@@ -9,17 +9,28 @@ demo model reads text. Needs the ``llm`` extra (transformers, tokenizers).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchdelegate.demo.model import DecoderLM
+from torchdelegate.torch_warnings import loggers_quieted
 
 
 def save_transformers_checkpoint(model: DecoderLM, directory: Path) -> None:
     """``model`` in ``directory`` as ``save_pretrained`` writes a GPT-2, with its tokenizer."""
-    import transformers
+    from torchdelegate.llm.checkpoint import QUIET_WHILE_LOADING
+
+    with loggers_quieted(QUIET_WHILE_LOADING, logging.ERROR):
+        _save(model, directory)
+
+
+def _save(model: DecoderLM, directory: Path) -> None:
+    from torchdelegate.llm.checkpoint import quiet_transformers
+
+    transformers = quiet_transformers()
 
     config = model.config
     gpt2 = transformers.GPT2LMHeadModel(

@@ -52,8 +52,7 @@ class Checkpoint:
 
 def read_checkpoint(directory: Path) -> Checkpoint:
     """The causal LM in ``directory`` (config, safetensors weights, ``tokenizer.json``), in float32."""
-    # transformers imports torchao where installed, which logs about GPU kernels a CPU build lacks
-    with loggers_quieted(["torchao", "torch.utils._pytree"], logging.ERROR):
+    with loggers_quieted(QUIET_WHILE_LOADING, logging.ERROR):
         return _read_checkpoint(directory)
 
 
@@ -67,7 +66,7 @@ def _read_checkpoint(directory: Path) -> Checkpoint:
             f"{directory}: no tokenizer.json (the tokenizers library's file, written by a fast tokenizer's "
             "save_pretrained); the program carries it to turn text into tokens"
         )
-    transformers = _quiet_transformers()
+    transformers = quiet_transformers()
     try:
         config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     except Exception as e:
@@ -157,7 +156,12 @@ def _stop_tokens(model: Any) -> list[int]:
     return sorted({int(t) for t in tokens})
 
 
-def _quiet_transformers() -> Any:
+QUIET_WHILE_LOADING = ["torchao", "torch.utils._pytree"]
+"""transformers imports torchao where installed, which logs about GPU kernels a CPU build lacks."""
+
+
+def quiet_transformers() -> Any:
+    """transformers, without its logs and progress bars."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
