@@ -73,3 +73,12 @@ def static_cache_module(model: torch.nn.Module, max_cache_len: int, batch_size: 
     model.generation_config.use_cache = True
     model.generation_config.cache_implementation = "static"
     return TorchExportableModuleForDecoderOnlyLM(model, batch_size=batch_size, max_cache_len=max_cache_len).model
+
+
+def transformers_greedy(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
+    """The ``new`` token ids transformers' ``generate`` chooses greedily after ``prompt``, with no stop token."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    return out[0, len(prompt) :].tolist()

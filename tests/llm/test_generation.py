@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
-from language_models import static_cache_module, tiny_llama  # noqa: E402
+from language_models import static_cache_module, tiny_llama, transformers_greedy  # noqa: E402
 
 import torchdelegate as td  # noqa: E402
 from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
@@ -37,14 +37,6 @@ def lowered(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, 
     return model, path
 
 
-def _transformers_greedy(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 @pytest.mark.parametrize("length", [3, CHUNK, 13, 20])
 def test_greedy_tokens_equal_transformers_generate_for_any_prompt_length(
     lowered: tuple[torch.nn.Module, Path], length: int
@@ -55,14 +47,14 @@ def test_greedy_tokens_equal_transformers_generate_for_any_prompt_length(
     prompt = torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(length)).tolist()
     with td.load(path) as program:
         generation = Generator(program, max_positions=CACHE).generate(prompt, 10)
-    assert generation.tokens == _transformers_greedy(model, prompt, 10)
+    assert generation.tokens == transformers_greedy(model, prompt, 10)
     assert generation.finish == "max new tokens" and generation.stats.new_tokens == 10
 
 
 def test_stop_tokens_end_generation_and_streaming_gives_the_same_tokens(lowered: tuple[torch.nn.Module, Path]) -> None:
     model, path = lowered
     prompt = [5, 6, 7, 8]
-    expected = _transformers_greedy(model, prompt, 8)
+    expected = transformers_greedy(model, prompt, 8)
     with td.load(path) as program:
         generator = Generator(program, stop_tokens=[expected[3]], max_positions=CACHE)
         seen: list[int] = []
@@ -111,9 +103,9 @@ def test_a_prefill_of_dynamic_length_reads_any_prompt_in_one_call(dynamic: tuple
         assert generator.chunk is None
         for length in (1, 5, CACHE - 1):
             prompt = torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(length)).tolist()
-            assert generator.generate(prompt, 1).tokens == _transformers_greedy(model, prompt, 1)
+            assert generator.generate(prompt, 1).tokens == transformers_greedy(model, prompt, 1)
         first = generator.generate([4, 5, 6, 7], 3).tokens
         prompt = [4, 5, 6, 7, *first[:-1], 9, 10]
-        assert generator.generate(prompt, 4, cached=6).tokens == _transformers_greedy(model, prompt, 4)
+        assert generator.generate(prompt, 4, cached=6).tokens == transformers_greedy(model, prompt, 4)
         with pytest.raises(ValueError, match="cached 6: give 0 to 5"):
             generator.generate(prompt[:6], 1, cached=6)

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
-from language_models import tiny_llama, tiny_qwen2  # noqa: E402
+from language_models import tiny_llama, tiny_qwen2, transformers_greedy  # noqa: E402
 
 TEXT = [
     "It was the best of times, it was the worst of times, it was the age of wisdom.",
@@ -78,12 +78,17 @@ def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, a
     assert generated.returncode == 0, generated.stderr
     ids = _generated_ids(generated.stdout)
     prompt_ids = _tokenizer().encode(prompt)  # type: ignore[attr-defined]
-    with torch.no_grad():
-        expected = model.generate(torch.tensor([prompt_ids]), max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert ids == expected[0, len(prompt_ids) :].tolist()
+    assert ids == transformers_greedy(model, prompt_ids, 10)
     assert re.search(
         r"time to first token [0-9.]+ ms; prompt [0-9]+ tokens/s, generation [0-9.]+ tokens/s", generated.stdout
     )
+
+
+def _small_program(tmp_path: Path, checkpoint: str, program: str) -> None:
+    """A tiny Llama's checkpoint in ``tmp_path / checkpoint``, exported to ``program``: a cache of 16, prefill 4."""
+    _checkpoint(tmp_path / checkpoint, tiny_llama(vocab_size=512))
+    export = ("llm", "export", checkpoint, "-o", program, "--max-cache", "16", "--prefill-chunk", "4")
+    assert _command(*export, cwd=tmp_path).returncode == 0
 
 
 def _generated_ids(stdout: str) -> list[int]:
@@ -141,13 +146,7 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
 
 
 def test_a_prompt_longer_than_the_cache_is_refused(tmp_path: Path) -> None:
-    checkpoint = _checkpoint(tmp_path / "checkpoint", tiny_llama(vocab_size=512))
-    assert (
-        _command(
-            "llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", "16", "--prefill-chunk", "4", cwd=tmp_path
-        ).returncode
-        == 0
-    )
+    _small_program(tmp_path, "checkpoint", "m.tdp")
     long = " ".join(TEXT)
     result = _command("llm", "generate", "m.tdp", "--prompt", long, cwd=tmp_path)
     _refused(result, "the prompt is")
@@ -176,17 +175,9 @@ def test_chat_applies_the_checkpoints_template_as_transformers_does(tmp_path: Pa
     ids = _generated_ids(generated.stdout)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello there"}], add_generation_prompt=True)  # type: ignore[attr-defined]
     prompt = prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt
-    with torch.no_grad():
-        expected = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
-    assert ids == expected[0, len(prompt) :].tolist()
+    assert ids == transformers_greedy(model, prompt, 6)
     _chat_continues_from_the_cache_as_transformers_reads_the_whole_conversation(tmp_path, model, tokenizer)
-    plain = _checkpoint(tmp_path / "plain", tiny_llama(vocab_size=512))
-    assert (
-        _command(
-            "llm", "export", plain, "-o", "p.tdp", "--max-cache", "16", "--prefill-chunk", "4", cwd=tmp_path
-        ).returncode
-        == 0
-    )
+    _small_program(tmp_path, "plain", "p.tdp")
     _refused(_command("llm", "generate", "p.tdp", "-p", "hi", "--chat", cwd=tmp_path), "p.tdp carries no chat template")
     _refused(_command("llm", "chat", "p.tdp", cwd=tmp_path), "p.tdp carries no chat template")
     assert "use llm generate without --chat" in _command("llm", "chat", "p.tdp", cwd=tmp_path).stderr
@@ -219,10 +210,8 @@ def _chat_continues_from_the_cache_as_transformers_reads_the_whole_conversation(
         if len(prompt) >= CACHE:  # what the chat did: forget the earlier turns
             messages = messages[-1:]
             prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)  # type: ignore[attr-defined]
-        with torch.no_grad():
-            expected = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False, pad_token_id=0)
         room = CACHE - len(prompt) + 1  # a full cache ends the reply early
-        assert reply == expected[0, len(prompt) :].tolist()[:room]
+        assert reply == transformers_greedy(model, prompt, 5)[:room]
         messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})  # type: ignore[attr-defined]
     assert replies[3] == replies[0]
 

@@ -14,7 +14,6 @@ from typing import Any, TextIO
 
 from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError
 from torchdelegate.cli.lower import chosen_partitioners, lowered_with_report, start_preprocessing
-from torchdelegate.errors import first_line
 from torchdelegate.report.terminal import human_bytes
 
 
@@ -168,7 +167,7 @@ class _LanguageModel:
         self.program = program
         program.initialize()  # the first token's time is then the prompt's, not the sessions'
         self.settings = json.loads(program.asset(SETTINGS))
-        self.tokenizer = _tokenizer(program.asset("tokenizer.json"))
+        self.tokenizer = _tokenizer(program)
         stop_tokens, max_cache = self.settings["stop_tokens"], self.settings["max_cache"]
         self.generator = Generator(program, stop_tokens=stop_tokens, max_positions=max_cache)
 
@@ -198,15 +197,15 @@ class _ChatTemplate:
     no access to Python beyond the values passed."""
 
     def __init__(self, path: Path, template: str, config: dict[str, Any]) -> None:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from torchdelegate.errors import CheckpointError
+        from torchdelegate.llm.checkpoint import read_chat_template
 
         self.path = path
         self.special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         try:
-            self.template = environment.from_string(template)
-        except Exception as e:
-            raise CommandError(f"{path}: its chat template cannot be read ({type(e).__name__}: {e})") from e
+            self.template = read_chat_template(template, f"{path}: its chat template")
+        except CheckpointError as e:
+            raise CommandError(str(e)) from e
 
     def render(self, messages: list[dict[str, str]]) -> str:
         """``messages`` as the text the model reads, ending where the assistant's reply begins."""
@@ -262,15 +261,16 @@ def _token_text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _tokenizer(data: bytes) -> Any:
+def _tokenizer(program: Any) -> Any:
+    from torchdelegate.errors import CheckpointError
+    from torchdelegate.llm.checkpoint import read_tokenizer
+
     try:
-        from tokenizers import Tokenizer
+        return read_tokenizer(program.asset("tokenizer.json"), f"{program.path}: its tokenizer.json")
     except ImportError as e:
         raise CommandError("generating text needs the tokenizers library: pip install tokenizers") from e
-    try:
-        return Tokenizer.from_str(data.decode("utf-8"))
-    except Exception as e:
-        raise CommandError(f"the file's tokenizer.json cannot be read ({type(e).__name__}: {first_line(e)})") from e
+    except CheckpointError as e:
+        raise CommandError(str(e)) from e
 
 
 class _Stream:

@@ -76,37 +76,43 @@ def _read_checkpoint(directory: Path) -> Checkpoint:
             f"{directory}: {type(config).__name__} ({', '.join(config.architectures or ['no architecture'])}) is not a "
             "decoder-only language model transformers can load as AutoModelForCausalLM"
         )
+    assets = {name: (directory / name).read_bytes() for name in TOKENIZER_FILES if (directory / name).is_file()}
+    read_tokenizer(assets["tokenizer.json"], f"{directory}/tokenizer.json")  # refused before the weights load
+    if "chat_template.jinja" in assets:
+        read_chat_template(assets["chat_template.jinja"], f"{directory}/chat_template.jinja")
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             directory, local_files_only=True, dtype=torch.float32
         ).eval()
     except Exception as e:
         raise CheckpointError(f"{directory}: its weights cannot be loaded ({type(e).__name__}: {first_line(e)})") from e
-    assets = {name: (directory / name).read_bytes() for name in TOKENIZER_FILES if (directory / name).is_file()}
-    _check_tokenizer(directory, assets)
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return Checkpoint(directory, model, assets, _stop_tokens(model), positions if isinstance(positions, int) else None)
 
 
-def _check_tokenizer(directory: Path, assets: dict[str, bytes]) -> None:
-    """The tokenizer and chat template read as generating will read them: a file that cannot be used is
-    refused now, not after lowering."""
+def read_tokenizer(data: bytes, where: str) -> Any:
+    """``tokenizer.json``'s bytes as a tokenizers ``Tokenizer``; CheckpointError naming ``where`` if unreadable."""
     from tokenizers import Tokenizer
 
     try:
-        Tokenizer.from_str(assets["tokenizer.json"].decode("utf-8"))
+        return Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:
         raise CheckpointError(
-            f"{directory}/tokenizer.json cannot be read by the tokenizers library ({type(e).__name__}: {first_line(e)})"
+            f"{where} cannot be read by the tokenizers library ({type(e).__name__}: {first_line(e)})"
         ) from e
-    if "chat_template.jinja" in assets:
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        try:
-            ImmutableSandboxedEnvironment().parse(assets["chat_template.jinja"].decode("utf-8"))
-        except (TemplateError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{directory}/chat_template.jinja is not a template jinja2 reads ({e})") from e
+
+def read_chat_template(text: bytes | str, where: str) -> Any:
+    """A chat template compiled in jinja2's immutable sandbox, which gives a template from a file no
+    access to Python beyond the values passed; CheckpointError naming ``where`` if unreadable."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return environment.from_string(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except (TemplateError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{where} is not a template jinja2 reads ({e})") from e
 
 
 def export_methods(model: Any, max_cache: int, chunk: int | None) -> dict[str, ExportedProgram]:
