@@ -167,3 +167,44 @@ def test_tied_weights_count_once() -> None:
 def test_a_report_that_is_not_one_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="report"):
         LoweringReport.from_json(bad)
+
+
+class _Shared(torch.nn.Module):
+    """A module called twice, and a Sequential: two calls of one module are two groups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.seq = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.seq(self.lin(self.lin(x)))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_each_computation_carries_the_module_calls_it_was_made_in(strict: bool) -> None:
+    program = torch.export.export(_Shared(), (torch.randn(2, 4),), strict=strict)
+    report = plan_report(td.to_edge(program), CapabilityPartitioner({aten.addmm.default}, REFERENCE))
+    method = report.methods["forward"]
+    calls = {row.name: row.modules for row in method.nodes}
+    assert calls["addmm"] == ["lin"] and calls["addmm_1"] == ["lin@1"]
+    assert calls["addmm_2"] == ["seq", "seq.0"] and calls["relu"] == ["seq", "seq.1"]
+    assert method.module_types["seq"] == "torch.nn.modules.container.Sequential"
+    assert method.module_types["lin@1"] == "torch.nn.modules.linear.Linear"
+    read = LoweringReport.from_json(report.to_json()).methods["forward"]
+    assert read == method
+    old = report.to_json()  # a report saved before module calls were kept still reads
+    for row in old["methods"][0]["nodes"]:
+        del row["modules"]
+    del old["methods"][0]["module_types"]
+    assert all(row.modules == [] for row in LoweringReport.from_json(old).methods["forward"].nodes)
+
+
+def test_what_a_method_returns_is_named_through_tuple_items() -> None:
+    class MaxAndIndex(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.max(x, dim=1)
+
+    report = plan_report(td.to_edge(export(MaxAndIndex(), torch.randn(2, 4))), CapabilityPartitioner(set(), REFERENCE))
+    method = report.methods["forward"]
+    assert method.user_outputs == [method.nodes[-1].name] == ["max_1"]

@@ -31,6 +31,7 @@ from torch.fx import Graph, Node
 from torchdelegate.errors import QuantizationError, first_line
 from torchdelegate.lowering.exported_programs import build_program
 from torchdelegate.lowering.structural_copy import copy_graph, copy_module_call_graph, copy_signature
+from torchdelegate.partition.modules import module_path
 from torchdelegate.quantization.linear import affine_ops
 from torchdelegate.torch_warnings import loggers_quieted
 
@@ -208,7 +209,7 @@ def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_fl
     for linear in layers:
         spec = parameters[cast(Node, linear.args[1]).name]
         assert spec.target is not None
-        where = f"method {method!r}: linear layer {_module_path(linear) or linear.name!r} (weight {spec.target!r})"
+        where = f"method {method!r}: linear layer {module_path(linear) or linear.name!r} (weight {spec.target!r})"
         qdata, scale, zero_point, group = weights.quantized(program.state_dict[spec.target], where)
         rewrite.layer(linear, spec.target, (qdata, scale, zero_point), group, weights.recipe)
     rewrite.finish()
@@ -238,21 +239,12 @@ def _selected(node: Node, parameters: dict[str, InputSpec], program: ExportedPro
         return False
     if value.dtype != torch.float32 or value.dim() != 2:
         return False
-    return not keep_float.keeps([spec.target, spec.target.rpartition(".")[0], _module_path(node)])
+    return not keep_float.keeps([spec.target, spec.target.rpartition(".")[0], module_path(node)])
 
 
 def _matches(name: str, pattern: str) -> bool:
     """``pattern`` matches the whole dotted name or its last components (``lm_head`` matches ``model.lm_head``)."""
     return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
-
-
-def _module_path(node: Node) -> str:
-    """The path of the module that called this node (export's ``nn_module_stack``), '' if unknown."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    path = list(stack.values())[-1][0]
-    return path if isinstance(path, str) else ""
 
 
 class _Rewrite:

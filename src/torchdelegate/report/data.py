@@ -31,6 +31,7 @@ from torchdelegate.lowered_module import state_value
 from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
 from torchdelegate.lowering.partitions import Partition, find_partitions
 from torchdelegate.partition.capability import PartitionPlan
+from torchdelegate.partition.modules import module_calls
 from torchdelegate.partition.partitioner import is_tuple_item
 from torchdelegate.partition.tagging import constant_data_tags
 from torchdelegate.specs import DelegationSpec
@@ -50,6 +51,7 @@ class NodeRow:
     reasons: dict[str, str]
     flops: int
     inputs: list[str]  # computations and user inputs it reads (through tuple items)
+    modules: list[str] = field(default_factory=list)  # the module calls it was made in, outermost first
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ class MethodReport:
     nodes: list[NodeRow]  # every computation, in graph order
     partitions: list[PartitionRow]
     user_inputs: list[str]
-    user_outputs: list[str]
+    user_outputs: list[str]  # what the graph returns (through tuple items), updated buffers included
+    module_types: dict[str, str] = field(default_factory=dict)  # module call -> its class's qualified name
 
     @property
     def delegated_nodes(self) -> int:
@@ -153,7 +156,8 @@ class LoweringReport:
                 nodes = [_row(NodeRow, row) for row in entry["nodes"]]
                 partitions = [_row(PartitionRow, row) for row in entry["partitions"]]
                 method, inputs, outputs = (_typed(entry[k], t) for k, t in _METHOD_FIELDS)
-                methods[method] = MethodReport(method, nodes, partitions, inputs, outputs)
+                types = _typed(entry.get("module_types", {}), dict[str, str])
+                methods[method] = MethodReport(method, nodes, partitions, inputs, outputs, types)
             state = _typed(value.get("state_bytes", {}), dict[str, int])
             backends = _typed(value["backends"], list[str])
             return cls(backends, methods, state, _typed(value.get("unique_state_bytes", 0), int))
@@ -218,13 +222,23 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
     """The report of ``program`` partitioned as ``plan`` says (the program is only read)."""
     graph_nodes = {node.name: node for node in program.graph.nodes}
     user_inputs = _user_inputs(program)
-    rows = []
+    rows: list[NodeRow] = []
+    module_types: dict[str, str] = {}
     for decision in plan.decisions:
         node = graph_nodes[decision.node]
         inputs = [n.name for n in _sources(node) if n.op == "call_function" or n.name in user_inputs]
+        calls = module_calls(node)
+        module_types.update((call.name, call.type_name) for call in calls)
         rows.append(
             NodeRow(
-                decision.node, decision.op, decision.backend_id, decision.tag, decision.reasons, _flops(node), inputs
+                decision.node,
+                decision.op,
+                decision.backend_id,
+                decision.tag,
+                decision.reasons,
+                _flops(node),
+                inputs,
+                [call.name for call in calls],
             )
         )
     flops = {row.name: row.flops for row in rows}
@@ -248,8 +262,9 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
                 kept_apart=dict(planned.kept_apart),
             )
         )
-    outputs = [n.name for n in program.graph.output_node().all_input_nodes]
-    return MethodReport(method, rows, partitions, sorted(user_inputs, key=list(graph_nodes).index), outputs)
+    outputs = [n.name for n in _sources(program.graph.output_node())]
+    ordered_inputs = sorted(user_inputs, key=list(graph_nodes).index)
+    return MethodReport(method, rows, partitions, ordered_inputs, outputs, module_types)
 
 
 def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> dict[str, Partition]:

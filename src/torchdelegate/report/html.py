@@ -1,104 +1,129 @@
-"""The partition report as one self-contained HTML page: the graph coloured by backend, and tables.
+"""The partition report as one self-contained HTML page: each method's graph, by layer, and tables.
 
-The picture is an SVG drawn here, with no library and nothing fetched: each computation is a
-box in a row by its depth (the longest path from the method's inputs), coloured by its
-backend, grey when no backend took it; hovering shows its op, partition and reasons, and
-clicking it shows them under the picture. Everything the page shows is in the file.
+The picture groups the computations by the module calls export recorded (``nn_module_stack``),
+so a transformer reads as its embedding, its layers and its head; layers open and close, and
+those beyond what fits a first look start closed. Each box is an op, filled in its backend's
+colour (grey when no backend took it); each partition's boxes sit on one outlined area; edges
+that cross from one partition to another are dashed. The page pans, zooms and finds a node by
+name, op or module; hovering or clicking a box shows its partition and each backend's reason.
+The drawing is done in the browser by ``page.js`` from the data embedded in the page: one file,
+nothing fetched.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
+from importlib.resources import files
+from typing import Any
 
 from torchdelegate.report.data import LoweringReport, MethodReport
 from torchdelegate.report.terminal import coverage_line, human_bytes, human_flops
 
 PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22"]
-LEFT_OUT = "#c7c7c7"
-BOX_W, BOX_H, GAP_X, GAP_Y = 14, 10, 6, 18
+LEFT_OUT = "#9a9a9a"
+COMPUTATION, INPUT, OUTPUT = 0, 1, 2
+OUTPUTS = "(outputs)"  # the picture's box for what the method returns
+_CALL_NUMBER = re.compile(r"@\d+$")
 
 
 def render_html(report: LoweringReport, *, title: str = "torchdelegate partition report") -> str:
-    colours = {backend: PALETTE[i % len(PALETTE)] for i, backend in enumerate(report.backends)}
+    colours = [PALETTE[i % len(PALETTE)] for i in range(len(report.backends))]
     legend = (
-        "".join(f'<span class="key"><i style="background:{c}"></i>{html.escape(b)}</span>' for b, c in colours.items())
-        + f'<span class="key"><i style="background:{LEFT_OUT}"></i>not delegated</span>'
+        "".join(
+            f'<span class="key"><i class="swatch" style="background:{c}"></i>{html.escape(b)}</span>'
+            for b, c in zip(report.backends, colours, strict=True)
+        )
+        + f'<span class="key"><i class="swatch" style="background:{_tint(LEFT_OUT)}"></i>not delegated</span>'
     )
-    sections = "".join(_method_section(method, colours) for method in report.methods.values())
-    details = {
-        method.method: {row.name: _describe(row.op, row.tag, row.backend_id, row.reasons) for row in method.nodes}
-        for method in report.methods.values()
+    methods = list(report.methods.values())
+    data = {
+        "backends": report.backends,
+        "colours": colours,
+        "tints": [_tint(c) for c in colours],
+        "leftOut": LEFT_OUT,
+        "leftOutTint": _tint(LEFT_OUT),
+        "methods": [picture_data(method, report.backends) for method in methods],
     }
     # A saved report comes from the file: no "<" reaches the page's script data ("</script>", "<!--").
-    data = json.dumps(details, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
+    text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
+    page = files("torchdelegate.report")
     return _PAGE.format(
         title=html.escape(title),
         backends=html.escape(", ".join(report.backends)),
         legend=legend,
-        sections=sections,
-        data=data,
+        sections="".join(_method_section(k, method, colours, report.backends) for k, method in enumerate(methods)),
+        data=text,
+        style=page.joinpath("page.css").read_text(encoding="utf-8"),
+        script=page.joinpath("page.js").read_text(encoding="utf-8"),
     )
 
 
-def _describe(op: str, tag: str | None, backend: str | None, reasons: dict[str, str]) -> str:
-    where = f"{tag} ({backend})" if tag else "not delegated"
-    lines = [f"{op}: {where}"] + [f"{b}: {r}" for b, r in reasons.items()]
-    return "\n".join(lines)
+def _tint(colour: str) -> str:
+    """``colour`` three quarters of the way to white: a box's fill, its border keeping the colour."""
+    red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return "#" + "".join(f"{round(c + (255 - c) * 0.72):02x}" for c in (red, green, blue))
 
 
-def _layout(method: MethodReport) -> dict[str, tuple[int, int]]:
-    """Each computation's (row, column): row by longest path from the inputs, columns in graph order."""
-    depth: dict[str, int] = {}
-    for row in method.nodes:  # graph order is topological
-        depth[row.name] = 1 + max((depth[s] for s in row.inputs if s in depth), default=0)
-    columns: dict[int, int] = {}
-    place = {name: (0, i) for i, name in enumerate(method.user_inputs)}
+def picture_data(method: MethodReport, backends: list[str]) -> dict[str, Any]:
+    """What ``page.js`` draws for one method: module calls as a tree, nodes by index, partitions by backend."""
+    modules: dict[str, int] = {}
+    module_rows: list[list[Any]] = []
     for row in method.nodes:
-        level = depth[row.name]
-        place[row.name] = (level, columns.get(level, 0))
-        columns[level] = columns.get(level, 0) + 1
-    return place
-
-
-def _method_section(method: MethodReport, colours: dict[str, str]) -> str:
-    place = _layout(method)
-    width = (max((c for _, c in place.values()), default=0) + 1) * (BOX_W + GAP_X) + GAP_X
-    height = (max((r for r, _ in place.values()), default=0) + 1) * (BOX_H + GAP_Y) + GAP_Y
-
-    def centre(name: str) -> tuple[float, float]:
-        row, column = place[name]
-        return GAP_X + column * (BOX_W + GAP_X) + BOX_W / 2, GAP_Y + row * (BOX_H + GAP_Y) + BOX_H / 2
-
-    edges, boxes = [], []
+        parent = -1
+        for call in row.modules:
+            if call not in modules:
+                modules[call] = len(module_rows)
+                module_rows.append(
+                    [
+                        call,
+                        _label(call, module_rows[parent][0] if parent >= 0 else ""),
+                        method.module_types.get(call, ""),
+                        parent,
+                    ]
+                )
+            parent = modules[call]
+    partitions = {p.tag: k for k, p in enumerate(method.partitions)}
+    backend_index = {b: k for k, b in enumerate(backends)}
+    index = {name: k for k, name in enumerate(method.user_inputs)}
+    nodes: list[list[Any]] = [[name, "input", -1, -1, [], {}, INPUT, 0] for name in method.user_inputs]
     for row in method.nodes:
-        x2, y2 = centre(row.name)
-        for source in row.inputs:
-            if source in place:
-                x1, y1 = centre(source)
-                edges.append(f'<line x1="{x1:.0f}" y1="{y1 + BOX_H / 2:.0f}" x2="{x2:.0f}" y2="{y2 - BOX_H / 2:.0f}"/>')
-    for name in method.user_inputs:
-        x, y = centre(name)
-        boxes.append(
-            f'<rect class="input" x="{x - BOX_W / 2:.0f}" y="{y - BOX_H / 2:.0f}" width="{BOX_W}" height="{BOX_H}">'
-            f"<title>input {html.escape(name)}</title></rect>"
+        index[row.name] = len(nodes)
+        nodes.append(
+            [
+                row.name,
+                row.op,
+                modules[row.modules[-1]] if row.modules else -1,
+                partitions.get(row.tag, -1) if row.tag is not None else -1,
+                [index[name] for name in row.inputs if name in index],
+                row.reasons,
+                COMPUTATION,
+                row.flops,
+            ]
         )
-    for row in method.nodes:
-        x, y = centre(row.name)
-        colour = colours.get(row.backend_id or "", LEFT_OUT)
-        tip = html.escape(f"{row.name}\n{_describe(row.op, row.tag, row.backend_id, row.reasons)}")
-        boxes.append(
-            f'<rect class="node" data-method="{html.escape(method.method)}" data-node="{html.escape(row.name)}" '
-            f'x="{x - BOX_W / 2:.0f}" y="{y - BOX_H / 2:.0f}" width="{BOX_W}" height="{BOX_H}" fill="{colour}">'
-            f"<title>{tip}</title></rect>"
-        )
-    svg = (
-        f'<svg class="graph" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}"><g class="edges">{"".join(edges)}</g>{"".join(boxes)}</svg>'
-    )
+    returned = [index[name] for name in method.user_outputs if name in index]
+    nodes.append([OUTPUTS, "output", -1, -1, returned, {}, OUTPUT, 0])
+    return {
+        "method": method.method,
+        "modules": module_rows,
+        "partitions": [[p.tag, backend_index.get(p.backend_id, 0)] for p in method.partitions],
+        "nodes": nodes,
+    }
+
+
+def _label(call: str, parent: str) -> str:
+    """A module call's name under its parent's: ``layers.0`` in ``model.layers``, ``lin@1`` for a second call."""
+    path = _CALL_NUMBER.sub("", parent)
+    return call[len(path) + 1 :] if path and call.startswith(path + ".") else call
+
+
+def _method_section(k: int, method: MethodReport, colours: list[str], backends: list[str]) -> str:
+    colour_of = dict(zip(backends, colours, strict=True))
     rows = "".join(
         "<tr>"
-        f'<td><i style="background:{colours.get(p.backend_id, LEFT_OUT)}"></i>{html.escape(p.tag)}</td>'
+        f'<td><i class="swatch" style="background:{colour_of.get(p.backend_id, LEFT_OUT)}"></i>'
+        f"{html.escape(p.tag)}</td>"
         f"<td>{html.escape(p.backend_id)}</td><td>{html.escape(str(p.nodes))}</td><td>{human_flops(p.flops)}</td>"
         f"<td>{human_bytes(p.weight_bytes)}</td><td>{human_bytes(p.blob_bytes)}</td>"
         f"<td>{html.escape(', '.join(p.inputs))}</td><td>{html.escape(', '.join(p.outputs))}</td>"
@@ -112,8 +137,9 @@ def _method_section(method: MethodReport, colours: dict[str, str]) -> str:
         for (op, why), names in sorted(method.not_delegated().items(), key=lambda item: (-len(item[1]), item[0]))
     )
     return (
-        f'<section><h2>{html.escape(coverage_line(method))}</h2><div class="picture">{svg}</div>'
-        f'<pre class="detail" id="detail-{html.escape(method.method)}">click a box for its details</pre>'
+        f'<section id="method-{k}"><h2>{html.escape(coverage_line(method))}</h2>{_TOOLBAR}'
+        '<div class="picture"><div class="tip"></div></div>'
+        '<pre class="detail">click a box for its details</pre>'
         "<table><tr><th>partition</th><th>backend</th><th>nodes</th><th>FLOPs</th><th>weights</th><th>blob</th>"
         f"<th>inputs</th><th>outputs</th><th>ops</th><th>kept apart from</th></tr>{rows}</table>"
         + (
@@ -125,39 +151,26 @@ def _method_section(method: MethodReport, colours: dict[str, str]) -> str:
     )
 
 
+_TOOLBAR = (
+    '<div class="toolbar"><input class="search" type="search" placeholder="find a node, op or module" '
+    'aria-label="find a node, op or module"><span class="found-count"></span>'
+    '<button data-action="fit">fit</button><button data-action="in">+</button><button data-action="out">−</button>'
+    '<button data-action="open">open all</button><button data-action="close">close all</button>'
+    '<span class="hint">drag or wheel to move, ctrl+wheel to zoom; click a layer to open or close it, '
+    "a box for its details and its partition</span></div>"
+)
+
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>
-body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
-h2 {{ font-size: 1.05em; margin-top: 2em; }}
-.key {{ margin-right: 1.2em; }}
-i {{ display: inline-block; width: .9em; height: .9em; margin-right: .35em; vertical-align: -1px; }}
-.picture {{ overflow: auto; max-height: 70vh; border: 1px solid #ddd; }}
-.edges line {{ stroke: #999; stroke-opacity: .45; stroke-width: 1; }}
-rect.node {{ stroke: #333; stroke-width: .5; cursor: pointer; }}
-rect.node:hover {{ stroke-width: 2; }}
-rect.input {{ fill: #fff; stroke: #333; }}
-table {{ border-collapse: collapse; margin-top: .8em; }}
-td, th {{ border: 1px solid #ddd; padding: 2px 6px; vertical-align: top; text-align: left; max-width: 40em; }}
-pre.detail {{ background: #f6f6f6; padding: .5em; min-height: 2.5em; }}
-</style></head>
+{style}</style></head>
 <body>
 <h1>{title}</h1>
 <p>Backends in priority order: {backends}</p>
 <p>{legend}</p>
 {sections}
-<script id="details" type="application/json">{data}</script>
+<script id="report-data" type="application/json">{data}</script>
 <script>
-"use strict";
-const details = JSON.parse(document.getElementById("details").textContent);
-for (const box of document.querySelectorAll("rect.node")) {{
-  box.addEventListener("click", () => {{
-    const method = box.dataset.method;
-    const text = box.dataset.node + "\\n" + details[method][box.dataset.node];
-    document.getElementById("detail-" + method).textContent = text;
-  }});
-}}
-document.body.dataset.ready = "1";
-</script>
+{script}</script>
 </body></html>
 """

@@ -1,0 +1,51 @@
+"""The ``nn.Module`` calls a node was made in, as export recorded them (``nn_module_stack``).
+
+A partitioner that chooses by layer, a quantization recipe that keeps a module in float and
+the report's pictures that group computations by layer all read them here. The root module
+(path ``""``) is left out; a module called twice in one method gives two calls, ``lin`` and
+``lin@1``, as export numbers them, so the calls of one method form a tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.fx import Node
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """One call of a module: ``name`` is its path, with ``@N`` for the (N+1)th call of it in the method."""
+
+    name: str
+    path: str
+    type_name: str  # the class's qualified name, as export recorded it
+
+
+def module_calls(node: Node) -> list[ModuleCall]:
+    """The module calls ``node`` was made in, outermost first; empty when export recorded none."""
+    stack = node.meta.get("nn_module_stack") or {}
+    calls = []
+    for key, entry in stack.items():
+        if not (isinstance(entry, tuple | list) and len(entry) == 2 and isinstance(entry[0], str)) or not entry[0]:
+            continue
+        path, kind = entry
+        _, at, count = str(key).rpartition("@")
+        name = f"{path}@{count}" if at and count.isdigit() else path
+        type_name = (
+            kind
+            if isinstance(kind, str)
+            else f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', kind)}"
+        )
+        calls.append(ModuleCall(name, path, type_name))
+    return calls
+
+
+def module_path(node: Node) -> str:
+    """The path of the innermost module that called ``node``, ``""`` when none is recorded."""
+    calls = module_calls(node)
+    return calls[-1].path if calls else ""
+
+
+def _qualified_name(kind: object) -> str:
+    return f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', kind)}"
