@@ -21,7 +21,6 @@ from typing import Any
 FLAGS = [
     "--headless",
     "--no-sandbox",
-    "--disable-gpu",
     "--hide-scrollbars",
     "--disable-quic",
     "--no-first-run",
@@ -30,6 +29,9 @@ FLAGS = [
     "--disable-sync",
     "--mute-audio",
 ]
+
+
+WEBGL = ["--use-angle=swiftshader", "--enable-unsafe-swiftshader"]  # WebGL on the CPU, for pages that draw with it
 
 
 def chromium_path() -> str | None:
@@ -50,7 +52,7 @@ def _above_four(fd: int) -> int:
 class Chromium:
     """One headless browser with one page; ``errors`` holds every uncaught exception and console error."""
 
-    def __init__(self, width: int = 1400, height: int = 1000, timeout: float = 120.0) -> None:
+    def __init__(self, width: int = 1400, height: int = 1000, timeout: float = 120.0, webgl: bool = False) -> None:
         path = chromium_path()
         if path is None:
             raise ChromiumError("Chromium is not installed")
@@ -59,7 +61,8 @@ class Chromium:
         self._log = tempfile.TemporaryFile()
         commands_read, self._commands = (_above_four(fd) for fd in os.pipe())
         self._answers, answers_write = (_above_four(fd) for fd in os.pipe())
-        arguments = [*FLAGS, "--remote-debugging-pipe", f"--user-data-dir={self.profile.name}", "about:blank"]
+        flags = [*FLAGS, *WEBGL] if webgl else [*FLAGS, "--disable-gpu"]
+        arguments = [*flags, "--remote-debugging-pipe", f"--user-data-dir={self.profile.name}", "about:blank"]
         # Chromium reads commands on fd 3 and answers on fd 4; bash puts the pipes there (dash: one digit only).
         self.process = subprocess.Popen(
             ["bash", "-c", f'exec "$0" "$@" 3<&{commands_read} 4>&{answers_write}', path, *arguments],
@@ -125,11 +128,12 @@ class Chromium:
             self.errors.append(params["entry"].get("text", "?"))
         self._events.append(event)
 
-    def open(self, page: Path, ready: str = "document.body.dataset.ready === '1'") -> float:
-        """Load ``page`` and wait until ``ready`` is true; the seconds it took."""
+    def open(self, page: Path | str, ready: str = "document.body.dataset.ready === '1'") -> float:
+        """Load ``page`` (a file or a URL) and wait until ``ready`` is true; the seconds it took."""
         started = time.monotonic()
         self._events.clear()
-        self.call("Page.navigate", session=True, url=page.resolve().as_uri())
+        url = page.resolve().as_uri() if isinstance(page, Path) else page
+        self.call("Page.navigate", session=True, url=url)
         deadline = started + self.timeout
         while not any(e.get("method") == "Page.loadEventFired" for e in self._events):
             self._event(self._read(deadline))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 aten = torch.ops.aten
@@ -155,3 +157,35 @@ class CumprodBetweenLinears(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.l2(torch.cumprod(torch.sigmoid(self.l1(x)), dim=-1))
+
+
+class NormAndMlp(torch.nn.Module):
+    """A transformer block's shape without attention: modules nested two deep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+def layered_program(path: Path) -> Path:
+    """Two blocks and a head, two methods, saved with its report: linear layers and additions on the
+    reference backend, norms and GELUs left in the program."""
+    import torchdelegate as td
+    from torchdelegate import CapabilityPartitioner, DelegationSpec
+    from torchdelegate.report import lower_with_report
+
+    model = torch.nn.Sequential(NormAndMlp(), NormAndMlp(), torch.nn.Linear(8, 2)).eval()
+    programs = {
+        "forward": torch.export.export(model, (torch.randn(2, 8),)),
+        "batch": torch.export.export(model, (torch.randn(4, 8),)),
+    }
+    supported = {aten.linear.default, aten.addmm.default, aten.permute.default, aten.t.default, aten.add.Tensor}
+    lowered, report = lower_with_report(
+        td.to_edge(programs), CapabilityPartitioner(supported, DelegationSpec("reference"))
+    )
+    lowered.save(path, report=report.to_json())
+    return path

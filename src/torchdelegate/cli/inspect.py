@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from torchdelegate.cli.command import EXIT_OK, CommandError, loaded
+from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, loaded
 from torchdelegate.cli.outputs import named_output_type
 from torchdelegate.report.terminal import coverage_line, human_bytes
+
+if TYPE_CHECKING:
+    from torchdelegate.report import LoweringReport
 
 
 def _native_backends() -> list[str]:
@@ -29,6 +32,9 @@ def _native_backends() -> list[str]:
 def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.report import LoweringReport, render_html, render_text
     from torchdelegate.serialize.container import FORMAT_VERSION
+
+    if (args.open or args.port is not None) and args.model_explorer is None:
+        raise UsageError("--open and --port go with --model-explorer DIR")
 
     native = _native_backends()
     with loaded(args.file, args.external_data, native) as program:
@@ -81,7 +87,7 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
         saved = program.report
     if saved is None:
         print(f"report: none saved ({_NO_REPORT})", file=out)
-        if args.html or args.report:
+        if args.html or args.report or args.model_explorer:
             raise CommandError(f"{args.file} holds no partition report; {_NO_REPORT}")
         return EXIT_OK
     try:
@@ -97,7 +103,21 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
     if args.html:
         args.html.write_text(render_html(report, title=f"torchdelegate: {args.file.name}"), encoding="utf-8")
         print(f"report: {args.html}", file=out)
+    if args.model_explorer:
+        _model_explorer(report, args, out)
     return EXIT_OK
+
+
+def _model_explorer(report: LoweringReport, args: argparse.Namespace, out: TextIO) -> None:
+    from torchdelegate.cli.model_explorer import serve_model_explorer
+    from torchdelegate.report.model_explorer import write_model_explorer
+
+    if args.model_explorer.exists() and not args.model_explorer.is_dir():
+        raise CommandError(f"--model-explorer {args.model_explorer}: not a directory")
+    files = write_model_explorer(report, args.model_explorer, args.file.stem)
+    print(f"model explorer: {files.graphs} (overlays {files.backends.name}, {files.partitions.name})", file=out)
+    if args.open:
+        serve_model_explorer(files, args.port, out)
 
 
 _NO_REPORT = (

@@ -59,6 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("file", type=Path)
     inspect.add_argument("--html", type=Path, metavar="FILE.html", help="write the saved partition report as HTML")
     inspect.add_argument("--report", action="store_true", help="print the saved partition report in full")
+    inspect.add_argument(
+        "--model-explorer",
+        type=Path,
+        metavar="DIR",
+        help="write the saved report for Google's Model Explorer: the graphs (FILE.json) and node-data "
+        "overlays by backend and by partition",
+    )
+    inspect.add_argument(
+        "--open",
+        action="store_true",
+        help="with --model-explorer: start Model Explorer on loopback with them loaded, until Ctrl-C "
+        "(needs torchdelegate[viz])",
+    )
+    inspect.add_argument(
+        "--port", type=int, metavar="N", help="with --open: Model Explorer's port (default: a free one)"
+    )
 
     run = commands.add_parser(
         "run",

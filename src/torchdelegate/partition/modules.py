@@ -8,6 +8,7 @@ the report's pictures that group computations by layer all read them here. The r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from torch.fx import Node
@@ -45,6 +46,15 @@ def module_path(node: Node) -> str:
     """The path of the innermost module that called ``node``, ``""`` when none is recorded."""
     calls = module_calls(node)
     return calls[-1].path if calls else ""
+
+
+def call_label(call: str, caller: str) -> str:
+    """A module call's name under its caller's: ``layers.0`` under ``model.layers``, ``lin@1`` for a second call."""
+    path = _CALL_NUMBER.sub("", caller)
+    return call[len(path) + 1 :] if path and call.startswith(path + ".") else call
+
+
+_CALL_NUMBER = re.compile(r"@\d+$")
 
 
 def _qualified_name(kind: object) -> str:

@@ -294,8 +294,12 @@ def _sources(node: Node) -> list[Node]:
 
 
 def _short(node: Node) -> str:
-    text = str(node.target)
-    return text.removeprefix("aten.").removesuffix(".default")
+    return short_op(str(node.target))
+
+
+def short_op(op: str) -> str:
+    """``addmm`` for ``aten.addmm.default``: how the report names an op where space is short."""
+    return op.removeprefix("aten.").removesuffix(".default")
 
 
 def _user_inputs(program: ExportedProgram) -> set[str]:

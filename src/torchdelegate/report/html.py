@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from importlib.resources import files
 from typing import Any
 
+from torchdelegate.partition.modules import call_label
 from torchdelegate.report.data import LoweringReport, MethodReport
 from torchdelegate.report.terminal import coverage_line, human_bytes, human_flops
 
@@ -25,7 +25,6 @@ PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e
 LEFT_OUT = "#9a9a9a"
 COMPUTATION, INPUT, OUTPUT = 0, 1, 2
 OUTPUTS = "(outputs)"  # the picture's box for what the method returns
-_CALL_NUMBER = re.compile(r"@\d+$")
 
 
 def render_html(report: LoweringReport, *, title: str = "torchdelegate partition report") -> str:
@@ -78,7 +77,7 @@ def picture_data(method: MethodReport, backends: list[str]) -> dict[str, Any]:
                 module_rows.append(
                     [
                         call,
-                        _label(call, module_rows[parent][0] if parent >= 0 else ""),
+                        call_label(call, module_rows[parent][0] if parent >= 0 else ""),
                         method.module_types.get(call, ""),
                         parent,
                     ]
@@ -110,12 +109,6 @@ def picture_data(method: MethodReport, backends: list[str]) -> dict[str, Any]:
         "partitions": [[p.tag, backend_index.get(p.backend_id, 0)] for p in method.partitions],
         "nodes": nodes,
     }
-
-
-def _label(call: str, parent: str) -> str:
-    """A module call's name under its parent's: ``layers.0`` in ``model.layers``, ``lin@1`` for a second call."""
-    path = _CALL_NUMBER.sub("", parent)
-    return call[len(path) + 1 :] if path and call.startswith(path + ".") else call
 
 
 def _method_section(k: int, method: MethodReport, colours: list[str], backends: list[str]) -> str:

@@ -1,0 +1,53 @@
+"""``inspect --model-explorer DIR --open``: Google's Model Explorer serving a report's graphs and overlays.
+
+Model Explorer (the ``viz`` extra, ``ai-edge-model-explorer``) is a local web server; it serves on
+loopback only, since it reads any file a request names, and runs until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TextIO
+
+from torchdelegate.cli.command import CommandError, UsageError
+from torchdelegate.report.model_explorer import ModelExplorerFiles
+
+LOOPBACK = "127.0.0.1"
+
+
+def serve_model_explorer(files: ModelExplorerFiles, port: int | None, out: TextIO) -> None:
+    """Start Model Explorer on ``port`` (a free one when None) with the graphs and both overlays loaded."""
+    try:
+        import model_explorer
+    except ImportError as error:
+        raise CommandError(
+            "--open needs Google's Model Explorer: pip install 'torchdelegate[viz]' "
+            f"(or open {files.graphs} in a Model Explorer you have)"
+        ) from error
+    port = _free_port() if port is None else _unused(port)
+    config = model_explorer.config().add_model_from_path(str(files.graphs.resolve()))
+    for overlay in files.node_data:
+        config.add_node_data_from_path(str(overlay.resolve()))
+    where = f"http://{LOOPBACK}:{port}/"
+    print(f"Model Explorer: {where} with {files.graphs.name} and its overlays (Ctrl-C stops it)", file=out)
+    out.flush()
+    model_explorer.visualize_from_config(config, host=LOOPBACK, port=port)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
+
+
+def _unused(port: int) -> int:
+    if not 0 < port < 65536:
+        raise UsageError(f"--port {port}: a port is 1 to 65535")
+    with socket.socket() as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError as error:
+            raise CommandError(
+                f"--port {port}: {error.strerror}; choose another, or leave --port out for a free one"
+            ) from error
+    return port
