@@ -168,10 +168,16 @@ class Chromium:
         for kind in ("keyDown", "keyUp"):
             self.call("Input.dispatchKeyEvent", session=True, type=kind, key=key, code=key, windowsVirtualKeyCode=13)
 
-    def screenshot(self, path: Path, full_page: bool = False) -> Path:
+    def screenshot(self, path: Path, selector: str | None = None) -> Path:
+        """The page as it shows now, or only the element ``selector`` names (scrolled into view)."""
         params: dict[str, Any] = {"format": "png"}
-        if full_page:
-            params["captureBeyondViewport"] = True
+        if selector is not None:
+            self.evaluate(f"document.querySelector({json.dumps(selector)}).scrollIntoView()")
+            box = self.evaluate(
+                f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+                " return {x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height, scale: 1}; })()"
+            )
+            params["clip"] = box
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", session=True, **params)["data"]))
         return path
 

@@ -4,7 +4,6 @@ searches, pans and zooms without a script error, on a zoo model with three backe
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -16,10 +15,10 @@ import torch
 from backends_for_tests import TorchExportBackend
 from chromium import Chromium, chromium_path
 from models import TwoLinears, export
+from reports_to_draw import llm_200m, swin_three_backends
 
 import torchdelegate as td
 from torchdelegate import CapabilityPartitioner, DelegationSpec
-from torchdelegate.partition.capability import why_unsupported
 from torchdelegate.report import LoweringReport, plan_report, render_html
 
 aten = torch.ops.aten
@@ -39,73 +38,9 @@ def _embedded(page: str) -> dict[str, Any]:
     return json.loads(found.group(1))
 
 
-def _swin_three_backends() -> LoweringReport:
-    """A transformers Swin: matrix products on ONNX Runtime, norms and softmax on the reference
-    backend, the rest on Inductor but two ops no backend is given (planned only, nothing compiled)."""
-    from zoo.models import swin
-
-    from torchdelegate.backends.support import backend_supports
-
-    case = swin()
-    call = case.example("forward")
-    program = torch.export.export(case.modules["forward"], call.args, dict(call.kwargs), strict=case.strict)
-    [(inductor, inductor_spec)] = backend_supports(["inductor"])
-
-    def inductor_but_two(node: torch.fx.Node) -> bool | str:
-        if node.target in LEFT_OUT_FOR_THE_PICTURE:
-            return "left out of this test's plan"
-        return why_unsupported(inductor, node) or True
-
-    partitioner = CapabilityPartitioner(
-        [
-            (
-                {aten.addmm.default, aten.mm.default, aten.bmm.default, aten.convolution.default},
-                DelegationSpec("onnxruntime"),
-            ),
-            ({aten.native_layer_norm.default, aten._softmax.default, aten.gelu.default}, DelegationSpec("reference")),
-            (inductor_but_two, inductor_spec),
-        ]
-    )
-    return plan_report(td.to_edge(program), partitioner)
-
-
-def _llm_200m() -> LoweringReport:
-    """benchmarks/llm.py's 200M Llama, prefill and decode, planned for ONNX Runtime then the reference backend.
-
-    Its weights are allocated but never written (the report reads shapes, not values)."""
-    import llm_side
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
-    from torchdelegate.backends.reference import ReferencePartitioner
-    from torchdelegate.edge_program_manager import edge_keeping
-
-    hidden, layers, heads, kv_heads, mlp, vocabulary = llm_side.SIZES["base"]
-    config = LlamaConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=mlp,
-        vocab_size=vocabulary,
-        max_position_embeddings=2 * llm_side.CACHE,
-        tie_word_embeddings=False,
-    )
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config).eval()
-    module = llm_side.static_cache_module(model.to_empty(device="cpu"))
-    programs = llm_side.export(module, strict=True)
-    partitioners = [OnnxRuntimePartitioner(), ReferencePartitioner()]
-    edge, _ = edge_keeping(programs, partitioners)
-    report = plan_report(edge, CapabilityPartitioner([*partitioners[0].backends, *partitioners[1].backends]))
-    del edge, programs, module, model
-    gc.collect()
-    return report
-
-
 @pytest.fixture(scope="module")
 def swin_report() -> LoweringReport:
-    return _swin_three_backends()
+    return swin_three_backends()
 
 
 def _write(report: LoweringReport, path: Path, title: str) -> Path:
@@ -230,7 +165,7 @@ def test_chromium_draws_a_zoo_model_with_three_backends(swin_report: LoweringRep
 @pytest.mark.timeout(600)
 def test_chromium_draws_the_200m_llm_both_methods(tmp_path: Path) -> None:
     _require_chromium()
-    report = _llm_200m()
+    report = llm_200m()
     assert {m: len(r.nodes) > 1000 for m, r in report.methods.items()} == {"prefill": True, "decode": True}
     page = _write(report, tmp_path / "llm.html", "200M Llama")
     decode = report.methods["decode"]

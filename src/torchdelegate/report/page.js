@@ -6,6 +6,7 @@
   const REPORT = JSON.parse(document.getElementById("report-data").textContent);
   const CHAR = 6.7, BOX_H = 24, GROUP_H = 40, GAP_X = 16, GAP_Y = 28, PAD = 12, TITLE = 22, LABEL_MAX = 32;
   const REGION_X = GAP_X / 2 + 1, REGION_Y = GAP_Y / 2 + 1;
+  const FAR = 400; // an edge longer than this is drawn faint: a value read many rows below where it is made
   const FIRST_VIEW_ITEMS = 120; // groups open at first while the picture shows at most this many boxes
   const COMPUTATION = 0, INPUT = 1, OUTPUT = 2, MIXED = -2, LEFT_OUT = -1;
 
@@ -389,8 +390,9 @@
         if (!a || !b) continue;
         const x1 = a[0] + a[2] / 2, y1 = a[1] + a[3], x2 = b[0] + b[2] / 2, y2 = b[1];
         const bend = Math.max(18, Math.abs(y2 - y1) / 2);
+        const cls = [boundary ? "boundary" : "", Math.abs(y2 - y1) > FAR ? "far" : ""].join(" ").trim();
         paths.push(
-          `<path${boundary ? ' class="boundary"' : ""} d="M${x1.toFixed(1)} ${y1.toFixed(1)}C${x1.toFixed(1)} ${(y1 + bend).toFixed(1)} ${x2.toFixed(1)} ${(y2 - bend).toFixed(1)} ${x2.toFixed(1)} ${y2.toFixed(1)}"/>`,
+          `<path${cls ? ` class="${cls}"` : ""} d="M${x1.toFixed(1)} ${y1.toFixed(1)}C${x1.toFixed(1)} ${(y1 + bend).toFixed(1)} ${x2.toFixed(1)} ${(y2 - bend).toFixed(1)} ${x2.toFixed(1)} ${y2.toFixed(1)}"/>`,
         );
       }
       return paths.join("");
