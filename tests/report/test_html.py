@@ -75,7 +75,7 @@ def _shown(browser: Chromium, section: int) -> dict[str, Any]:
             nodes: [...s.querySelectorAll("g.node")].map(e => e.dataset.node),
             groups: [...s.querySelectorAll("g.group")].map(e => e.dataset.module),
             frames: [...s.querySelectorAll("g.frame")].map(e => e.dataset.module),
-            transform: s.querySelector("g.viewport").getAttribute("transform"),
+            transform: s.querySelector(".picture svg").style.transform,
             detail: s.querySelector("pre.detail").textContent,
           }};
         }})()"""

@@ -7,6 +7,7 @@
   const CHAR = 6.7, BOX_H = 24, GROUP_H = 40, GAP_X = 16, GAP_Y = 28, PAD = 12, TITLE = 22, LABEL_MAX = 32;
   const REGION_X = GAP_X / 2 + 1, REGION_Y = GAP_Y / 2 + 1;
   const FAR = 400; // an edge longer than this is drawn faint: a value read many rows below where it is made
+  const SMALL = 0.45; // below this scale a box's 11px label is under 5px: boxes are drawn without it
   const FIRST_VIEW_ITEMS = 120; // groups open at first while the picture shows at most this many boxes
   const COMPUTATION = 0, INPUT = 1, OUTPUT = 2, MIXED = -2, LEFT_OUT = -1;
 
@@ -317,7 +318,7 @@
       this.extent = [width, height];
       const edges = this.edges(at);
       const svg =
-        `<svg xmlns="http://www.w3.org/2000/svg"><g class="viewport">${back.join("")}` +
+        `<svg xmlns="http://www.w3.org/2000/svg" width="${width.toFixed(0)}" height="${height.toFixed(0)}"><g class="viewport">${back.join("")}` +
         `<g class="edges">${edges}</g>${boxes.join("")}</g></svg>`;
       this.picture.querySelector("svg")?.remove();
       this.picture.insertAdjacentHTML("afterbegin", svg);
@@ -398,9 +399,15 @@
       return paths.join("");
     }
 
+    // The drawing moves as one layer (a CSS transform): the browser moves and scales what it drew
+    // instead of drawing every box again, and draws it afresh, sharp, once the picture stops.
     applyView() {
       const { x, y, k } = this.view;
-      this.viewport.setAttribute("transform", `translate(${x.toFixed(1)} ${y.toFixed(1)}) scale(${k.toFixed(4)})`);
+      this.svg.style.transform = `translate(${x.toFixed(1)}px, ${y.toFixed(1)}px) scale(${k.toFixed(4)})`;
+      this.svg.classList.toggle("small", k < SMALL); // labels too small to read are not drawn
+      this.svg.style.willChange = "transform";
+      clearTimeout(this.settle);
+      this.settle = setTimeout(() => (this.svg.style.willChange = "auto"), 200);
     }
 
     fit() {
