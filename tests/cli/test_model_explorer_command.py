@@ -110,3 +110,20 @@ def test_a_port_in_use_is_refused_in_one_line(tmp_path: Path, capsys: pytest.Cap
     assert f"--port {port}: Address already in use; choose another" in capsys.readouterr().err
     assert main([*args[:-1], "70000"]) == 2
     assert "a port is 1 to 65535" in capsys.readouterr().err
+    assert main(["inspect", str(program), "--port", "8080"]) == 2
+    assert "--open and --port go with --model-explorer DIR" in capsys.readouterr().err
+
+
+def test_open_without_model_explorer_installed_says_how_to_install_it(tmp_path: Path) -> None:
+    """A process where ``import model_explorer`` fails, as where the viz extra is not installed."""
+    program = layered_program(tmp_path / "layered.tdp")
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "model_explorer.py").write_text("raise ImportError('not installed here')\n")
+    command = [sys.executable, "-m", "torchdelegate.cli", "inspect", str(program)]
+    command += ["--model-explorer", str(tmp_path / "me"), "--open"]
+    env = {**os.environ, "PYTHONPATH": str(blocker)}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1
+    assert "--open needs Google's Model Explorer: pip install 'torchdelegate[viz]'" in result.stderr
+    assert (tmp_path / "me" / "layered.json").exists()  # the files are written all the same
