@@ -47,12 +47,12 @@ SIZES = {
 }
 
 
-def llama(size: str) -> torch.nn.Module:
-    """The model, random weights, built in place: its parameters are allocated once."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(size: str) -> Any:
+    """The transformers ``LlamaConfig`` of ``size``."""
+    from transformers import LlamaConfig
 
     hidden, layers, heads, kv_heads, mlp, vocabulary = SIZES[size]
-    config = LlamaConfig(
+    return LlamaConfig(
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
@@ -62,8 +62,14 @@ def llama(size: str) -> torch.nn.Module:
         max_position_embeddings=2 * CACHE,
         tie_word_embeddings=False,
     )
+
+
+def llama(size: str) -> torch.nn.Module:
+    """The model, random weights, built in place: its parameters are allocated once."""
+    from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(llama_config(size)).eval()
 
 
 def static_cache_module(model: torch.nn.Module) -> torch.nn.Module:

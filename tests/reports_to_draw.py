@@ -53,25 +53,14 @@ def llm_200m() -> LoweringReport:
 
     Its weights are allocated but never written (the report reads shapes, not values)."""
     import llm_side
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
     from torchdelegate.backends.reference import ReferencePartitioner
     from torchdelegate.edge_program_manager import edge_keeping
 
-    hidden, layers, heads, kv_heads, mlp, vocabulary = llm_side.SIZES["base"]
-    config = LlamaConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=mlp,
-        vocab_size=vocabulary,
-        max_position_embeddings=2 * llm_side.CACHE,
-        tie_word_embeddings=False,
-    )
     with torch.device("meta"):
-        model = LlamaForCausalLM(config).eval()
+        model = LlamaForCausalLM(llm_side.llama_config("base")).eval()
     module = llm_side.static_cache_module(model.to_empty(device="cpu"))
     programs = llm_side.export(module, strict=True)
     partitioners = [OnnxRuntimePartitioner(), ReferencePartitioner()]

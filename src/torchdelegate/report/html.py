@@ -27,8 +27,13 @@ COMPUTATION, INPUT, OUTPUT = 0, 1, 2
 OUTPUTS = "(outputs)"  # the picture's box for what the method returns
 
 
+def colours_of(names: list[str]) -> dict[str, str]:
+    """A colour for each of ``names`` (backends in priority order, a method's partitions), in order."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
+
+
 def render_html(report: LoweringReport, *, title: str = "torchdelegate partition report") -> str:
-    colours = [PALETTE[i % len(PALETTE)] for i in range(len(report.backends))]
+    colours = list(colours_of(report.backends).values())
     legend = (
         "".join(
             f'<span class="key"><i class="swatch" style="background:{c}"></i>{html.escape(b)}</span>'

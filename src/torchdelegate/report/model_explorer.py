@@ -18,7 +18,7 @@ from typing import Any
 
 from torchdelegate.partition.modules import call_label
 from torchdelegate.report.data import LoweringReport, MethodReport, short_op
-from torchdelegate.report.html import LEFT_OUT, OUTPUTS, PALETTE
+from torchdelegate.report.html import LEFT_OUT, OUTPUTS, colours_of
 
 NOT_DELEGATED = "not delegated"
 
@@ -58,7 +58,7 @@ def model_explorer_graphs(report: LoweringReport, label: str) -> dict[str, Any]:
 
 def backend_overlay(report: LoweringReport) -> dict[str, Any]:
     """Model Explorer node data: each computation's backend (or "not delegated"), in its backend's colour."""
-    colours = {backend: PALETTE[i % len(PALETTE)] for i, backend in enumerate(report.backends)}
+    colours = colours_of(report.backends)
     overlay = {}
     for method in report.methods.values():
         values = {row.name: _where(row.backend_id, colours) for row in method.nodes}
@@ -70,7 +70,7 @@ def partition_overlay(report: LoweringReport) -> dict[str, Any]:
     """Model Explorer node data: each computation's partition tag, partitions told apart by colour."""
     overlay = {}
     for method in report.methods.values():
-        colours = {p.tag: PALETTE[i % len(PALETTE)] for i, p in enumerate(method.partitions)}
+        colours = colours_of([p.tag for p in method.partitions])
         values = {row.name: _where(row.tag, colours) for row in method.nodes}
         overlay[method.method] = _graph_node_data("partition", values)
     return overlay
