@@ -112,6 +112,8 @@ def test_a_port_in_use_is_refused_in_one_line(tmp_path: Path, capsys: pytest.Cap
     assert "a port is 1 to 65535" in capsys.readouterr().err
     assert main(["inspect", str(program), "--port", "8080"]) == 2
     assert "--open and --port go with --model-explorer DIR" in capsys.readouterr().err
+    assert main(["inspect", str(program), "--model-explorer", str(tmp_path / "me"), "--port", "8080"]) == 2
+    assert "--port is Model Explorer's port: it goes with --open" in capsys.readouterr().err
 
 
 def test_open_without_model_explorer_installed_says_how_to_install_it(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def _check_page(browser: Chromium, report: LoweringReport, layer: str, wanted: s
         assert every <= set(shown["nodes"]) and not shown["groups"], method.method
         inside = {row.name for row in method.nodes if layer in row.modules}
         assert inside and layer in shown["frames"]
-        title = f'#method-{k} g.frame[data-module="{layer}"] text.title'
+        title = f'#method-{k} text.title[data-module="{layer}"]'
         browser.evaluate(f"document.querySelector('#method-{k} .picture').scrollIntoView()")
         view = f"window.torchdelegateReport[{json.dumps(method.method)}]"
         browser.evaluate(f"{view}.centre(document.querySelector({json.dumps(title)}))")  # as a user pans to it

@@ -35,6 +35,8 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
 
     if (args.open or args.port is not None) and args.model_explorer is None:
         raise UsageError("--open and --port go with --model-explorer DIR")
+    if args.port is not None and not args.open:
+        raise UsageError("--port is Model Explorer's port: it goes with --open")
 
     native = _native_backends()
     with loaded(args.file, args.external_data, native) as program:

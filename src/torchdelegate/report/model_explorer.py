@@ -104,7 +104,9 @@ def _graph(method: MethodReport) -> dict[str, Any]:
             group_attributes.setdefault(namespaces[call], {"module": call, "type": method.module_types.get(call, "")})
         attributes = [("op", row.op), ("backend", row.backend_id or NOT_DELEGATED), ("partition", row.tag or "")]
         attributes += [(f"reason ({backend})", reason) for backend, reason in row.reasons.items()]
-        attributes += [("flops", str(row.flops)), ("module", row.modules[-1] if row.modules else "")]
+        module = row.modules[-1] if row.modules else ""
+        attributes += [("flops", str(row.flops)), ("module", module)]
+        attributes += [("module type", method.module_types.get(module, ""))]
         nodes.append(_node(row.name, short_op(row.op), namespace, row.inputs, attributes))
     nodes.append(_node(OUTPUTS, "output", "", method.user_outputs, [("kind", "output")]))
     return {"id": method.method, "nodes": nodes, "groupNodeAttributes": group_attributes}

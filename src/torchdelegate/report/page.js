@@ -4,7 +4,7 @@
 "use strict";
 (() => {
   const REPORT = JSON.parse(document.getElementById("report-data").textContent);
-  const CHAR = 6.7, BOX_H = 24, GROUP_H = 40, GAP_X = 16, GAP_Y = 28, PAD = 12, TITLE = 22, LABEL_MAX = 32;
+  const CHAR = 6.7, BOX_H = 24, GROUP_H = 40, GAP_X = 16, GAP_Y = 28, PAD = 12, TITLE = 22, LABEL_MAX = 40;
   const REGION_X = GAP_X / 2 + 1, REGION_Y = GAP_Y / 2 + 1;
   const FAR = 400; // an edge longer than this is drawn faint: a value read many rows below where it is made
   const SMALL = 0.45; // below this scale a box's 11px label is under 5px: boxes are drawn without it
@@ -29,11 +29,13 @@
       this.modules = method.modules.map(([name, label, type, parent]) => ({ name, label, type, parent }));
       this.modules.push({ name: "", label: this.method, type: "", parent: -1 });
       // A module call with one computation (a Linear, a LayerNorm) is drawn as that computation, captioned.
+      this.callers = this.modules.map((m) => m.parent); // as export recorded them, for a node's details
       const count = new Int32Array(M);
       for (const node of this.nodes) for (let g = node.module; g >= 0; g = this.modules[g].parent) count[g]++;
       const kept = (g) => g < 0 || count[g] > 1;
       for (const node of this.nodes) {
         let g = node.module;
+        node.call = g;
         node.caption = "";
         for (; !kept(g); g = this.modules[g].parent) node.caption = this.modules[g].label;
         node.module = g;
@@ -177,7 +179,7 @@
       this.selected = -1;
       this.openFirstView();
       this.render();
-      this.fit();
+      this.fit(false);
       this.listen();
     }
 
@@ -208,7 +210,7 @@
       this.open.fill(value);
       this.open[this.graph.root] = 1;
       this.render();
-      this.fit();
+      this.fit(false);
     }
 
     visible(n) {
@@ -271,8 +273,7 @@
       this.layouts = new Map();
       const { graph } = this;
       const at = new Map(); // visible item -> [x, y, w, h] in the picture
-      const back = [], boxes = [];
-      const tagged = new Set();
+      const back = [], labels = [], boxes = [];
       const draw = (g, ox, oy) => {
         const { place } = this.layout(g);
         const regions = new Map();
@@ -288,14 +289,13 @@
           const grown = rects.map(([x, y, w, h]) => [x - REGION_X, y - REGION_Y, w + 2 * REGION_X, h + 2 * REGION_Y]);
           const rect = ([x, y, w, h]) => `x="${x.toFixed(1)}" y="${y.toFixed(1)}" width="${w.toFixed(1)}" height="${h.toFixed(1)}"`;
           back.push(`<g class="region" data-partition="${p}">`);
-          for (const r of grown) back.push(`<rect ${rect(r)} rx="8" fill="none" stroke="${colour}" stroke-width="3"/>`);
-          for (const r of grown) back.push(`<rect ${rect(r)} rx="8" fill="${tint}"/>`);
-          if (!tagged.has(p)) {
-            tagged.add(p);
-            const [x, y] = grown[0];
-            back.push(`<text class="ptag" x="${(x + 6).toFixed(1)}" y="${(y + 10).toFixed(1)}" style="fill:${colour}">${escape(graph.partitions[p].tag)}</text>`);
-          }
+          // Outlines first, then fills over them: where a partition's rectangles meet, the fill hides
+          // the lines between them, and only the outline of their union stays.
+          for (const r of grown) back.push(`<rect ${rect(r)} fill="none" stroke="${colour}" stroke-width="3"/>`);
+          for (const r of grown) back.push(`<rect ${rect(r)} fill="${tint}"/>`);
           back.push("</g>");
+          const [x, y] = grown[0];
+          labels.push(`<text class="ptag" x="${(x + 6).toFixed(1)}" y="${(y + 10).toFixed(1)}" style="fill:${colour}">${escape(graph.partitions[p].tag)}</text>`);
         }
         for (const [item, [x, y, w, h]] of place) {
           const box = [ox + x, oy + y, w, h];
@@ -304,8 +304,10 @@
             const c = item - graph.N, m = graph.modules[c];
             const pure = graph.purity[c] >= 0 ? " pure" : "";
             back.push(
-              `<g class="frame${pure}" data-module="${escape(m.name)}"><rect class="frame" x="${box[0].toFixed(1)}" y="${box[1].toFixed(1)}" width="${w.toFixed(1)}" height="${h.toFixed(1)}" rx="6"/>` +
-                `<text class="title" x="${(box[0] + 8).toFixed(1)}" y="${(box[1] + 16).toFixed(1)}">\u25be ${escape(m.label)} \u00b7 ${escape(shortType(m.type))}</text></g>`,
+              `<g class="frame${pure}" data-module="${escape(m.name)}"><rect class="frame" x="${box[0].toFixed(1)}" y="${box[1].toFixed(1)}" width="${w.toFixed(1)}" height="${h.toFixed(1)}" rx="6"/></g>`,
+            );
+            labels.push(
+              `<text class="title" data-module="${escape(m.name)}" x="${(box[0] + 8).toFixed(1)}" y="${(box[1] + 16).toFixed(1)}">\u25be ${escape(m.label)} \u00b7 ${escape(shortType(m.type))}</text>`,
             );
             draw(c, box[0], box[1]);
           } else {
@@ -319,7 +321,7 @@
       const edges = this.edges(at);
       const svg =
         `<svg xmlns="http://www.w3.org/2000/svg" width="${width.toFixed(0)}" height="${height.toFixed(0)}"><g class="viewport">${back.join("")}` +
-        `<g class="edges">${edges}</g>${boxes.join("")}</g></svg>`;
+        `<g class="edges">${edges}</g><g class="labels">${labels.join("")}</g>${boxes.join("")}</g></svg>`;
       this.picture.querySelector("svg")?.remove();
       this.picture.insertAdjacentHTML("afterbegin", svg);
       this.svg = this.picture.querySelector("svg");
@@ -410,12 +412,13 @@
       this.settle = setTimeout(() => (this.svg.style.willChange = "auto"), 200);
     }
 
-    fit() {
+    // The whole picture in view; at first (``whole`` false) a tall one fits its width and shows its top.
+    fit(whole = true) {
       const { clientWidth: w, clientHeight: h } = this.picture;
       const [width, height] = this.extent;
-      const whole = Math.min((w - 20) / width, (h - 20) / height, 1);
-      const across = Math.min((w - 20) / width, 1); // a tall picture: fit its width, show its top
-      this.view.k = Math.max(0.02, whole >= 0.5 ? whole : across);
+      const all = Math.min((w - 20) / width, (h - 20) / height, 1);
+      const across = Math.min((w - 20) / width, 1);
+      this.view.k = Math.max(0.02, whole || all >= 0.5 ? all : across);
       this.view.x = (w - width * this.view.k) / 2;
       this.view.y = 10;
       this.applyView();
@@ -469,7 +472,10 @@
       if (node.kind !== COMPUTATION) return `${node.name}\n${node.kind === INPUT ? "input" : "output"} of ${graph.method}`;
       const p = node.partition;
       const where = p >= 0 ? `partition ${graph.partitions[p].tag} (${REPORT.backends[graph.partitions[p].backend]})` : "not delegated";
-      const chain = graph.chainOf(item).map((g) => `${graph.modules[g].name} (${shortType(graph.modules[g].type)})`);
+      const chain = [];
+      for (let g = node.call; g >= 0 && g !== graph.root; g = graph.callers[g]) {
+        chain.unshift(`${graph.modules[g].name} (${shortType(graph.modules[g].type)})`);
+      }
       const lines = [node.name, `${node.op}: ${where}`];
       for (const [b, r] of Object.entries(node.reasons)) lines.push(`${b}: ${r}`);
       if (chain.length) lines.push(`in ${chain.join(" \u203a ")}`);
@@ -544,8 +550,8 @@
       const { picture } = this;
       picture.addEventListener("click", (event) => {
         if (this.dragged) return;
-        const title = event.target.closest("g.frame");
-        if (title && event.target.classList.contains("title")) {
+        const title = event.target.closest("text.title");
+        if (title) {
           const g = this.graph.modules.findIndex((m) => m.name === title.dataset.module);
           if (g >= 0) this.toggle(g);
           return;
