@@ -9,7 +9,7 @@
   const FAR = 400; // an edge longer than this is drawn faint: a value read many rows below where it is made
   const SMALL = 0.45; // below this scale a box's 11px label is under 5px: boxes are drawn without it
   const FIRST_VIEW_ITEMS = 120; // groups open at first while the picture shows at most this many boxes
-  const COMPUTATION = 0, INPUT = 1, OUTPUT = 2, MIXED = -2, LEFT_OUT = -1;
+  const COMPUTATION = 0, INPUT = 1, MIXED = -2, LEFT_OUT = -1; // node kinds (2: the outputs), partitions
 
   const escape = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
   const clip = (s) => (s.length > LABEL_MAX ? s.slice(0, LABEL_MAX - 1) + "\u2026" : s);
@@ -96,7 +96,7 @@
   }
 
   // The boxes of one group's children in layers: a child's layer is one below the lowest it reads from.
-  function layers(graph, g, open, sizeOf) {
+  function layers(graph, g, sizeOf) {
     const items = graph.items[g];
     const index = new Map(items.map((item, k) => [item, k]));
     const d = graph.depth[g];
@@ -238,7 +238,7 @@
     layout(g) {
       const cached = this.layouts.get(g);
       if (cached) return cached;
-      const rows = layers(this.graph, g, this.open, (item) => this.size(item));
+      const rows = layers(this.graph, g, (item) => this.size(item));
       const place = new Map();
       let width = 0, y = 0;
       const sized = rows.map((row) => row.map((item) => [item, this.size(item)]));
