@@ -77,8 +77,9 @@ def train(
     if len(train_data) <= window + 1 or len(held_out) <= window + 1:
         raise ValueError(f"the text ({len(text)} bytes) is too short for windows of {window} bytes")
     generator = torch.Generator().manual_seed(plan.seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "emb" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "emb" not in n)]
+    decays = {n: p.dim() >= 2 and "emb" not in n for n, p in model.named_parameters()}  # matrices, not embeddings
+    decay = [p for n, p in model.named_parameters() if decays[n]]
+    rest = [p for n, p in model.named_parameters() if not decays[n]]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": plan.weight_decay}, {"params": rest, "weight_decay": 0.0}],
         lr=plan.learning_rate,
@@ -91,7 +92,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(plan, step)
         inputs, targets = _batch(train_data, window, plan.batch, generator)
-        loss = nn.functional.cross_entropy(window_logits(model, inputs).flatten(0, 1), targets.flatten())
+        loss = _loss(model, inputs, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -109,7 +110,12 @@ def held_out_loss(model: DecoderLM, data: Tensor) -> float:
     with torch.no_grad():
         inputs = torch.stack([data[s : s + window] for s in starts])
         targets = torch.stack([data[s + 1 : s + window + 1] for s in starts])
-        return float(nn.functional.cross_entropy(window_logits(model, inputs).flatten(0, 1), targets.flatten()))
+        return float(_loss(model, inputs, targets))
+
+
+def _loss(model: DecoderLM, inputs: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy of predicting ``targets`` (each input's next byte), in nats."""
+    return nn.functional.cross_entropy(window_logits(model, inputs).flatten(0, 1), targets.flatten())
 
 
 def _batch(data: Tensor, window: int, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:

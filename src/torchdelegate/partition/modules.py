@@ -33,12 +33,7 @@ def module_calls(node: Node) -> list[ModuleCall]:
         path, kind = entry
         _, at, count = str(key).rpartition("@")
         name = f"{path}@{count}" if at and count.isdigit() else path
-        type_name = (
-            kind
-            if isinstance(kind, str)
-            else f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', kind)}"
-        )
-        calls.append(ModuleCall(name, path, type_name))
+        calls.append(ModuleCall(name, path, kind if isinstance(kind, str) else _qualified_name(kind)))
     return calls
 
 

@@ -93,6 +93,14 @@ class MethodReport:
     def delegated_flops(self) -> int:
         return sum(row.flops for row in self.nodes if row.tag is not None)
 
+    def module_callers(self) -> dict[str, str | None]:
+        """Each module call -> the call it was made in (None at the top), in the order they first appear."""
+        callers: dict[str, str | None] = {}
+        for row in self.nodes:
+            for caller, call in zip([None, *row.modules], row.modules, strict=False):
+                callers.setdefault(call, caller)
+        return callers
+
     def not_delegated(self) -> dict[tuple[str, str], list[str]]:
         """``(op, reason) -> node names``; the reason joins every backend's answer."""
         found: dict[tuple[str, str], list[str]] = {}
@@ -254,7 +262,7 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
                 tag=planned.tag,
                 backend_id=planned.backend_id,
                 nodes=len(computations),
-                ops=dict(Counter(_short(n) for n in computations)),
+                ops=dict(Counter(short_op(str(n.target)) for n in computations)),
                 inputs=_in_first_use_order(members, {n.name for n in [*boundary.inputs, *boundary.attrs]}),
                 outputs=[n.name for n in boundary.outputs],
                 weight_bytes=sum(weights.get(n.name, 0) for n in boundary.state),
@@ -291,10 +299,6 @@ def _sources(node: Node) -> list[Node]:
     for source in node.all_input_nodes:
         found[source.args[0] if is_tuple_item(source) and isinstance(source.args[0], Node) else source] = None
     return list(found)
-
-
-def _short(node: Node) -> str:
-    return short_op(str(node.target))
 
 
 def short_op(op: str) -> str:

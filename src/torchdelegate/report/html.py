@@ -33,19 +33,19 @@ def colours_of(names: list[str]) -> dict[str, str]:
 
 
 def render_html(report: LoweringReport, *, title: str = "torchdelegate partition report") -> str:
-    colours = list(colours_of(report.backends).values())
+    colours = colours_of(report.backends)
     legend = (
         "".join(
             f'<span class="key"><i class="swatch" style="background:{c}"></i>{html.escape(b)}</span>'
-            for b, c in zip(report.backends, colours, strict=True)
+            for b, c in colours.items()
         )
         + f'<span class="key"><i class="swatch" style="background:{_tint(LEFT_OUT)}"></i>not delegated</span>'
     )
     methods = list(report.methods.values())
     data = {
         "backends": report.backends,
-        "colours": colours,
-        "tints": [_tint(c) for c in colours],
+        "colours": list(colours.values()),
+        "tints": [_tint(c) for c in colours.values()],
         "leftOut": LEFT_OUT,
         "leftOutTint": _tint(LEFT_OUT),
         "methods": [picture_data(method, report.backends) for method in methods],
@@ -57,7 +57,7 @@ def render_html(report: LoweringReport, *, title: str = "torchdelegate partition
         title=html.escape(title),
         backends=html.escape(", ".join(report.backends)),
         legend=legend,
-        sections="".join(_method_section(k, method, colours, report.backends) for k, method in enumerate(methods)),
+        sections="".join(_method_section(k, method, colours) for k, method in enumerate(methods)),
         data=text,
         style=page.joinpath("page.css").read_text(encoding="utf-8"),
         script=page.joinpath("page.js").read_text(encoding="utf-8"),
@@ -72,22 +72,12 @@ def _tint(colour: str) -> str:
 
 def picture_data(method: MethodReport, backends: list[str]) -> dict[str, Any]:
     """What ``page.js`` draws for one method: module calls as a tree, nodes by index, partitions by backend."""
-    modules: dict[str, int] = {}
-    module_rows: list[list[Any]] = []
-    for row in method.nodes:
-        parent = -1
-        for call in row.modules:
-            if call not in modules:
-                modules[call] = len(module_rows)
-                module_rows.append(
-                    [
-                        call,
-                        call_label(call, module_rows[parent][0] if parent >= 0 else ""),
-                        method.module_types.get(call, ""),
-                        parent,
-                    ]
-                )
-            parent = modules[call]
+    callers = method.module_callers()
+    modules = {call: k for k, call in enumerate(callers)}
+    module_rows = [
+        [call, call_label(call, caller or ""), method.module_types.get(call, ""), modules.get(caller or "", -1)]
+        for call, caller in callers.items()
+    ]
     partitions = {p.tag: k for k, p in enumerate(method.partitions)}
     backend_index = {b: k for k, b in enumerate(backends)}
     index = {name: k for k, name in enumerate(method.user_inputs)}
@@ -116,11 +106,10 @@ def picture_data(method: MethodReport, backends: list[str]) -> dict[str, Any]:
     }
 
 
-def _method_section(k: int, method: MethodReport, colours: list[str], backends: list[str]) -> str:
-    colour_of = dict(zip(backends, colours, strict=True))
+def _method_section(k: int, method: MethodReport, colours: dict[str, str]) -> str:
     rows = "".join(
         "<tr>"
-        f'<td><i class="swatch" style="background:{colour_of.get(p.backend_id, LEFT_OUT)}"></i>'
+        f'<td><i class="swatch" style="background:{colours.get(p.backend_id, LEFT_OUT)}"></i>'
         f"{html.escape(p.tag)}</td>"
         f"<td>{html.escape(p.backend_id)}</td><td>{html.escape(str(p.nodes))}</td><td>{human_flops(p.flops)}</td>"
         f"<td>{human_bytes(p.weight_bytes)}</td><td>{human_bytes(p.blob_bytes)}</td>"

@@ -97,11 +97,11 @@ def _graph_node_data(name: str, values: dict[str, tuple[str, str]]) -> dict[str,
 def _graph(method: MethodReport) -> dict[str, Any]:
     namespaces = _namespaces(method)
     nodes = [_node(name, name, "", [], [("kind", "input")]) for name in method.user_inputs]
-    group_attributes: dict[str, dict[str, str]] = {}
+    group_attributes = {
+        namespace: {"module": call, "type": method.module_types.get(call, "")} for call, namespace in namespaces.items()
+    }
     for row in method.nodes:
         namespace = namespaces[row.modules[-1]] if row.modules else ""
-        for call in row.modules:
-            group_attributes.setdefault(namespaces[call], {"module": call, "type": method.module_types.get(call, "")})
         attributes = [("op", row.op), ("backend", row.backend_id or NOT_DELEGATED), ("partition", row.tag or "")]
         attributes += [(f"reason ({backend})", reason) for backend, reason in row.reasons.items()]
         module = row.modules[-1] if row.modules else ""
@@ -134,11 +134,7 @@ def _node(
 def _namespaces(method: MethodReport) -> dict[str, str]:
     """Each module call's namespace: its callers' names and its own, each under its caller's (``layers.0``)."""
     found: dict[str, str] = {}
-    for row in method.nodes:
-        parent = ""
-        for call in row.modules:
-            if call not in found:
-                segment = call_label(call, parent).replace("/", "\u2215")
-                found[call] = f"{found[parent]}/{segment}" if parent else segment
-            parent = call
+    for call, caller in method.module_callers().items():  # a caller comes before the calls made in it
+        segment = call_label(call, caller or "").replace("/", "\u2215")
+        found[call] = f"{found[caller]}/{segment}" if caller else segment
     return found

@@ -9,7 +9,8 @@
   const FAR = 400; // an edge longer than this is drawn faint: a value read many rows below where it is made
   const SMALL = 0.45; // below this scale a box's 11px label is under 5px: boxes are drawn without it
   const FIRST_VIEW_ITEMS = 120; // groups open at first while the picture shows at most this many boxes
-  const COMPUTATION = 0, INPUT = 1, MIXED = -2, LEFT_OUT = -1; // node kinds (2: the outputs), partitions
+  const COMPUTATION = 0, INPUT = 1; // node kinds (2: the outputs)
+  const LEFT_OUT = -1, MIXED = -2, NONE_YET = -3; // a module call's partition when not one of its own
 
   const escape = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
   const clip = (s) => (s.length > LABEL_MAX ? s.slice(0, LABEL_MAX - 1) + "\u2026" : s);
@@ -59,7 +60,7 @@
       this.chains[M] = [];
       this.items = Array.from({ length: M + 1 }, () => []); // children: node index n, or N + module index
       this.members = Array.from({ length: M + 1 }, () => []); // every node under a module call
-      this.purity = new Int32Array(M + 1).fill(LEFT_OUT - 10);
+      this.purity = new Int32Array(M + 1).fill(NONE_YET);
       this.backends = Array.from({ length: M + 1 }, () => new Map());
       const seen = new Uint8Array(M + 1);
       this.nodes.forEach((node, n) => {
@@ -75,7 +76,7 @@
           this.members[g].push(n);
           if (node.kind !== COMPUTATION) continue;
           const p = node.partition;
-          this.purity[g] = this.purity[g] === LEFT_OUT - 10 || this.purity[g] === p ? p : MIXED;
+          this.purity[g] = this.purity[g] === NONE_YET || this.purity[g] === p ? p : MIXED;
           const b = p < 0 ? -1 : this.partitions[p].backend;
           this.backends[g].set(b, (this.backends[g].get(b) || 0) + 1);
         }
