@@ -16,6 +16,7 @@
   const clip = (s) => (s.length > LABEL_MAX ? s.slice(0, LABEL_MAX - 1) + "\u2026" : s);
   const shortType = (t) => t.slice(t.lastIndexOf(".") + 1);
   const textWidth = (s) => s.length * CHAR;
+  const rectAt = ([x, y, w, h]) => `x="${x.toFixed(1)}" y="${y.toFixed(1)}" width="${w.toFixed(1)}" height="${h.toFixed(1)}"`;
 
   // One method's graph as a tree of module calls, each holding its calls and computations in graph order.
   class Graph {
@@ -29,8 +30,8 @@
       this.root = M;
       this.modules = method.modules.map(([name, label, type, parent]) => ({ name, label, type, parent }));
       this.modules.push({ name: "", label: this.method, type: "", parent: -1 });
-      // A module call with one computation (a Linear, a LayerNorm) is drawn as that computation, captioned.
       this.callers = this.modules.map((m) => m.parent); // as export recorded them, for a node's details
+      // A module call with one computation (a Linear, a LayerNorm) is drawn as that computation, captioned.
       const count = new Int32Array(M);
       for (const node of this.nodes) for (let g = node.module; g >= 0; g = this.modules[g].parent) count[g]++;
       const kept = (g) => g < 0 || count[g] > 1;
@@ -124,14 +125,15 @@
     const layer = new Int32Array(items.length).fill(-1);
     const queue = [];
     for (let k = 0; k < items.length; k++) if (!waiting[k]) queue.push(k);
+    let head = 0;
     let next = 0; // lowest item in graph order not placed yet: where a cycle is broken
     for (let placed = 0; placed < items.length; ) {
-      if (!queue.length) {
+      if (head === queue.length) {
         while (layer[next] >= 0) next++;
         queue.push(next);
         waiting[next] = 0;
       }
-      const k = queue.shift();
+      const k = queue[head++];
       if (layer[k] >= 0) continue;
       let l = 0;
       for (const j of preds[k]) if (layer[j] >= 0) l = Math.max(l, layer[j] + 1);
@@ -241,11 +243,12 @@
       if (cached) return cached;
       const rows = layers(this.graph, g, (item) => this.size(item));
       const place = new Map();
-      let width = 0, y = 0;
+      let y = 0;
       const sized = rows.map((row) => row.map((item) => [item, this.size(item)]));
-      for (const row of sized) width = Math.max(width, row.reduce((a, [, [w]]) => a + w, 0) + GAP_X * (row.length - 1));
-      for (const row of sized) {
-        const rowWidth = row.reduce((a, [, [w]]) => a + w, 0) + GAP_X * (row.length - 1);
+      const widths = sized.map((row) => row.reduce((a, [, [w]]) => a + w, 0) + GAP_X * (row.length - 1));
+      const width = Math.max(0, ...widths);
+      for (const [r, row] of sized.entries()) {
+        const rowWidth = widths[r];
         const height = Math.max(...row.map(([, [, h]]) => h));
         let x = (width - rowWidth) / 2;
         for (const [item, [w, h]] of row) {
@@ -288,12 +291,11 @@
           const colour = REPORT.colours[graph.partitions[p].backend];
           const tint = REPORT.tints[graph.partitions[p].backend];
           const grown = rects.map(([x, y, w, h]) => [x - REGION_X, y - REGION_Y, w + 2 * REGION_X, h + 2 * REGION_Y]);
-          const rect = ([x, y, w, h]) => `x="${x.toFixed(1)}" y="${y.toFixed(1)}" width="${w.toFixed(1)}" height="${h.toFixed(1)}"`;
           back.push(`<g class="region" data-partition="${p}">`);
           // Outlines first, then fills over them: where a partition's rectangles meet, the fill hides
           // the lines between them, and only the outline of their union stays.
-          for (const r of grown) back.push(`<rect ${rect(r)} fill="none" stroke="${colour}" stroke-width="3"/>`);
-          for (const r of grown) back.push(`<rect ${rect(r)} fill="${tint}"/>`);
+          for (const r of grown) back.push(`<rect ${rectAt(r)} fill="none" stroke="${colour}" stroke-width="3"/>`);
+          for (const r of grown) back.push(`<rect ${rectAt(r)} fill="${tint}"/>`);
           back.push("</g>");
           const [x, y] = grown[0];
           labels.push(`<text class="ptag" x="${(x + 6).toFixed(1)}" y="${(y + 10).toFixed(1)}" style="fill:${colour}">${escape(graph.partitions[p].tag)}</text>`);
@@ -305,7 +307,7 @@
             const c = item - graph.N, m = graph.modules[c];
             const pure = graph.purity[c] >= 0 ? " pure" : "";
             back.push(
-              `<g class="frame${pure}" data-module="${escape(m.name)}"><rect class="frame" x="${box[0].toFixed(1)}" y="${box[1].toFixed(1)}" width="${w.toFixed(1)}" height="${h.toFixed(1)}" rx="6"/></g>`,
+              `<g class="frame${pure}" data-module="${escape(m.name)}"><rect class="frame" ${rectAt(box)} rx="6"/></g>`,
             );
             labels.push(
               `<text class="title" data-module="${escape(m.name)}" x="${(box[0] + 8).toFixed(1)}" y="${(box[1] + 16).toFixed(1)}">\u25be ${escape(m.label)} \u00b7 ${escape(shortType(m.type))}</text>`,
@@ -321,12 +323,11 @@
       this.extent = [width, height];
       const edges = this.edges(at);
       const svg =
-        `<svg xmlns="http://www.w3.org/2000/svg" width="${width.toFixed(0)}" height="${height.toFixed(0)}"><g class="viewport">${back.join("")}` +
-        `<g class="edges">${edges}</g><g class="labels">${labels.join("")}</g>${boxes.join("")}</g></svg>`;
+        `<svg xmlns="http://www.w3.org/2000/svg" width="${width.toFixed(0)}" height="${height.toFixed(0)}">${back.join("")}` +
+        `<g class="edges">${edges}</g><g class="labels">${labels.join("")}</g>${boxes.join("")}</svg>`;
       this.picture.querySelector("svg")?.remove();
       this.picture.insertAdjacentHTML("afterbegin", svg);
       this.svg = this.picture.querySelector("svg");
-      this.viewport = this.svg.querySelector("g.viewport");
       this.applyView();
       if (this.selected >= 0) this.mark(this.selected, "selected");
       this.section.dataset.renderMs = (performance.now() - started).toFixed(1);
@@ -334,7 +335,7 @@
 
     box(item, [x, y, w, h]) {
       const { graph } = this;
-      const r = `x="${x.toFixed(1)}" y="${y.toFixed(1)}" width="${w.toFixed(1)}" height="${h.toFixed(1)}"`;
+      const r = rectAt([x, y, w, h]);
       const tx = (x + w / 2).toFixed(1), ty = (y + h / 2 + 4).toFixed(1);
       if (item < graph.N) {
         const node = graph.nodes[item];
@@ -376,20 +377,19 @@
 
     edges(at) {
       const { graph } = this;
-      const drawn = new Map();
+      const drawn = new Map(); // one edge per pair of visible boxes: "from to" -> [from, to, crosses a boundary]
       graph.nodes.forEach((node, n) => {
         const to = this.visible(n);
         for (const i of node.inputs) {
           const from = this.visible(i);
           if (from === to) continue;
-          const key = `${from} ${to}`;
           const boundary = graph.nodes[i].partition !== node.partition && (node.kind === COMPUTATION || graph.nodes[i].kind === COMPUTATION);
-          drawn.set(key, (drawn.get(key) || false) || boundary);
+          const edge = drawn.get(`${from} ${to}`) || drawn.set(`${from} ${to}`, [from, to, false]).get(`${from} ${to}`);
+          edge[2] ||= boundary;
         }
       });
       const paths = [];
-      for (const [key, boundary] of drawn) {
-        const [from, to] = key.split(" ").map(Number);
+      for (const [from, to, boundary] of drawn.values()) {
         const a = at.get(from), b = at.get(to);
         if (!a || !b) continue;
         const x1 = a[0] + a[2] / 2, y1 = a[1] + a[3], x2 = b[0] + b[2] / 2, y2 = b[1];
@@ -494,8 +494,10 @@
       this.svg.classList.toggle("lighting", p >= 0);
       if (p < 0) return;
       for (const el of this.svg.querySelectorAll("g.node, g.group")) {
-        const i = el.dataset.n !== undefined ? Number(el.dataset.n) : this.graph.N + Number(el.dataset.g);
-        el.classList.toggle("lit", this.graph.partitionOfItem(i) === p || (i >= this.graph.N && this.graph.members[i - this.graph.N].some((m) => this.graph.nodes[m].partition === p)));
+        const lit = el.dataset.n !== undefined
+          ? this.graph.partitionOfItem(Number(el.dataset.n)) === p
+          : this.graph.members[Number(el.dataset.g)].some((m) => this.graph.nodes[m].partition === p);
+        el.classList.toggle("lit", lit);
       }
     }
 
