@@ -74,7 +74,7 @@ class Chromium:
         os.close(answers_write)
         self._buffer = b""
         self._next_id = 0
-        self._events: list[dict[str, Any]] = []
+        self._loaded = False  # the page's load event has come since the last open()
         self.errors: list[str] = []
         targets = self.call("Target.getTargets")["targetInfos"]
         page = next(t["targetId"] for t in targets if t["type"] == "page")
@@ -126,16 +126,16 @@ class Chromium:
             self.errors.append(" ".join(str(a.get("value", a.get("description"))) for a in params["args"]))
         elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
             self.errors.append(params["entry"].get("text", "?"))
-        self._events.append(event)
+        self._loaded = self._loaded or method == "Page.loadEventFired"
 
     def open(self, page: Path | str, ready: str = "document.body.dataset.ready === '1'") -> float:
         """Load ``page`` (a file or a URL) and wait until ``ready`` is true; the seconds it took."""
         started = time.monotonic()
-        self._events.clear()
+        self._loaded = False
         url = page.resolve().as_uri() if isinstance(page, Path) else page
         self.call("Page.navigate", session=True, url=url)
         deadline = started + self.timeout
-        while not any(e.get("method") == "Page.loadEventFired" for e in self._events):
+        while not self._loaded:
             self._event(self._read(deadline))
         while not self.evaluate(f"Boolean({ready})"):
             if time.monotonic() > deadline:
@@ -196,6 +196,7 @@ class Chromium:
                 os.close(fd)
             except OSError:
                 pass
+        self._log.close()
         self.profile.cleanup()
 
     def __enter__(self) -> Chromium:
