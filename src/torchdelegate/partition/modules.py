@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 from torch.fx import Node
 
+NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
+"""The stack torch's export passes give a node they add outside any module (a ``sym_size`` of a dynamic
+dimension): no module call, whatever its entry says."""
+
 
 @dataclass(frozen=True)
 class ModuleCall:
@@ -29,6 +33,8 @@ def module_calls(node: Node) -> list[ModuleCall]:
     calls = []
     for key, entry in stack.items():
         if not (isinstance(entry, tuple | list) and len(entry) == 2 and isinstance(entry[0], str)) or not entry[0]:
+            continue
+        if key == NO_MODULE:
             continue
         path, kind = entry
         _, at, count = str(key).rpartition("@")
