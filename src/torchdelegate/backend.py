@@ -237,6 +237,18 @@ class BackendDetails(ABC):
         return None
 
     @classmethod
+    def accept_donated_inputs(cls, handle: Any, donated: dict[int, int]) -> None:
+        """Inputs whose memory the backend may write its outputs into, as ``{input: output}`` positions.
+
+        The runtime donates an input when it is a buffer that the method replaces with that output
+        after every call and that nothing else reads (a static KV cache): writing the output into
+        the input's memory and returning the input tensor itself as that output saves making it and
+        copying it back. Called once, after ``init``; the backend may take any of them, or none (the
+        default). Only the tensor passed as that input may be written, and only with that output.
+        """
+        del handle, donated
+
+    @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         """Run one call of a delegate."""
         raise DelegateExecutionError(

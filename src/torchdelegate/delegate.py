@@ -54,6 +54,7 @@ class DelegateInstance:
         )
         self._handle: Any = None
         self._finalizer: weakref.finalize | None = None
+        self._donated: dict[int, int] = {}
 
     @property
     def initialized(self) -> bool:
@@ -72,7 +73,23 @@ class DelegateInstance:
                 handle = self._on_blob("init", self.backend.init)
                 self._handle = handle
                 self._finalizer = weakref.finalize(self, self.backend.destroy, handle)
+                if self._donated:
+                    self._offer(handle)
         return self._handle
+
+    def donate(self, donated: dict[int, int]) -> None:
+        """Offer the backend the memory of these inputs for these outputs (``{input: output}``, see
+        ``BackendDetails.accept_donated_inputs``), from its next ``init`` on."""
+        with self._lock:
+            self._donated = dict(sorted(donated.items()))
+            if self._finalizer is not None and self._finalizer.alive:
+                self._offer(self._handle)
+
+    def _offer(self, handle: Any) -> None:
+        try:
+            self.backend.accept_donated_inputs(handle, dict(self._donated))
+        except Exception as e:
+            raise DelegateExecutionError(f"{self._describe()}: accept_donated_inputs failed: {e}") from e
 
     def prepare(self) -> str | None:
         """The backend's ``prepare`` of this blob: machine-specific work kept for later loads, or None."""

@@ -109,3 +109,16 @@ def test_a_prefill_of_dynamic_length_reads_any_prompt_in_one_call(dynamic: tuple
         assert generator.generate(prompt, 4, cached=6).tokens == transformers_greedy(model, prompt, 4)
         with pytest.raises(ValueError, match="cached 6: give 0 to 5"):
             generator.generate(prompt[:6], 1, cached=6)
+
+
+def test_each_layer_s_cache_is_written_where_the_program_holds_it(dynamic: tuple[torch.nn.Module, Path]) -> None:
+    """Both methods scatter each layer's new keys and values into the cache the program holds
+    (IO binding), rather than returning a new cache to be copied back: no cache-sized copy per token."""
+    model, path = dynamic
+    layers = model.config.num_hidden_layers
+    with td.load(path) as program:
+        program.initialize()
+        assert [len(d._handle.written) for d in program._delegates] == [2 * layers, 2 * layers]
+        prompt = [4, 5, 6, 7, 8]
+        generated = Generator(program, max_positions=CACHE).generate(prompt, 6).tokens
+        assert generated == transformers_greedy(model, prompt, 6)

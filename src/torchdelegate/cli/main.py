@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
 import traceback
@@ -20,37 +21,40 @@ from torchdelegate.cli.command import (
     import_module,
     printable,
 )
-from torchdelegate.cli.demo import demo_command
-from torchdelegate.cli.inspect import inspect_command
-from torchdelegate.cli.llm import llm_chat_command, llm_export_command, llm_generate_command
-from torchdelegate.cli.lower import lower_command
 from torchdelegate.cli.parser import build_parser
-from torchdelegate.cli.prepare import prepare_command
-from torchdelegate.cli.run import run_command
 from torchdelegate.errors import TorchDelegateError
 from torchdelegate.torch_warnings import torch_internal_warnings_silenced
+
+# Each command's module and function, imported only to run it: the command line is read, and a
+# usage error or --help answered, without importing torch.
+_COMMANDS = {
+    "lower": ("lower", "lower_command"),
+    "inspect": ("inspect", "inspect_command"),
+    "run": ("run", "run_command"),
+    "prepare": ("prepare", "prepare_command"),
+    "demo": ("demo", "demo_command"),
+    "llm export": ("llm", "llm_export_command"),
+    "llm generate": ("llm", "llm_generate_command"),
+    "llm chat": ("llm", "llm_chat_command"),
+}
+
+
+def _command(name: str) -> Callable[[argparse.Namespace, TextIO], int]:
+    module, function = _COMMANDS[name]
+    found = getattr(importlib.import_module(f"torchdelegate.cli.{module}"), function)
+    return cast(Callable[[argparse.Namespace, TextIO], int], found)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
-        "lower": lower_command,
-        "inspect": inspect_command,
-        "run": run_command,
-        "prepare": prepare_command,
-        "demo": demo_command,
-        "llm export": llm_export_command,
-        "llm generate": llm_generate_command,
-        "llm chat": llm_chat_command,
-    }
     out = sys.stdout if args.command in ("lower", "demo", "llm") else cast(TextIO, PrintableText(sys.stdout))
     try:
         for module in getattr(args, "imports", ()):
             import_module(module)
         with torch_internal_warnings_silenced(), _warnings_as_lines():
             command = f"llm {args.llm_command}" if args.command == "llm" else args.command
-            return commands[command](args, out)
+            return _command(command)(args, out)
     except KeyboardInterrupt:
         print("torchdelegate: interrupted", file=sys.stderr)
         return 130

@@ -21,6 +21,7 @@ from torch.fx import GraphModule
 
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegateError
+from torchdelegate.lowering.partitions import output_values
 from torchdelegate.runtime.inputs import MethodInputs, call_signature
 from torchdelegate.serialize.allow_list import allowed_call_target
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
@@ -32,9 +33,16 @@ def _compile_graph(
     """The program's graph module with every delegate call bound to its delegate instance."""
     gm = program.graph_module
     touched: dict[GraphModule, None] = {}
+    top_level: dict[int, list[torch.fx.Node]] = {}
     for module, node in list(saved_call_nodes(gm)):
-        _bind_saved_call(module.graph, node, method, delegates, kinds)
+        index, call = _bind_saved_call(module.graph, node, method, delegates, kinds)
         touched[module] = None
+        if module is gm:
+            top_level.setdefault(index, []).append(call)
+    for index, calls in top_level.items():
+        donated = _donated_inputs(program, calls[0]) if len(calls) == 1 else {}
+        if donated:
+            delegates[index].donate(donated)
     for module in gm.modules():
         if not isinstance(module, GraphModule):
             continue
@@ -64,8 +72,9 @@ def _bind_saved_call(
     method: str,
     delegates: Mapping[int, DelegateInstance],
     kinds: Mapping[int, str],
-) -> None:
-    """Replace a saved ``call_delegate(index, tensors, sizes)`` by a call of the delegate's instance."""
+) -> tuple[int, torch.fx.Node]:
+    """Replace a saved ``call_delegate(index, tensors, sizes)`` by a call of the delegate's instance;
+    the delegate's index and the call."""
     index, tensors, sizes = cast(tuple[int, list[Any], list[Any]], node.args)
     if index not in delegates:
         raise FormatError(f"method {method!r} calls delegate {index}, which the method does not list")
@@ -97,6 +106,38 @@ def _bind_saved_call(
     call.meta = node.meta
     node.replace_all_uses_with(call)
     graph.erase_node(node)
+    return index, call
+
+
+def _donated_inputs(program: ExportedProgram, call: torch.fx.Node) -> dict[int, int]:
+    """The delegate call's inputs whose memory its outputs may take, ``{input: output}``: a buffer the
+    call alone reads, which the method replaces with one of the call's outputs that nothing else uses."""
+    signature = program.graph_signature
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    kinds = {node: spec for node, spec in zip(placeholders, signature.input_specs, strict=True)}
+    returned = output_values(next(reversed(program.graph.nodes)))
+    replaced_by = {
+        spec.target: returned[position]
+        for position, spec in enumerate(signature.output_specs)
+        if spec.kind == OutputKind.BUFFER_MUTATION
+    }
+    donated = {}
+    for position, argument in enumerate(call.args):
+        if not isinstance(argument, torch.fx.Node) or len(argument.users) != 1 or call.args.count(argument) != 1:
+            continue
+        spec = kinds.get(argument)
+        if spec is None or spec.kind != InputKind.BUFFER:
+            continue
+        written = replaced_by.get(spec.target)
+        if (
+            isinstance(written, torch.fx.Node)
+            and written.target is operator.getitem
+            and written.args[0] is call
+            and len(written.users) == 1
+            and returned.count(written) == 1
+        ):
+            donated[position] = cast(int, written.args[1])
+    return donated
 
 
 def _is_bound_delegate(target: Any) -> bool:
@@ -194,7 +235,8 @@ class Method:
                     "or re-export and save the program if the file was altered"
                 ) from error
             for position, buffer in self._buffer_updates:
-                buffer.copy_(outputs[position])
+                if outputs[position] is not buffer:  # a delegate that wrote it in place returns the buffer
+                    buffer.copy_(outputs[position])
             for position, user in self._input_updates:
                 user_inputs[user].copy_(outputs[position])
         finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import warnings
 from typing import Any
 
@@ -40,10 +39,6 @@ DTYPES: dict[str, torch.dtype] = {
     )
 }
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-if sys.byteorder != "little":  # pragma: no cover - every platform torch ships for is little-endian
-    raise ImportError("torchdelegate files store little-endian data; this machine is big-endian")
-
 
 def dtype_name(tensor: torch.Tensor, where: str) -> str:
     """The stored name of ``tensor``'s dtype; a ``SerializationError`` if it cannot be stored."""

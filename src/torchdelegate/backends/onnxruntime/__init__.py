@@ -31,9 +31,12 @@ in the blob's header.
 Needs ``pip install torchdelegate[onnxruntime]``.
 
 The package's modules, in the order a blob meets them: ``settings`` (compile specs, the blob
-version, the optional dependencies), ``partitioner``, ``onnx_export`` (a partition's model),
+version, the optional dependencies), ``partitioner``, ``cache_writes`` (a KV cache's writes where
+it lies), ``attention`` (attention over that cache on ``GroupQueryAttention``), ``onnx_export``
+(a partition's model),
 ``linking`` and ``branches`` (partitions joined into one model), ``blob_header`` (what a blob
-names, checked), ``confinement`` (what a model may reach), ``session`` (a delegate's session),
+names, checked), ``confinement`` (what a model may reach), ``in_place`` (the outputs a session
+writes into its inputs' memory), ``session`` (a delegate's session),
 ``prepared`` (the machine cache's entries) and ``packing_memory`` (the pages and heap packing
 leaves behind); ``backend`` joins them behind :class:`OnnxRuntimeBackend`.
 """

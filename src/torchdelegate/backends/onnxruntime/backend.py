@@ -31,7 +31,7 @@ class OnnxRuntimeBackend(SharedDataBackend):
 
     backend_id = "onnxruntime"
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
-    compile_cache_version = f"blob {BLOB_VERSION}, checkpoint weights of every size lifted while optimizing"
+    compile_cache_version = f"blob {BLOB_VERSION}, weights lifted while optimizing, KV caches on GroupQueryAttention"
     weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
 
     @classmethod
@@ -75,6 +75,11 @@ class OnnxRuntimeBackend(SharedDataBackend):
         """The model optimized and its weights packed for this machine, kept in the machine cache: a
         later load maps the packed weights from there instead of packing its own copy."""
         return prepare_model(processed, compile_specs, named_data)
+
+    @classmethod
+    def accept_donated_inputs(cls, handle: Any, donated: dict[int, int]) -> None:
+        """Outputs the model makes by scattering into a donated input (a KV cache) are written into it."""
+        handle.accept(donated)
 
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:

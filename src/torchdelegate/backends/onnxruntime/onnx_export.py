@@ -20,7 +20,9 @@ from torch.export.graph_signature import InputKind
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack
 from torchdelegate.backends.linear import recompose_linear
 from torchdelegate.backends.onnxruntime import blockwise
+from torchdelegate.backends.onnxruntime.attention import fused_attention
 from torchdelegate.backends.onnxruntime.blob_header import unpacked
+from torchdelegate.backends.onnxruntime.cache_writes import cache_writes_in_place
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
@@ -56,7 +58,7 @@ def export_partition(
         options = Options(compile_specs)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from None
-    program, quantized = with_blockwise_linears(recompose_linear(program))
+    program, quantized = with_blockwise_linears(cache_writes_in_place(recompose_linear(program)))
     folds_constants = options.level != "disable"
     if options.fusions:
         try:
@@ -141,9 +143,12 @@ def _exported_blob(
     except Exception as e:
         raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
     try:
+        attention = fused_attention(ir, model) if fuse else 0
         fusions = fuse_for_ort(model) if fuse else {}
     finally:
         _restore_weights(model, lifted)
+    if attention:
+        fusions = dict(sorted({**fusions, "GroupQueryAttention": attention}.items()))
     try:
         products = blockwise.kernel_products(ir, model, half_scales=folds_constants)
     except ValueError as e:

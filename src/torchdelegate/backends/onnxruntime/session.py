@@ -24,6 +24,7 @@ from torchdelegate.backends.onnxruntime.blob_header import (
     unpacked,
 )
 from torchdelegate.backends.onnxruntime.confinement import confined_model
+from torchdelegate.backends.onnxruntime.in_place import in_place_outputs
 from torchdelegate.backends.onnxruntime.packing_memory import pages_released_while_packing, return_freed_memory
 from torchdelegate.backends.onnxruntime.prepared import PREPARED, prepared_key, prepared_session, save_prepared
 from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES, Options, require
@@ -107,6 +108,9 @@ class Model:
         self._run = self._session._sess.run
         _check_names(self._session, self.branches, self._selector)
         self._unread = _unread_inputs(self._session, self._selector)
+        self.in_place = _bindable(self._session, in_place_outputs(_parsed(model), self.branches, self._selector))
+        """Per branch, the outputs (by position) that may be written into an input's memory, and that input."""
+        self._unread_values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in self._unread.items()}
 
     def run(self, branch: int, inputs: list[Any]) -> list[torch.Tensor]:
         names, outputs = self.branches[branch]
@@ -115,6 +119,32 @@ class Model:
         if self._selector is not None:
             feed[self._selector] = np.array(branch, dtype=np.int64)
         return [torch.from_numpy(array) for array in self._run(outputs, feed, None)]
+
+    def run_in_place(self, branch: int, inputs: list[Any], written: dict[int, int]) -> list[torch.Tensor]:
+        """``run``, each output ``k`` of ``written`` written into the memory of input ``written[k]``, which
+        is returned as that output; the other outputs as ONNX Runtime allocates them, taken without a copy."""
+        names, outputs = self.branches[branch]
+        binding = self._session.io_binding()
+        for name, value in self._unread_values.items():  # the branches not taken; this one's are bound again
+            binding.bind_ortvalue_input(name, value)
+        tensors = [_as_tensor(value) for value in inputs]
+        for name, tensor in zip(names, tensors, strict=True):
+            binding.bind_input(name, "cpu", 0, _numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr())
+        if self._selector is not None:
+            binding.bind_cpu_input(self._selector, np.array(branch, dtype=np.int64))
+        results: list[torch.Tensor | None] = [None] * len(outputs)
+        for k, name in enumerate(outputs):
+            j = written.get(k, -1)
+            target = inputs[j] if j >= 0 else None
+            if isinstance(target, torch.Tensor) and target is tensors[j]:  # the caller's own memory, as it is
+                shape = list(target.shape)
+                binding.bind_output(name, "cpu", 0, _numpy_dtype(target), shape, target.data_ptr())
+                results[k] = target
+            else:
+                binding.bind_output(name, "cpu")
+        self._session.run_with_iobinding(binding)
+        values = binding.get_outputs()
+        return [torch.from_dlpack(values[k]) if result is None else result for k, result in enumerate(results)]
 
 
 def _built_session(
@@ -149,11 +179,32 @@ class _Delegate:
     def __init__(self, model: Model, branch: int) -> None:
         self.model, self.branch = model, branch
         self._arity = len(model.branches[branch][0])
+        self.written: dict[int, int] = {}
+        """Outputs written into a donated input's memory (``accept_donated_inputs``): output: input."""
+
+    def accept(self, donated: dict[int, int]) -> None:
+        """Of the donated inputs (input: output), those the model may write in place."""
+        possible = self.model.in_place[self.branch]
+        self.written = {k: j for j, k in sorted(donated.items()) if possible.get(k) == j}
 
     def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:
         if len(inputs) != self._arity:
             raise ValueError(f"expected {self._arity} inputs, got {len(inputs)}")
+        if self.written:
+            return self.model.run_in_place(self.branch, inputs, self.written)
         return self.model.run(self.branch, inputs)
+
+
+def _parsed(model: memoryview) -> Any:
+    return require("onnx").ModelProto.FromString(bytes(model))
+
+
+def _bindable(session: Any, in_place: list[dict[int, int]]) -> list[dict[int, int]]:
+    """``in_place`` for the branches whose every input and output numpy can describe (not bfloat16)."""
+    types = {value.name: value.type for value in (*session.get_inputs(), *session.get_outputs())}
+    if all(kind in _NUMPY_TYPES for kind in types.values()):
+        return in_place
+    return [{} for _ in in_place]
 
 
 def _check_names(session: Any, branches: list[tuple[list[str], list[str]]], selector: str | None) -> None:
@@ -201,6 +252,23 @@ def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memor
         )
     # Settings come from compile specs only, never from the model's metadata (ORT_LOAD_CONFIG_FROM_MODEL).
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"], read_config_from_model=0)
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    """``value`` as a contiguous tensor: itself when it is one already (a Python int becomes int64)."""
+    if isinstance(value, torch.Tensor):
+        return value if value.is_contiguous() else value.contiguous()
+    return torch.tensor(value, dtype=torch.int64)
+
+
+def _numpy_dtype(tensor: torch.Tensor) -> np.dtype:
+    dtype = _TORCH_TO_NUMPY.get(tensor.dtype)
+    if dtype is None:
+        raise TypeError(f"a {tensor.dtype} tensor cannot be bound to ONNX Runtime")
+    return dtype
+
+
+_TORCH_TO_NUMPY = {getattr(torch, n): np.dtype(n) for n in ONNX_TYPES if n != "bfloat16"}
 
 
 def _as_numpy(value: Any) -> np.ndarray:

@@ -12,6 +12,7 @@ from torchdelegate.specs import CompileSpec
 
 BLOB_VERSION = 3
 OLDER_BLOB_VERSIONS = (1, 2)  # still read
+DYNAMIC_BLOCK_BASE = 4  # a parallel loop is split into up to 4 blocks per thread, taken as threads come free
 SMALLEST_SHARED = 1024  # bytes: smaller initializers stay inside the model
 _EXTRA = "pip install 'torchdelegate[onnxruntime]'"
 _OPTIMIZATION_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
@@ -31,7 +32,7 @@ def require(module: str) -> ModuleType:
 class Options:
     """The backend's compile specs, parsed and checked: an unknown key or a bad value is a ``ValueError``."""
 
-    _KEYS = ("disable_prepacking", "fusions", "graph_optimization_level", "intra_op_num_threads")
+    _KEYS = ("disable_prepacking", "fusions", "graph_optimization_level", "intra_op_num_threads", "intra_op_spinning")
 
     def __init__(self, compile_specs: list[CompileSpec]) -> None:
         values = {spec.key: spec.value.decode("utf-8", "replace") for spec in compile_specs}
@@ -44,10 +45,11 @@ class Options:
             raise ValueError(f"graph_optimization_level {self.level!r}: use one of {sorted(_OPTIMIZATION_LEVELS)}")
         self.fusions = _flag(values, "fusions", True)
         self.prepacking = not _flag(values, "disable_prepacking", False)
+        self.spinning = _flag(values, "intra_op_spinning", False)
 
-    def session_settings(self) -> tuple[int, str, bool]:
+    def session_settings(self) -> tuple[int, str, bool, bool]:
         """What a session is made with: delegates whose specs give equal settings may share one."""
-        return self.threads, self.level, self.prepacking
+        return self.threads, self.level, self.prepacking, self.spinning
 
     def session_options(self, pack_weights: bool = True) -> Any:
         """``pack_weights=False``: no packed copies, whatever the specs say (a session only checked)."""
@@ -57,6 +59,10 @@ class Options:
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION_LEVELS[self.level])
         options.add_session_config_entry("session.disable_prepacking", "0" if self.prepacking and pack_weights else "1")
         options.add_session_config_entry("session.load_model_format", "ONNX")  # never ORT's own format
+        # Threads that wait without spinning, and work split in blocks they take as they come: a call
+        # keeps its speed when another process takes a core, where a spinning thread pool loses most of it.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        options.add_session_config_entry("session.dynamic_block_base", str(DYNAMIC_BLOCK_BASE))
         return options
 
 

@@ -1,0 +1,105 @@
+"""Attention over a static KV cache runs on ONNX Runtime's GroupQueryAttention: each layer's rotation,
+cache write and grouped-query attention as one kernel, its keys and values written into the
+program's cache, with the model's outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+import onnx  # noqa: E402
+from language_models import static_cache_module, tiny_llama, tiny_qwen2  # noqa: E402
+
+import torchdelegate as td  # noqa: E402
+from torchdelegate import CompileSpec  # noqa: E402
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.onnxruntime.blob_header import model_of, unpacked  # noqa: E402
+from torchdelegate.llm.checkpoint import export_methods  # noqa: E402
+
+CACHE = 24
+
+
+def _saved(tmp_path: Path, model: torch.nn.Module, chunk: int | None, specs: list[CompileSpec]) -> Path:
+    path = tmp_path / "model.tdp"
+    programs = export_methods(model, CACHE, chunk)
+    td.to_edge(programs).to_backend(OnnxRuntimePartitioner(compile_specs=specs)).save(path)
+    return path
+
+
+def _operators(program: td.Program, index: int) -> dict[str, int]:
+    """How many nodes of each operator delegate ``index`` runs: its model's, or its branch's of a
+    model that several delegates share."""
+    blob = program.file.data(program.delegates[index].blob, "blob")
+    branch = unpacked(blob)[0]["branch"]
+    _, model = model_of(blob, program.named_data)
+    graph = onnx.ModelProto.FromString(bytes(model)).graph
+    taken = [
+        a.g
+        for node in graph.node
+        if node.name == f"p{branch}:branch"
+        for a in node.attribute
+        if a.name == "then_branch"
+    ]
+    nodes = taken[0].node if taken else graph.node
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def _logits(module: torch.nn.Module, program: td.Program | None, prompt: list[int], steps: int) -> list[torch.Tensor]:
+    """The logits of a prompt read in one call, then of ``steps`` greedy decode calls."""
+    run = module if program is None else None
+    outputs = []
+    ids, positions = torch.tensor([prompt]), torch.arange(len(prompt))
+    for step in range(steps + 1):
+        if run is not None:
+            logits = run(input_ids=ids, cache_position=positions)
+        else:
+            method = "prefill" if step == 0 else "decode"
+            logits = program.run(method, input_ids=ids, cache_position=positions)  # type: ignore[union-attr]
+        outputs.append(logits[0, -1])
+        ids, positions = logits[:, -1:].argmax(-1), positions[-1:] + 1
+    return outputs
+
+
+@pytest.mark.parametrize("chunk", [None, 6])
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_each_layer_runs_one_kernel_with_the_models_logits(
+    tmp_path: Path, chunk: int | None, architecture: str
+) -> None:
+    """A prefill of any length (or of a fixed chunk) and decode: one GroupQueryAttention per layer, no
+    repeated cache heads, no softmax left; the cache written in place; logits as in eager."""
+    model = (tiny_llama if architecture == "llama" else tiny_qwen2)(vocab_size=256)
+    path = _saved(tmp_path, model, chunk, [])
+    prompt = [3, 14, 15, 92, 65, 35]
+    with torch.no_grad():
+        expected = _logits(static_cache_module(model, CACHE), None, prompt, 6)
+    layers = model.config.num_hidden_layers
+    with td.load(path) as program, torch.no_grad():
+        for index, record in enumerate(program.delegates):
+            header, _ = unpacked(program.file.data(record.blob, "blob"))
+            assert header["fusions"]["GroupQueryAttention"] == layers
+            counts = _operators(program, index)
+            assert counts.get("GroupQueryAttention") == layers
+            assert "Softmax" not in counts and "Expand" not in counts and "ScatterND" not in counts
+        program.initialize()
+        assert [len(d._handle.written) for d in program._delegates] == [2 * layers, 2 * layers]
+        got = _logits(None, program, prompt, 6)  # type: ignore[arg-type]
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4, msg=lambda m, s=step: f"step {s}: {m}")
+
+
+def test_without_fusions_the_attention_stays_as_exported(tmp_path: Path) -> None:
+    """``fusions=0`` keeps the exporter's model: the cache written by a scatter (still in place)."""
+    model = tiny_llama(vocab_size=256)
+    path = _saved(tmp_path, model, None, [CompileSpec("fusions", b"0")])
+    with td.load(path) as program:
+        counts = _operators(program, 1)
+        assert "GroupQueryAttention" not in counts and counts["Softmax"] == model.config.num_hidden_layers
+        program.initialize()
+        assert [len(d._handle.written) for d in program._delegates] == [4, 4]

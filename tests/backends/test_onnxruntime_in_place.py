@@ -1,0 +1,96 @@
+"""The ONNX Runtime backend writes a KV cache where it lies: a buffer written at some positions of an
+inner dimension is scattered into the program's own tensor, through IO binding, not copied back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchdelegate as td
+
+pytest.importorskip("onnxruntime")
+import onnx  # noqa: E402
+
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+from torchdelegate.backends.onnxruntime.blob_header import model_of  # noqa: E402
+from torchdelegate.backends.onnxruntime.cache_writes import cache_writes_in_place  # noqa: E402
+
+
+class Cache(torch.nn.Module):
+    """A cache of [batch, heads, positions, width] written at ``positions``, then read whole."""
+
+    def __init__(self, read_before_write: bool = False) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 3, 16, 8))
+        self.read_before_write = read_before_write
+
+    def forward(self, positions: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        before = self.cache.sum() if self.read_before_write else 0
+        self.cache.index_copy_(2, positions, values)
+        return self.cache.sum(dim=2) * 2 + before
+
+
+def _lowered(tmp_path: Path, module: torch.nn.Module) -> Path:
+    calls = {
+        "prefill": (torch.arange(4), torch.randn(1, 3, 4, 8)),
+        "decode": (torch.tensor([4]), torch.randn(1, 3, 1, 8)),
+    }
+    programs = {method: torch.export.export(module, args) for method, args in calls.items()}
+    path = tmp_path / "cache.tdp"
+    td.to_edge(programs).to_backend(OnnxRuntimePartitioner()).save(path)
+    return path
+
+
+def _calls() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    calls = [("prefill", torch.arange(4), torch.randn(1, 3, 4, 8, generator=generator))]
+    calls += [("decode", torch.tensor([p]), torch.randn(1, 3, 1, 8, generator=generator)) for p in range(4, 9)]
+    return calls
+
+
+def _written_in_place(program: td.Program) -> list[int]:
+    """How many outputs each delegate writes into its input's memory."""
+    program.initialize()
+    return [len(delegate._handle.written) for delegate in program._delegates]
+
+
+@pytest.mark.parametrize("read_before_write", [False, True])
+def test_a_cache_written_in_place_gives_eager_outputs_and_state(tmp_path: Path, read_before_write: bool) -> None:
+    """Where the model reads the cache before writing it, the write cannot share the cache's memory:
+    it is copied back as before, with the same results."""
+    eager = Cache(read_before_write)
+    path = _lowered(tmp_path, Cache(read_before_write))
+    with td.load(path) as program, torch.no_grad():
+        assert _written_in_place(program) == ([0, 0] if read_before_write else [1, 1])
+        for method, positions, values in _calls():
+            torch.testing.assert_close(program.run(method, positions, values), eager(positions, values))
+        again = program.run("decode", torch.tensor([9]), torch.ones(1, 3, 1, 8))
+    torch.testing.assert_close(again, eager(torch.tensor([9]), torch.ones(1, 3, 1, 8)))
+
+
+def test_the_cache_is_one_scatter_on_the_buffer_with_no_transposed_copy(tmp_path: Path) -> None:
+    path = _lowered(tmp_path, Cache())
+    with td.load(path) as program:
+        for record in program.delegates:
+            _, model = model_of(program.file.data(record.blob, "blob"), program.named_data)
+            graph = onnx.ModelProto.FromString(bytes(model)).graph
+            nodes = [node for top in graph.node for a in top.attribute if a.HasField("g") for node in a.g.node]
+            nodes += list(graph.node)
+            assert "Transpose" not in {node.op_type for node in nodes}
+            scatters = [node for node in nodes if node.op_type == "ScatterND"]
+            inputs = {value.name for value in graph.input}
+            assert len(scatters) == 1 and scatters[0].input[0] in inputs
+
+
+def test_the_rewrite_leaves_the_callers_program_unchanged() -> None:
+    program = torch.export.export(Cache(), (torch.tensor([1]), torch.randn(1, 3, 1, 8))).run_decompositions({})
+    before = str(program.graph)
+    rewritten = cache_writes_in_place(program)
+    assert str(program.graph) == before
+    targets = [node.target for node in rewritten.graph.nodes if node.op == "call_function"]
+    assert torch.ops.aten.index_put.default in targets and torch.ops.aten.index_copy.default not in targets
+    positions, values = torch.tensor([2]), torch.randn(1, 3, 1, 8)
+    expected = Cache()(positions, values)
+    torch.testing.assert_close(rewritten.module()(positions, values), expected)
