@@ -40,6 +40,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
+
 def dtype_name(tensor: torch.Tensor, where: str) -> str:
     """The stored name of ``tensor``'s dtype; a ``SerializationError`` if it cannot be stored."""
     name = _NAMES.get(tensor.dtype)
