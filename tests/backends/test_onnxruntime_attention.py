@@ -11,13 +11,13 @@ import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
-import onnx  # noqa: E402
 from language_models import static_cache_module, tiny_llama, tiny_qwen2  # noqa: E402
+from onnx_graphs import delegate_nodes  # noqa: E402
 
 import torchdelegate as td  # noqa: E402
 from torchdelegate import CompileSpec  # noqa: E402
 from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
-from torchdelegate.backends.onnxruntime.blob_header import model_of, unpacked  # noqa: E402
+from torchdelegate.backends.onnxruntime.blob_header import unpacked  # noqa: E402
 from torchdelegate.llm.checkpoint import export_methods  # noqa: E402
 
 CACHE = 24
@@ -31,22 +31,9 @@ def _saved(tmp_path: Path, model: torch.nn.Module, chunk: int | None, specs: lis
 
 
 def _operators(program: td.Program, index: int) -> dict[str, int]:
-    """How many nodes of each operator delegate ``index`` runs: its model's, or its branch's of a
-    model that several delegates share."""
-    blob = program.file.data(program.delegates[index].blob, "blob")
-    branch = unpacked(blob)[0]["branch"]
-    _, model = model_of(blob, program.named_data)
-    graph = onnx.ModelProto.FromString(bytes(model)).graph
-    taken = [
-        a.g
-        for node in graph.node
-        if node.name == f"p{branch}:branch"
-        for a in node.attribute
-        if a.name == "then_branch"
-    ]
-    nodes = taken[0].node if taken else graph.node
+    """How many nodes of each operator delegate ``index`` runs."""
     counts: dict[str, int] = {}
-    for node in nodes:
+    for node in delegate_nodes(program, index):
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from torchdelegate.backends.onnxruntime.ir_edits import replace_node
+from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.quantization.linear import QuantizedLinear, linear_blockwise
 
@@ -107,11 +107,16 @@ def kernel_products(ir: ModuleType, model: Any, half_scales: bool = True) -> int
     constants may be given (ONNX Runtime packs a layer's scales with its integers, and a ``Cast``
     it does not fold leaves them unknown when it packs)."""
     rewrite = _Rewrite(ir, model, half_scales)
-    count = 0
+    readers: dict[Any, list[Any]] = {}
     for node in list(model.graph):
         if node.op_type == _NODE and node.domain == DOMAIN:
-            rewrite.layer(node)
-            count += 1
+            readers.setdefault(node.inputs[0], []).append(node)
+    count = 0
+    for layers in readers.values():
+        if len(layers) < 2 or not rewrite.joined(layers):
+            for node in layers:
+                rewrite.layer(node)
+        count += len(layers)
     if count:
         model.opset_imports.setdefault(_KERNEL_DOMAIN, 1)
         model.opset_imports.pop(DOMAIN, None)
@@ -158,6 +163,62 @@ class _Rewrite:
         product = self.ir.node("MatMulNBits", inputs, attributes, domain=_KERNEL_DOMAIN)
         replace_node(self.model, node, product)
 
+    def joined(self, layers: list[Any]) -> bool:
+        """Layers that read one input with one kernel setting (a decoder layer's query, key and value
+        projections; its gate and up projections) as one ``MatMulNBits`` over their rows stacked, its
+        output split back: one call instead of several small ones. False, with nothing changed, when
+        their settings differ or one has zero points or reads a weight another layer reads too."""
+        parts, settings = [], set()
+        for node in layers:
+            _, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
+            points = None if zero_point is None else _constant(zero_point, "zero points")
+            if (points is not None and points.any()) or len(qdata.uses()) != 1:
+                return False
+            integers = _constant(qdata, "integers")
+            group = node.attributes["group_size"].as_int()
+            if block_size(group, integers.shape[1]) != group:
+                return False
+            activation = node.attributes["dynamic_int8_activation"].as_int()
+            settings.add((integers.shape[1], group, _bits(integers, None), activation, bias is None))
+            scales = _constant(scale, "scales").reshape(integers.shape[0], -1)
+            parts.append((integers, scales, None if bias is None else _constant(bias, "bias")))
+        if len(settings) != 1:
+            return False
+        columns, block, bits, activation, unbiased = settings.pop()
+        first, name = layers[0], "+".join(node.inputs[1].name for node in layers)
+        packed = np.concatenate([_packed(integers, block, bits) for integers, _, _ in parts])
+        inputs = [first.inputs[0], _initializer(self.ir, self.model, f"{name}/{block}/{bits}.packed", packed)]
+        scales = np.concatenate([scales for _, scales, _ in parts])
+        half = self._half_scales(scales, name, first)
+        inputs.append(half if half is not None else _initializer(self.ir, self.model, f"{name}.scales", scales))
+        if not unbiased:
+            biases = np.concatenate([bias for _, _, bias in parts if bias is not None])
+            inputs += [None, None, _initializer(self.ir, self.model, f"{name}.bias", biases)]
+        rows = [integers.shape[0] for integers, _, _ in parts]
+        attributes = {"K": int(columns), "N": int(sum(rows)), "bits": bits, "block_size": block}
+        attributes["accuracy_level"] = 4 if activation else 1
+        product = self.ir.node("MatMulNBits", inputs, attributes, domain=_KERNEL_DOMAIN)
+        sizes = _initializer(self.ir, self.model, f"{name}.rows", np.array(rows, dtype=np.int64))
+        split = self.ir.node("Split", [product.outputs[0], sizes], {"axis": -1}, num_outputs=len(layers))
+        self.model.graph.insert_before(first, product)
+        self.model.graph.insert_before(first, split)
+        for node, output in zip(layers, split.outputs, strict=True):
+            take_place(self.model, node.outputs[0], output)
+            self.model.graph.remove(node, safe=True)
+        return True
+
+    def _half_scales(self, scales: np.ndarray, name: str, before: Any) -> Any:
+        """``scales`` as float16 behind a ``Cast`` (half the bytes; each moves by at most 2^-11 of
+        itself), when the session folds it and every scale survives the trip; else None."""
+        halves = scales.astype(np.float16)
+        fits = np.all(np.isfinite(halves)) and np.all((np.abs(scales) >= np.finfo(np.float16).tiny) | (scales == 0))
+        if not (self.half_scales and fits):
+            return None
+        stored = _initializer(self.ir, self.model, f"{name}.float16", halves)
+        cast = self.ir.node("Cast", [stored], {"to": self.ir.DataType.FLOAT})
+        self.model.graph.insert_before(before, cast)
+        return cast.outputs[0]
+
     def _made(self, key: str, kind: str, array: Callable[[], np.ndarray]) -> Any:
         value = self.made.get((key, kind))
         if value is None:
@@ -174,14 +235,8 @@ class _Rewrite:
         scales = _constant(scale, "scales").reshape(rows, -1)
         if repeated:
             scales = np.repeat(scales, blocks, axis=1)
-        halves = scales.astype(np.float16)
-        fits = np.all(np.isfinite(halves)) and np.all((np.abs(scales) >= np.finfo(np.float16).tiny) | (scales == 0))
-        if self.half_scales and fits:
-            stored = _initializer(self.ir, self.model, f"{scale.name}.float16", halves)
-            cast = self.ir.node("Cast", [stored], {"to": self.ir.DataType.FLOAT})
-            self.model.graph.insert_before(node, cast)
-            made = cast.outputs[0]
-        else:
+        made = self._half_scales(scales, scale.name, node)
+        if made is None:
             made = _initializer(self.ir, self.model, f"{scale.name}.blocks", scales) if repeated else scale
         self.made[(scale.name, f"scales/{blocks}")] = made
         return made
