@@ -36,7 +36,8 @@ it lies), ``attention`` (attention over that cache on ``GroupQueryAttention``), 
 (a partition's model),
 ``linking`` and ``branches`` (partitions joined into one model), ``blob_header`` (what a blob
 names, checked), ``confinement`` (what a model may reach), ``in_place`` (the outputs a session
-writes into its inputs' memory), ``session`` (a delegate's session),
+writes into its inputs' memory), ``kept_binding`` (those calls' IO binding), ``session`` (a
+delegate's session),
 ``prepared`` (the machine cache's entries) and ``packing_memory`` (the pages and heap packing
 leaves behind); ``backend`` joins them behind :class:`OnnxRuntimeBackend`.
 """

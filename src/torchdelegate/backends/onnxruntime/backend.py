@@ -31,7 +31,7 @@ class OnnxRuntimeBackend(SharedDataBackend):
 
     backend_id = "onnxruntime"
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
-    compile_cache_version = f"blob {BLOB_VERSION}, weights lifted while optimizing, KV caches on GroupQueryAttention"
+    compile_cache_version = f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined"
     weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
 
     @classmethod

@@ -25,6 +25,7 @@ from torchdelegate.backends.onnxruntime.blob_header import (
 )
 from torchdelegate.backends.onnxruntime.confinement import confined_model
 from torchdelegate.backends.onnxruntime.in_place import in_place_outputs
+from torchdelegate.backends.onnxruntime.kept_binding import KeptBinding
 from torchdelegate.backends.onnxruntime.packing_memory import pages_released_while_packing, return_freed_memory
 from torchdelegate.backends.onnxruntime.prepared import PREPARED, prepared_key, prepared_session, save_prepared
 from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES, Options, require
@@ -120,31 +121,10 @@ class Model:
             feed[self._selector] = np.array(branch, dtype=np.int64)
         return [torch.from_numpy(array) for array in self._run(outputs, feed, None)]
 
-    def run_in_place(self, branch: int, inputs: list[Any], written: dict[int, int]) -> list[torch.Tensor]:
-        """``run``, each output ``k`` of ``written`` written into the memory of input ``written[k]``, which
-        is returned as that output; the other outputs as ONNX Runtime allocates them, taken without a copy."""
-        names, outputs = self.branches[branch]
-        binding = self._session.io_binding()
-        for name, value in self._unread_values.items():  # the branches not taken; this one's are bound again
-            binding.bind_ortvalue_input(name, value)
-        tensors = [_as_tensor(value) for value in inputs]
-        for name, tensor in zip(names, tensors, strict=True):
-            binding.bind_input(name, "cpu", 0, _numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr())
-        if self._selector is not None:
-            binding.bind_cpu_input(self._selector, np.array(branch, dtype=np.int64))
-        results: list[torch.Tensor | None] = [None] * len(outputs)
-        for k, name in enumerate(outputs):
-            j = written.get(k, -1)
-            target = inputs[j] if j >= 0 else None
-            if isinstance(target, torch.Tensor) and target is tensors[j]:  # the caller's own memory, as it is
-                shape = list(target.shape)
-                binding.bind_output(name, "cpu", 0, _numpy_dtype(target), shape, target.data_ptr())
-                results[k] = target
-            else:
-                binding.bind_output(name, "cpu")
-        self._session.run_with_iobinding(binding)
-        values = binding.get_outputs()
-        return [torch.from_dlpack(values[k]) if result is None else result for k, result in enumerate(results)]
+    def kept_binding(self, branch: int, written: dict[int, int]) -> KeptBinding:
+        """A binding for calls of ``branch`` that write ``written`` outputs into their inputs' memory."""
+        selector = None if self._selector is None else (self._selector, np.array(branch, dtype=np.int64))
+        return KeptBinding(self._session, self.branches[branch], self._unread_values, selector, written)
 
 
 def _built_session(
@@ -181,18 +161,30 @@ class _Delegate:
         self._arity = len(model.branches[branch][0])
         self.written: dict[int, int] = {}
         """Outputs written into a donated input's memory (``accept_donated_inputs``): output: input."""
+        self._binding: KeptBinding | None = None
 
     def accept(self, donated: dict[int, int]) -> None:
         """Of the donated inputs (input: output), those the model may write in place."""
         possible = self.model.in_place[self.branch]
         self.written = {k: j for j, k in sorted(donated.items()) if possible.get(k) == j}
+        self._binding = self.model.kept_binding(self.branch, self.written) if self.written else None
 
     def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:
         if len(inputs) != self._arity:
             raise ValueError(f"expected {self._arity} inputs, got {len(inputs)}")
-        if self.written:
-            return self.model.run_in_place(self.branch, inputs, self.written)
-        return self.model.run(self.branch, inputs)
+        binding = self._binding
+        if binding is None:
+            return self.model.run(self.branch, inputs)
+        tensors = [_as_tensor(value) for value in inputs]
+        if any(tensors[j] is not inputs[j] for j in self.written.values()):  # a copy: not the program's memory
+            return self.model.run(self.branch, inputs)
+        if not binding.lock.acquire(blocking=False):  # another thread's call holds it
+            binding = self.model.kept_binding(self.branch, self.written)
+            binding.lock.acquire()
+        try:
+            return binding.run(inputs, tensors)
+        finally:
+            binding.lock.release()
 
 
 def _parsed(model: memoryview) -> Any:
@@ -259,16 +251,6 @@ def _as_tensor(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value if value.is_contiguous() else value.contiguous()
     return torch.tensor(value, dtype=torch.int64)
-
-
-def _numpy_dtype(tensor: torch.Tensor) -> np.dtype:
-    dtype = _TORCH_TO_NUMPY.get(tensor.dtype)
-    if dtype is None:
-        raise TypeError(f"a {tensor.dtype} tensor cannot be bound to ONNX Runtime")
-    return dtype
-
-
-_TORCH_TO_NUMPY = {getattr(torch, n): np.dtype(n) for n in ONNX_TYPES if n != "bfloat16"}
 
 
 def _as_numpy(value: Any) -> np.ndarray:
