@@ -208,6 +208,18 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
     assert as_module.returncode == 0 and as_module.stdout.startswith("torchdelegate "), as_module.stderr
 
 
+def test_help_and_a_usage_error_import_no_torch(tmp_path: Path) -> None:
+    """The command line is read, and answered when it is wrong, before torch is imported (seconds)."""
+    script = (
+        "import sys\nfrom torchdelegate.cli.main import main\n"
+        "for argv in (['--help'], ['llm', 'generate']):\n"
+        "    try:\n        main(argv)\n    except SystemExit as exit:\n        print(exit.code)\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'onnxruntime') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert result.stdout.splitlines()[-3:] == ["0", "2", "[]"], result.stderr
+
+
 @pytest.fixture(scope="module")
 def saved(exported: Path) -> Path:
     """Files the in-process cases read: one method without a report, and two methods."""
