@@ -3,13 +3,19 @@
 # language model lowered to ONNX Runtime, saved, loaded and generating tokens checked against eager.
 # make bench: torchdelegate against ExecuTorch on this machine (benchmarks/compare.py); ExecuTorch
 # lives in its own .venv-executorch, never a dependency of the package; then benchmarks/llm.py, a 200M-parameter
-# Llama on both sides (--size large for 1.1B). About an hour.
+# Llama on both sides (--size large for 1.1B); then benchmarks/llm_race.py, the same Llama generating with
+# torchdelegate, llama.cpp (.venv-llamacpp) and ONNX Runtime GenAI (.venv-genai), peers in their own
+# environments too. About an hour and a half.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 EXECUTORCH_VENV := .venv-executorch
 EXECUTORCH_STAMP := $(EXECUTORCH_VENV)/.installed
+LLAMACPP_VENV := .venv-llamacpp
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
+GENAI_VENV := .venv-genai
+GENAI_STAMP := $(GENAI_VENV)/.installed
 
 .PHONY: test demo lint bench soak fuzz zoo clean
 
@@ -35,10 +41,26 @@ $(EXECUTORCH_STAMP): benchmarks/executorch-constraints.txt
 	$(EXECUTORCH_VENV)/bin/python -m pip install --quiet -r benchmarks/executorch-constraints.txt
 	touch $(EXECUTORCH_STAMP)
 
-bench: $(STAMP) $(EXECUTORCH_STAMP)
+# llama-cpp-python compiles llama.cpp for this CPU (several minutes); its release's convert_hf_to_gguf.py
+# comes from the same release's source distribution, into the environment's folder.
+$(LLAMACPP_STAMP): benchmarks/llamacpp-constraints.txt
+	test -x $(LLAMACPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LLAMACPP_VENV)/bin/python -m pip install --quiet -r benchmarks/llamacpp-constraints.txt
+	$(LLAMACPP_VENV)/bin/python benchmarks/race_peers.py llamacpp-converter
+	touch $(LLAMACPP_STAMP)
+
+$(GENAI_STAMP): benchmarks/genai-constraints.txt
+	test -x $(GENAI_VENV)/bin/python || $(PYTHON) -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GENAI_VENV)/bin/python -m pip install --quiet -r benchmarks/genai-constraints.txt
+	touch $(GENAI_STAMP)
+
+bench: $(STAMP) $(EXECUTORCH_STAMP) $(LLAMACPP_STAMP) $(GENAI_STAMP)
 	$(PY) benchmarks/compare.py
 	$(PY) benchmarks/llm.py --size base
 	$(PY) benchmarks/llm.py --size base --quantize 8da4w
+	$(PY) benchmarks/llm_race.py --size base
 
 # make soak: the differential property test over many more random programs (about 0.85 s each here).
 SOAK_EXAMPLES ?= 5000
@@ -63,4 +85,4 @@ zoo: $(STAMP)
 	$(PY) tests/zoo/run.py --workers $(ZOO_WORKERS) --json docs/zoo.json --markdown docs/ZOO.md $(ZOO_MODELS)
 
 clean:
-	rm -rf $(VENV) $(EXECUTORCH_VENV) .pytest_cache
+	rm -rf $(VENV) $(EXECUTORCH_VENV) $(LLAMACPP_VENV) $(GENAI_VENV) .pytest_cache

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from torchdelegate.backends.onnxruntime.ir_edits import take_place
+
 _STANDARD = ("", "ai.onnx")
 _HEADS_FIRST = [0, 2, 1, 3]
 
@@ -79,17 +81,11 @@ def fused_attention(ir: ModuleType, model: Any) -> int:
         )
         model.graph.insert_before(layer.output.producer(), attention)
         for old, new in zip((layer.output, layer.present_key, layer.present_value), attention.outputs, strict=True):
-            _take_place(old, new)
+            take_place(model, old, new)
     if layers:
         model.opset_imports.setdefault("com.microsoft", 1)
         _remove_unused(model)
     return len(layers)
-
-
-def _take_place(old: Any, new: Any) -> None:
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    name, old.name = old.name, None
-    new.name, new.shape, new.type = name, old.shape, old.type
 
 
 def _remove_unused(model: Any) -> None:
