@@ -164,3 +164,20 @@ def test_the_llm_page_compares_every_row_and_checks_the_issues_figures(tmp_path:
         "`torchdelegate prepare` on this machine (6.0 s, once; the machine cache then held 1.90 × the weights)" in text
     )
     assert (tmp_path / "2000-01-01-llm-base.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_race_page_shows_every_tool_s_figures_from_a_run() -> None:
+    """benchmarks/llm_race.py's page, from the data of a run this repository keeps."""
+    from llm_race import page
+
+    runs = sorted(Path(__file__).parents[1].glob("benchmarks/results/*-llm-race-base.json"))
+    assert runs, "no llm race results kept in benchmarks/results"
+    data = json.loads(runs[-1].read_text())
+    lines = page(data, runs[-1].stem)
+    header = next(line for line in lines if line.startswith("| precision |"))
+    for column in ("file MB", "time to first token ms", "decode tokens/s", "process wall s", "peak RSS MB"):
+        assert column in header
+    rows = [line for line in lines if line.startswith("| fp32 |") or line.startswith("| 4-bit |")]
+    tools = " ".join(rows)
+    assert "torchdelegate fp32 (defaults)" in tools and "llama.cpp Q4_0" in tools and "GenAI int4" in tools
+    assert any(line.startswith("![") for line in lines)  # the plot
