@@ -54,8 +54,7 @@ def _logits(module: torch.nn.Module, program: td.Program | None, prompt: list[in
     return outputs
 
 
-@pytest.mark.parametrize("chunk", [None, 6])
-@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+@pytest.mark.parametrize(("architecture", "chunk"), [("llama", None), ("qwen2", 6)])
 def test_each_layer_runs_one_kernel_with_the_models_logits(
     tmp_path: Path, chunk: int | None, architecture: str
 ) -> None:
