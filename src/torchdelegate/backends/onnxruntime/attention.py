@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from torchdelegate.backends.onnxruntime.ir_edits import take_place
+from torchdelegate.backends.onnxruntime.settings import require
 
 _STANDARD = ("", "ai.onnx")
 _HEADS_FIRST = [0, 2, 1, 3]
@@ -84,19 +85,8 @@ def fused_attention(ir: ModuleType, model: Any) -> int:
             take_place(model, old, new)
     if layers:
         model.opset_imports.setdefault("com.microsoft", 1)
-        _remove_unused(model)
+        require("onnx_ir.passes.common").RemoveUnusedNodesPass()(model)  # what the kernel replaced, its constants
     return len(layers)
-
-
-def _remove_unused(model: Any) -> None:
-    """Nodes whose results nothing reads any more, last first, until none is left."""
-    changed = True
-    while changed:
-        changed = False
-        for node in reversed(list(model.graph)):
-            if all(not v.uses() and v not in model.graph.outputs for v in node.outputs):
-                model.graph.remove(node, safe=True)
-                changed = True
 
 
 def _cos_sin(ir: ModuleType, model: Any, inverse_frequencies: Any, rows: int) -> tuple[Any, Any]:

@@ -158,10 +158,8 @@ class _Rewrite:
             inputs.append(None)
         if bias is not None:
             inputs += [None, bias]  # g_idx, then bias
-        attributes = {"K": int(columns), "N": int(rows), "bits": bits, "block_size": block}
-        attributes["accuracy_level"] = 4 if node.attributes["dynamic_int8_activation"].as_int() else 1
-        product = self.ir.node("MatMulNBits", inputs, attributes, domain=_KERNEL_DOMAIN)
-        replace_node(self.model, node, product)
+        activation = node.attributes["dynamic_int8_activation"].as_int()
+        replace_node(self.model, node, self._product(inputs, columns, rows, bits, block, activation))
 
     def joined(self, layers: list[Any]) -> bool:
         """Layers that read one input with one kernel setting (a decoder layer's query, key and value
@@ -195,9 +193,7 @@ class _Rewrite:
             biases = np.concatenate([bias for _, _, bias in parts if bias is not None])
             inputs += [None, None, _initializer(self.ir, self.model, f"{name}.bias", biases)]
         rows = [integers.shape[0] for integers, _, _ in parts]
-        attributes = {"K": int(columns), "N": int(sum(rows)), "bits": bits, "block_size": block}
-        attributes["accuracy_level"] = 4 if activation else 1
-        product = self.ir.node("MatMulNBits", inputs, attributes, domain=_KERNEL_DOMAIN)
+        product = self._product(inputs, columns, sum(rows), bits, block, activation)
         sizes = _initializer(self.ir, self.model, f"{name}.rows", np.array(rows, dtype=np.int64))
         split = self.ir.node("Split", [product.outputs[0], sizes], {"axis": -1}, num_outputs=len(layers))
         self.model.graph.insert_before(first, product)
@@ -206,6 +202,13 @@ class _Rewrite:
             take_place(self.model, node.outputs[0], output)
             self.model.graph.remove(node, safe=True)
         return True
+
+    def _product(self, inputs: list[Any], columns: int, rows: int, bits: int, block: int, activation: int) -> Any:
+        """The ``MatMulNBits`` node: int8 arithmetic (``accuracy_level`` 4) for dynamic int8 activations,
+        float otherwise."""
+        attributes = {"K": int(columns), "N": int(rows), "bits": bits, "block_size": block}
+        attributes["accuracy_level"] = 4 if activation else 1
+        return self.ir.node("MatMulNBits", inputs, attributes, domain=_KERNEL_DOMAIN)
 
     def _half_scales(self, scales: np.ndarray, name: str, before: Any) -> Any:
         """``scales`` as float16 behind a ``Cast`` (half the bytes; each moves by at most 2^-11 of

@@ -13,6 +13,7 @@ with each such write rewritten; the caller's program is not touched.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -28,15 +29,13 @@ _aten = torch.ops.aten
 def cache_writes_in_place(program: ExportedProgram) -> ExportedProgram:
     """A copy of ``program`` whose writes into an inner dimension index every leading one; ``program``
     itself when it has none."""
+    if not any(_inner_write(node) is not None for node in program.graph.nodes):
+        return program  # no copy of a graph that has no such write
     graph, attrs = copy_graph(program.graph_module)
-    changed = False
     for node in list(graph.nodes):
         written = _inner_write(node)
         if written is not None:
             _rewrite(graph, node, *written)
-            changed = True
-    if not changed:
-        return program
     graph.eliminate_dead_code()
     graph.lint()
     return program_around(program, graph, attrs)
@@ -99,10 +98,7 @@ def _rewrite(graph: torch.fx.Graph, node: Node, tensor: Node, dimension: int, po
 def _call(graph: torch.fx.Graph, fake_mode: Any, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Node:
     """A new call node, with the value export would have recorded for it."""
     node = graph.call_function(target, args, kwargs)
-    real = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
-    if fake_mode is not None:
-        with fake_mode:
-            node.meta["val"] = target(*real, **kwargs)
-    else:
-        node.meta["val"] = target(*real, **kwargs)
+    values = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        node.meta["val"] = target(*values, **kwargs)
     return node

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES
+
 
 class KeptBinding:
     """The IO binding of one branch of a session, for calls that write ``written`` outputs (output
@@ -44,7 +46,7 @@ class KeptBinding:
         self._allocated = [k for k in range(len(self._outputs)) if k not in written]
         self._buffers: dict[int, tuple[int, tuple[int, ...], torch.dtype]] = {}
         self.lock = threading.Lock()
-        """Held by the call using the binding; a call that finds it taken binds anew."""
+        """Held by the call using the binding (calls that share a program's buffers are serialized anyway)."""
 
     def run(self, inputs: list[Any], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """One call on ``tensors`` (``inputs`` made contiguous tensors); the donated inputs are
@@ -69,10 +71,7 @@ class KeptBinding:
         ]
 
 
-_TORCH_TO_NUMPY = {
-    getattr(torch, name): np.dtype(name)
-    for name in ("float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "bool")
-}
+_TORCH_TO_NUMPY = {getattr(torch, name): np.dtype(name) for name in ONNX_TYPES if name != "bfloat16"}
 
 
 def numpy_dtype(tensor: torch.Tensor) -> np.dtype:

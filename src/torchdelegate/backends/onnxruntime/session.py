@@ -178,13 +178,8 @@ class _Delegate:
         tensors = [_as_tensor(value) for value in inputs]
         if any(tensors[j] is not inputs[j] for j in self.written.values()):  # a copy: not the program's memory
             return self.model.run(self.branch, inputs)
-        if not binding.lock.acquire(blocking=False):  # another thread's call holds it
-            binding = self.model.kept_binding(self.branch, self.written)
-            binding.lock.acquire()
-        try:
+        with binding.lock:
             return binding.run(inputs, tensors)
-        finally:
-            binding.lock.release()
 
 
 def _parsed(model: memoryview) -> Any:
