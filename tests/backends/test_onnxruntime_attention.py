@@ -89,3 +89,38 @@ def test_without_fusions_the_attention_stays_as_exported(tmp_path: Path) -> None
         assert "GroupQueryAttention" not in counts and counts["Softmax"] == model.config.num_hidden_layers
         program.initialize()
         assert [len(d._handle.written) for d in program._delegates] == [4, 4]
+
+
+def test_attention_left_unfused_says_why_in_the_report_and_keeps_the_models_logits(tmp_path: Path) -> None:
+    """GPT-2 has no rotary embedding: its layers keep the exported attention, the report says why for
+    each, and the file still gives eager's logits."""
+    from language_models import tiny_gpt2
+
+    from torchdelegate.partition.capability import CapabilityPartitioner
+    from torchdelegate.report import lower_with_report, render_text
+
+    model = tiny_gpt2(vocab_size=256)
+    programs = export_methods(model, CACHE, None)
+    lowered, report = lower_with_report(
+        td.to_edge(programs), CapabilityPartitioner([OnnxRuntimePartitioner().backends[0]])
+    )
+    layers = model.config.n_layer
+    why = (
+        f"{layers} layers: queries and keys are not rotated by the half-split rotation (rotate_half) of one cos and sin"
+    )
+    for method in ("prefill", "decode"):
+        (row,) = report.methods[method].partitions
+        assert row.delegate_info is not None
+        assert row.delegate_info["unfused"] == {"GroupQueryAttention": [why]}
+        assert "GroupQueryAttention" not in row.delegate_info.get("fusions", {})
+    assert f"unfused: GroupQueryAttention ({why})" in render_text(report)
+    path = tmp_path / "gpt2.tdp"
+    lowered.save(path, report=report.to_json())
+    prompt = [3, 14, 15, 92, 65]
+    with torch.no_grad():
+        expected = _logits(static_cache_module(model, CACHE), None, prompt, 3)
+    with td.load(path) as program, torch.no_grad():
+        assert [r.delegate_info["unfused"] for r in program.delegates] == [{"GroupQueryAttention": [why]}] * 2
+        got = _logits(None, program, prompt, 3)  # type: ignore[arg-type]
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)

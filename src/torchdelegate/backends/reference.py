@@ -16,11 +16,9 @@ import binascii
 import json
 import threading
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.export import ExportedProgram
-from torch.export.graph_signature import OutputKind
 from torch.fx import Node
 
 from torchdelegate.backend import SharedDataBackend, get_backend
@@ -34,8 +32,11 @@ from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.generated_source import GeneratedSource
-from torchdelegate.serialize.graph import program_from_json, program_to_json
+from torchdelegate.serialize.residual_graph import residual_graph
 from torchdelegate.specs import CompileSpec, DelegationSpec
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
 BLOB_VERSION = 2
 _ZLIB_BLOB_VERSION = 1  # the whole blob one zlib stream (still read)
@@ -79,6 +80,8 @@ class ReferenceBackend(SharedDataBackend):
 
 def _blob(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
     """The sub-program's graph as JSON, and its weight table (named data by content)."""
+    from torchdelegate.serialize.graph import program_to_json  # torch.export's writer: lowering only
+
     mutated = set(program.graph_signature.buffers_to_mutate.values())
     tensors = weight_table(program, store, where)
     for entry in tensors:
@@ -172,12 +175,12 @@ class _ReferenceHandle:
         state = weights(tensors, named_data, "reference")
         self.source = GeneratedSource()
         with self.source.recording():
-            program = program_from_json(graph, state, "reference blob")
-            for name in program.graph_signature.buffers_to_mutate.values():  # the graph says what it writes
+            program = residual_graph(graph, state, "reference blob")
+            for name in program.buffers_to_mutate:  # the graph says what it writes
                 state[name] = state[name].clone()  # its own copy: named data is shared and never written
             delegates, kinds = _inner_delegates(blob.get("delegates", []), named_data)
             self._method = Method("delegate", program, state, delegates, kinds)
-        has_state = any(s.kind == OutputKind.BUFFER_MUTATION for s in program.graph_signature.output_specs)
+        has_state = bool(program.buffers_to_mutate)
         self._lock = threading.Lock() if has_state else None
 
     def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError
-from torchdelegate.cli.lower import chosen_partitioners, lowered_with_report, start_preprocessing
-from torchdelegate.report.terminal import human_bytes
 
 
 def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
+    # Imported here: generating from a file needs none of the lowering machinery.
+    from torchdelegate.cli.lower import chosen_partitioners, lowered_with_report, start_preprocessing
     from torchdelegate.errors import CheckpointError
     from torchdelegate.llm.checkpoint import SETTINGS, export_methods, read_checkpoint, settings_asset
 
@@ -46,6 +46,8 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens)}
     _save_whole(lowered, args.output, report.without_cache_answers().to_json(), assets)
     seconds = time.perf_counter() - started
+    from torchdelegate.report.terminal import human_bytes
+
     size = human_bytes(args.output.stat().st_size)
     print(
         f"wrote {args.output}: {size} in {seconds:.1f} s (a cache of {cache} positions; tokenizer and generation "

@@ -11,13 +11,15 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.export import ExportedProgram
 
 from torchdelegate.errors import CheckpointError, first_line
 from torchdelegate.torch_warnings import loggers_quieted
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -119,6 +121,7 @@ def export_methods(model: Any, max_cache: int, chunk: int | None) -> dict[str, E
     """``prefill`` and ``decode`` (one token) over a static cache of ``max_cache`` positions, exported
     as transformers' exportable wrapper exports them (strict). Prefill takes a prompt of any length from
     2 to ``max_cache - 1`` tokens, or exactly ``chunk`` tokens for backends that need static shapes."""
+    import torch.export
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     if chunk is not None and not 1 <= chunk < max_cache:

@@ -67,6 +67,7 @@ class PartitionRow:
     kept_apart: dict[str, str]  # tag of a partition it touches -> a node on the path between them
     blob_bytes: int | None = None
     cache: str | None = None  # how the compile cache answered this lowering: "hit", "miss"; None: no cache
+    delegate_info: dict[str, Any] | None = None  # what the backend said of its delegate (what it fused, what not)
 
     def __post_init__(self) -> None:  # however made (a saved file's JSON has its keys sorted)
         object.__setattr__(self, "ops", dict(sorted(self.ops.items(), key=lambda item: (-item[1], item[0]))))
@@ -121,14 +122,21 @@ class LoweringReport:
     unique_state_bytes: int = 0  # the same, counting a tensor that several names or methods hold once
 
     def with_blob_sizes(
-        self, sizes: Mapping[str, Mapping[str, int]], cache: Mapping[str, Mapping[str, str | None]] | None = None
+        self,
+        sizes: Mapping[str, Mapping[str, int]],
+        cache: Mapping[str, Mapping[str, str | None]] | None = None,
+        info: Mapping[str, Mapping[str, dict[str, Any] | None]] | None = None,
     ) -> LoweringReport:
-        """A copy with each partition's compiled size, from ``{method: {tag: bytes}}``, and how the compile
-        cache answered it, from ``{method: {tag: "hit" | "miss" | None}}``."""
-        cache = cache or {}
+        """A copy with each partition's compiled size, from ``{method: {tag: bytes}}``, how the compile
+        cache answered it, from ``{method: {tag: "hit" | "miss" | None}}``, and its backend's
+        ``delegate_info``, from ``{method: {tag: info}}``."""
+        cache, info = cache or {}, info or {}
         return self._with_partitions(
             lambda method, p: replace(
-                p, blob_bytes=sizes.get(method, {}).get(p.tag), cache=cache.get(method, {}).get(p.tag)
+                p,
+                blob_bytes=sizes.get(method, {}).get(p.tag),
+                cache=cache.get(method, {}).get(p.tag),
+                delegate_info=info.get(method, {}).get(p.tag),
             )
         )
 
@@ -202,6 +210,8 @@ def _is_a(value: Any, hint: Any) -> bool:
         return isinstance(value, dict) and all(
             _is_a(k, arguments[0]) and _is_a(v, arguments[1]) for k, v in value.items()
         )
+    if hint is Any:
+        return True
     if origin in (typing.Union, types.UnionType):
         return any(_is_a(value, a) for a in arguments)
     if hint is int:

@@ -19,7 +19,7 @@ from typing import Any
 
 from torchdelegate.partition.modules import call_label
 from torchdelegate.report.data import LoweringReport, MethodReport
-from torchdelegate.report.terminal import coverage_line, human_bytes, human_flops
+from torchdelegate.report.terminal import coverage_line, delegate_info_text, human_bytes, human_flops
 
 PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22"]
 LEFT_OUT = "#9a9a9a"
@@ -115,7 +115,8 @@ def _method_section(k: int, method: MethodReport, colours: dict[str, str]) -> st
         f"<td>{human_bytes(p.weight_bytes)}</td><td>{human_bytes(p.blob_bytes)}</td>"
         f"<td>{html.escape(', '.join(p.inputs))}</td><td>{html.escape(', '.join(p.outputs))}</td>"
         f"<td>{html.escape(', '.join(f'{op} {n}' for op, n in p.ops.items()))}</td>"
-        f"<td>{html.escape(', '.join(f'{t} (through {v})' for t, v in p.kept_apart.items()))}</td></tr>"
+        f"<td>{html.escape(', '.join(f'{t} (through {v})' for t, v in p.kept_apart.items()))}</td>"
+        f"<td>{html.escape(delegate_info_text(p.delegate_info)) if p.delegate_info else ''}</td></tr>"
         for p in method.partitions
     )
     left = "".join(
@@ -128,7 +129,7 @@ def _method_section(k: int, method: MethodReport, colours: dict[str, str]) -> st
         '<div class="picture"><div class="tip"></div></div>'
         '<pre class="detail">click a box for its details</pre>'
         "<table><tr><th>partition</th><th>backend</th><th>nodes</th><th>FLOPs</th><th>weights</th><th>blob</th>"
-        f"<th>inputs</th><th>outputs</th><th>ops</th><th>kept apart from</th></tr>{rows}</table>"
+        f"<th>inputs</th><th>outputs</th><th>ops</th><th>kept apart from</th><th>notes</th></tr>{rows}</table>"
         + (
             f"<h3>not delegated</h3><table><tr><th>op</th><th>count</th><th>why</th><th>nodes</th></tr>{left}</table>"
             if left

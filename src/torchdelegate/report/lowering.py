@@ -2,7 +2,7 @@
 
 The plan of each method is made once from the manager's programs (which planning does not
 change), the lowering applies the same partitioner, and the report then gets each
-partition's compiled size from the delegates it made.
+partition's compiled size and its backend's ``delegate_info`` from the delegates it made.
 """
 
 from __future__ import annotations
@@ -38,4 +38,5 @@ def lower_with_report(
     delegates = lowered.delegates()
     sizes = {m: {str(d.meta.get("tag")): len(d.processed_bytes) for d in ds} for m, ds in delegates.items()}
     cache = {m: {str(d.meta.get("tag")): d.meta.get("compile_cache") for d in ds} for m, ds in delegates.items()}
-    return lowered, report.with_blob_sizes(sizes, cache)
+    info = {m: {str(d.meta.get("tag")): d.meta.get("delegate_info") for d in ds} for m, ds in delegates.items()}
+    return lowered, report.with_blob_sizes(sizes, cache, info)

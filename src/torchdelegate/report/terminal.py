@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchdelegate.report.data import LoweringReport, MethodReport, PartitionRow
 
 
@@ -39,6 +41,7 @@ def render_text(report: LoweringReport, *, reasons: int = 12) -> str:
         lines += ["", coverage_line(method)]
         if method.partitions:
             lines += _table(method.partitions)
+            lines += [f"  {p.tag}: {delegate_info_text(p.delegate_info)}" for p in method.partitions if p.delegate_info]
         left = sorted(method.not_delegated().items(), key=lambda item: (-len(item[1]), item[0]))
         if left:
             lines.append("  not delegated:")
@@ -48,6 +51,22 @@ def render_text(report: LoweringReport, *, reasons: int = 12) -> str:
             if len(left) > reasons:
                 lines.append(f"    ... and {len(left) - reasons} more kinds")
     return "\n".join(lines)
+
+
+def delegate_info_text(info: Any) -> str:
+    """A backend's ``delegate_info`` on one line: ``key: value`` pairs; within them, ``key value``, lists in
+    parentheses (``fusions: MatMulNBits 84; unfused: GroupQueryAttention (2 layers: ...)``)."""
+    if isinstance(info, dict):
+        return "; ".join(f"{key}: {_value_text(value)}" for key, value in info.items())
+    return _value_text(info)
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {_value_text(item)}" for key, item in value.items())
+    if isinstance(value, list):
+        return "(" + "; ".join(_value_text(item) for item in value) + ")"
+    return str(value)
 
 
 def _table(partitions: list[PartitionRow]) -> list[str]:

@@ -12,14 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sympy
 import torch
 import torch.utils._pytree as pytree
-from torch.export import ExportedProgram, ModuleCallSignature
-from torch.export.graph_signature import InputKind
-from torch.utils._sympy.numbers import int_oo
 
 from torchdelegate.errors import FormatError, ProgramInputError
+from torchdelegate.serialize.residual_graph import ConstantValue, ResidualGraph, SymbolicValue, TensorValue
 
 
 @dataclass(frozen=True)
@@ -43,65 +40,37 @@ class _Leaf:
     static_shape: tuple[int, ...] | None = None  # every size fixed: one comparison checks them all
 
 
-def _bound(value: Any) -> int | None:
-    return None if value in (int_oo, -int_oo, sympy.oo, -sympy.oo) else int(value)
+def _dim(size: int | str | None, ranges: Mapping[str, tuple[int | None, int | None]]) -> _Dim:
+    if isinstance(size, int) or size is None:
+        return _Dim(size)  # None: a derived size (2*s0), which torch guarantees from the symbols
+    lower, upper = ranges.get(size, (None, None))
+    return _Dim(None, size, lower, upper)
 
 
-def _dim(size: Any, ranges: Mapping[Any, Any]) -> _Dim:
-    if isinstance(size, int):
-        return _Dim(size)
-    expr = size.node.expr
-    if isinstance(expr, sympy.Integer):
-        return _Dim(int(expr))
-    if isinstance(expr, sympy.Symbol):
-        bounds = ranges.get(expr)
-        if bounds is None:
-            return _Dim(None, str(expr))
-        return _Dim(None, str(expr), _bound(bounds.lower), _bound(bounds.upper))
-    return _Dim(None)  # a derived size (2*s0): torch guarantees it from the symbols
-
-
-def _leaf(name: str, value: Any, ranges: Mapping[Any, Any]) -> _Leaf:
+def _leaf(
+    name: str, value: TensorValue | SymbolicValue | ConstantValue, ranges: Mapping[str, tuple[int | None, int | None]]
+) -> _Leaf:
     """What a user input may be: a tensor, a symbolic number, or the one value it was exported with."""
-    if isinstance(value, torch.Tensor):
-        dims = tuple(_dim(s, ranges) for s in value.shape)
+    if isinstance(value, TensorValue):
+        dims = tuple(_dim(s, ranges) for s in value.sizes)
         sizes = tuple(d.value for d in dims if d.value is not None)
         static = sizes if len(sizes) == len(dims) else None
         return _Leaf(name, "tensor", value.dtype, value.device, dims, static_shape=static)
-    if isinstance(value, torch.SymBool):
-        return _Leaf(name, "bool")
-    if isinstance(value, torch.SymInt):
-        return _Leaf(name, "int")
-    if isinstance(value, torch.SymFloat):
-        return _Leaf(name, "float")
-    return _Leaf(name, "constant", constant=value)  # specialized when exported: must be equal
+    if isinstance(value, SymbolicValue):
+        return _Leaf(name, value.kind)
+    return _Leaf(name, "constant", constant=value.value)  # specialized when exported: must be equal
 
 
 _PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "bool": bool, "float": (float, int)}
 
 
-def call_signature(program: ExportedProgram, method: str) -> ModuleCallSignature:
-    """The calling convention of the whole program (the module call graph's root entry)."""
-    for entry in program.module_call_graph:
-        signature = entry.signature
-        if (
-            entry.fqn == ""
-            and signature is not None
-            and signature.in_spec is not None
-            and signature.out_spec is not None
-        ):
-            return signature
-    raise FormatError(f"method {method!r}: the graph has no calling convention (a root module call signature)")
-
-
 class MethodInputs:
     """Binds a call's arguments to a method's flat user inputs, checking each one."""
 
-    def __init__(self, method: str, program: ExportedProgram) -> None:
+    def __init__(self, method: str, graph: ResidualGraph) -> None:
         self.method = method
-        signature = call_signature(program, method)
-        self.in_spec = signature.in_spec
-        self.arg_names: list[str] = list(signature.forward_arg_names or [])
+        self.in_spec = graph.in_spec
+        self.arg_names: list[str] = list(graph.arg_names)
         children = self.in_spec.children() if self.in_spec.type is tuple else []
         if len(children) != 2 or children[0].type is not tuple or children[1].type is not dict:
             raise FormatError(f"method {method!r}: its input structure {self.in_spec} is not (args, kwargs)")
@@ -110,13 +79,7 @@ class MethodInputs:
         self._flat_positional = kwargs_spec.num_children == 0 and all(c.is_leaf() for c in args_spec.children())
         self.positional_count = args_spec.num_children
         self.keyword_names: list[str] = list(kwargs_spec.context or [])
-        placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-        ranges = program.range_constraints
-        self.leaves = [
-            _leaf(spec.arg.name, placeholders[spec.arg.name].meta.get("val"), ranges)
-            for spec in program.graph_signature.input_specs
-            if spec.kind == InputKind.USER_INPUT
-        ]
+        self.leaves = [_leaf(i.name, i.value, graph.ranges) for i in graph.inputs if i.kind == "user_input"]
 
     def parameters(self) -> list[str]:
         """Each user input as ``name: float32[1, 8]`` (``s0`` for a symbolic size), in call order;

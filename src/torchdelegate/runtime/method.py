@@ -15,20 +15,19 @@ from typing import Any, cast
 
 import torch
 import torch.utils._pytree as pytree
-from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import GraphModule
 
 from torchdelegate.delegate import DelegateInstance
 from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegateError
 from torchdelegate.lowering.partitions import output_values
-from torchdelegate.runtime.inputs import MethodInputs, call_signature
+from torchdelegate.runtime.inputs import MethodInputs
 from torchdelegate.serialize.allow_list import allowed_call_target
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
+from torchdelegate.serialize.residual_graph import ResidualGraph, TensorValue
 
 
 def _compile_graph(
-    program: ExportedProgram, method: str, delegates: Mapping[int, DelegateInstance], kinds: Mapping[int, str]
+    program: ResidualGraph, method: str, delegates: Mapping[int, DelegateInstance], kinds: Mapping[int, str]
 ) -> GraphModule:
     """The program's graph module with every delegate call bound to its delegate instance."""
     gm = program.graph_module
@@ -43,10 +42,10 @@ def _compile_graph(
         donated = _donated_inputs(program, calls[0]) if len(calls) == 1 else {}
         if donated:
             delegates[index].donate(donated)
-    for module in gm.modules():
-        if not isinstance(module, GraphModule):
+    for submodule in gm.modules():
+        if not isinstance(submodule, GraphModule):
             continue
-        for node in module.graph.nodes:
+        for node in submodule.graph.nodes:
             if node.op != "call_function" or _is_bound_delegate(node.target):
                 continue
             for target in (node.target, *_operators_in((node.args, node.kwargs))):
@@ -85,12 +84,11 @@ def _bind_saved_call(
             f"sizes; the delegate table says {expected!r}"
         )
     delegate = delegates[index]
-    values = node.meta.get("val")
-    if not isinstance(values, (list, tuple)) or len(values) != delegate.output_count:
+    count = node.meta.get("output_count")
+    if count != delegate.output_count:
         raise FormatError(
             f"method {method!r}: the graph expects delegate {index} to return "
-            f"{len(values) if isinstance(values, (list, tuple)) else 'no list of'} values; its table entry says "
-            f"{delegate.output_count}"
+            f"{'no list of' if count is None else count} values; its table entry says {delegate.output_count}"
         )
     for user in node.users:
         read = user.args[1] if user.target is operator.getitem else None
@@ -109,24 +107,24 @@ def _bind_saved_call(
     return index, call
 
 
-def _donated_inputs(program: ExportedProgram, call: torch.fx.Node) -> dict[int, int]:
+def _donated_inputs(program: ResidualGraph, call: torch.fx.Node) -> dict[int, int]:
     """The delegate call's inputs whose memory its outputs may take, ``{input: output}``: a buffer the
     call alone reads, which the method replaces with one of the call's outputs that nothing else uses."""
-    signature = program.graph_signature
-    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-    kinds = {node: spec for node, spec in zip(placeholders, signature.input_specs, strict=True)}
-    returned = output_values(next(reversed(program.graph.nodes)))
+    graph = program.graph_module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    kinds = {node: spec for node, spec in zip(placeholders, program.inputs, strict=True)}
+    returned = output_values(next(reversed(graph.nodes)))
     replaced_by = {
         spec.target: returned[position]
-        for position, spec in enumerate(signature.output_specs)
-        if spec.kind == OutputKind.BUFFER_MUTATION
+        for position, spec in enumerate(program.outputs)
+        if spec.kind == "buffer_mutation"
     }
     donated = {}
     for position, argument in enumerate(call.args):
         if not isinstance(argument, torch.fx.Node) or len(argument.users) != 1 or call.args.count(argument) != 1:
             continue
         spec = kinds.get(argument)
-        if spec is None or spec.kind != InputKind.BUFFER:
+        if spec is None or spec.kind != "buffer":
             continue
         written = replaced_by.get(spec.target)
         if (
@@ -146,13 +144,13 @@ def _is_bound_delegate(target: Any) -> bool:
 
 def _check_state(method: str, name: str, tensor: torch.Tensor, expected: Any) -> None:
     """A stored tensor must be what the graph was traced with: its dtype and static sizes."""
-    if not isinstance(expected, torch.Tensor):
+    if not isinstance(expected, TensorValue):
         raise FormatError(f"method {method!r}: the graph has no tensor metadata for state {name!r}")
-    static = all(isinstance(size, int) for size in expected.shape)
-    if tensor.dtype != expected.dtype or (static and tuple(tensor.shape) != tuple(expected.shape)):
+    static = all(isinstance(size, int) for size in expected.sizes)
+    if tensor.dtype != expected.dtype or (static and tuple(tensor.shape) != expected.sizes):
         raise FormatError(
             f"method {method!r}: state {name!r} is stored as {tensor.dtype} {tuple(tensor.shape)}, "
-            f"the graph reads {expected.dtype} {tuple(expected.shape)}"
+            f"the graph reads {expected.dtype} {expected.sizes}"
         )
 
 
@@ -162,7 +160,7 @@ class Method:
     def __init__(
         self,
         name: str,
-        program: ExportedProgram,
+        program: ResidualGraph,
         state: Mapping[str, torch.Tensor],
         delegates: Mapping[int, DelegateInstance],
         delegate_inputs: Mapping[int, str],
@@ -170,41 +168,39 @@ class Method:
     ) -> None:
         self.name = name
         self.inputs = MethodInputs(name, program)
-        signature = program.graph_signature
         self._forward = _compile_graph(program, name, delegates, delegate_inputs).forward
-        self._out_spec = call_signature(program, name).out_spec
+        self._out_spec = program.out_spec
         self._template: list[Any] = []
         self._user_slots: list[int] = []
-        placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-        for spec, placeholder in zip(signature.input_specs, placeholders, strict=True):
-            if spec.kind == InputKind.USER_INPUT:
+        for spec in program.inputs:
+            if spec.kind == "user_input":
                 self._user_slots.append(len(self._template))
                 self._template.append(None)
             else:
                 tensor = state[spec.target]  # type: ignore[index]
-                _check_state(name, spec.target, tensor, placeholder.meta.get("val"))  # type: ignore[arg-type]
+                _check_state(name, spec.target, tensor, spec.value)  # type: ignore[arg-type]
                 self._template.append(tensor)
-        user_positions = {name: i for i, name in enumerate(signature.user_inputs)}
+        user_positions = {spec.name: i for i, spec in enumerate(i for i in program.inputs if i.kind == "user_input")}
         self._buffer_updates: list[tuple[int, torch.Tensor]] = []
         self._input_updates: list[tuple[int, int]] = []
         self._user_outputs: list[int] = []
-        for position, spec in enumerate(signature.output_specs):
-            if spec.kind == OutputKind.BUFFER_MUTATION:
-                self._buffer_updates.append((position, state[spec.target]))  # type: ignore[index]
-            elif spec.kind == OutputKind.USER_INPUT_MUTATION:
-                self._input_updates.append((position, user_positions[spec.target]))  # type: ignore[index]
-            elif spec.kind == OutputKind.USER_OUTPUT:
+        for position, output in enumerate(program.outputs):
+            if output.kind == "buffer_mutation":
+                self._buffer_updates.append((position, state[output.target]))  # type: ignore[index]
+            elif output.kind == "user_input_mutation":
+                self._input_updates.append((position, user_positions[output.target]))  # type: ignore[index]
+            elif output.kind == "user_output":
                 self._user_outputs.append(position)
             else:
-                raise FormatError(f"method {name!r}: output {spec.arg} of kind {spec.kind.name} is not supported")
+                raise FormatError(f"method {name!r}: output {position} of kind {output.kind.upper()} is not supported")
         self._single_output = self._out_spec.is_leaf()
         if self._out_spec.num_leaves != len(self._user_outputs):
             raise FormatError(
                 f"method {name!r}: its output structure has {self._out_spec.num_leaves} values, "
                 f"the graph returns {len(self._user_outputs)}"
             )
-        self.writes = frozenset(signature.buffers_to_mutate.values())
-        reads = {s.target for s in signature.input_specs if s.kind == InputKind.BUFFER}
+        self.writes = frozenset(program.buffers_to_mutate)
+        reads = {s.target for s in program.inputs if s.kind == "buffer"}
         # Buffers shared with other methods: calls that touch them are serialized by the program.
         self.uses_mutable_state = bool(self._buffer_updates) or not reads.isdisjoint(mutable)
 

@@ -23,7 +23,6 @@ from types import TracebackType
 from typing import Any
 
 import torch
-from torch.export.graph_signature import InputKind
 
 from torchdelegate.backend import BackendDetails, get_backend
 from torchdelegate.data import NamedDataMap
@@ -32,9 +31,9 @@ from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, 
 from torchdelegate.machine_cache import required_cache_directory
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.generated_source import GeneratedSource
-from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.manifest import DelegateRecord
 from torchdelegate.serialize.reader import ProgramFile
+from torchdelegate.serialize.residual_graph import residual_graph
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
 from torchdelegate.serialize.tree_specs import output_type_name
 from torchdelegate.trust import trusted_backends as trusted_backends_of
@@ -376,10 +375,10 @@ class Program:
 
     def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
         where = f"{self._file.path}: method {name!r}"
-        program = program_from_json(graph, self._state, where, self._plain_types)
+        program = residual_graph(graph, self._state, where, self._plain_types)
         self._output_types[name] = output_type_name(graph)
         digests = {r.name: r.data for r in self._file.state}
-        reads = {s.target for s in program.graph_signature.input_specs if s.kind != InputKind.USER_INPUT}
+        reads = {s.target for s in program.inputs if s.target is not None}
         self._unverified[name] = [
             (fqn, digest)
             for fqn in sorted(reads - self._mutable)

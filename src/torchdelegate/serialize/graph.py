@@ -23,10 +23,10 @@ from torch._export.serde.serialize import (
 )
 from torch.export import ExportedProgram
 
-from torchdelegate.errors import FormatError, OperatorNotFoundError, SerializationError
+from torchdelegate.errors import FormatError, SerializationError
 from torchdelegate.serialize import call_delegate as _call_delegate  # noqa: F401 - registers the operator graphs call
-from torchdelegate.serialize.allow_list import check_graph_document, namespace_of, unregistered_operators, walk
-from torchdelegate.serialize.tree_specs import with_plain_containers
+from torchdelegate.serialize.allow_list import walk
+from torchdelegate.serialize.residual_graph import checked_document, state_names
 from torchdelegate.torch_warnings import loggers_quieted, torch_internal_warnings_silenced
 
 # Node metadata that only helps a person debugging: stack traces and module paths are most of
@@ -73,26 +73,6 @@ def program_to_json(program: ExportedProgram, where: str, *, debug_info: bool = 
     return document
 
 
-def state_names(document: Any) -> dict[str, str]:
-    """Each parameter, buffer and constant a serialized program reads, with its kind: "parameter",
-    "buffer" (persistent) or "constant" (tensor constants and non-persistent buffers)."""
-    module = document.get("graph_module") if isinstance(document, dict) else None
-    signature = module.get("signature") if isinstance(module, dict) else None
-    specs = signature.get("input_specs") if isinstance(signature, dict) else None
-    names: dict[str, str] = {}
-    for spec in specs if isinstance(specs, list) else []:
-        for kind, field in (
-            ("parameter", "parameter_name"),
-            ("buffer", "buffer_name"),
-            ("tensor_constant", "tensor_constant_name"),
-        ):
-            entry = spec.get(kind) if isinstance(spec, dict) else None
-            if isinstance(entry, dict) and isinstance(entry.get(field), str):
-                persistent = kind != "buffer" or entry.get("persistent") is not False
-                names[entry[field]] = kind if kind != "tensor_constant" and persistent else "constant"
-    return names
-
-
 def program_from_json(
     document: Any, tensors: Mapping[str, torch.Tensor], where: str, plain_types: dict[str, str] | None = None
 ) -> ExportedProgram:
@@ -103,19 +83,8 @@ def program_from_json(
     to ``plain_types`` with the plain type it became (``tree_specs.with_plain_containers``, which
     also refuses specs whose reading would import); the document itself is not changed.
     """
-    missing_operators = unregistered_operators(check_graph_document(document, where))
-    if missing_operators:
-        namespaces = sorted({namespace_of(target) for target in missing_operators})
-        raise OperatorNotFoundError(
-            f"{where}: the graph calls {', '.join(missing_operators)}, which this process has not registered "
-            f"(the file itself is sound); import the library that defines the "
-            f"{', '.join(map(repr, namespaces))} operators before loading"
-        )
-    document = with_plain_containers(document, where, {} if plain_types is None else plain_types)
+    document = checked_document(document, tensors, where, plain_types)
     names = state_names(document)
-    missing = sorted(set(names) - set(tensors))
-    if missing:
-        raise FormatError(f"{where}: the graph reads {', '.join(map(repr, missing))}, which are not stored")
     state_dict: dict[str, torch.Tensor] = {}
     constants: dict[str, torch.Tensor] = {}
     for name, kind in names.items():

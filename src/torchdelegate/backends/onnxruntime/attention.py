@@ -16,11 +16,12 @@ and sin of ``positions * inv_freq``, the positions are those the cache is writte
 adds to the scores, and the output goes back to ``[batch, tokens, hidden]``. The model's positions
 are ``cache_position[0] + arange(tokens)`` (transformers' static cache), so the kernel's own
 (the cache's length so far, then the new tokens in order) are the same. Whatever differs is left
-as it is, and the count of layers fused is recorded with the other fusions.
+as it is: the count of layers fused is recorded with the other fusions, and for each layer left, why.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -54,9 +55,12 @@ class _Layer:
     present_value: Any
 
 
-def fused_attention(ir: ModuleType, model: Any) -> int:
-    """Rewrite each layer's attention over a static KV cache into ``GroupQueryAttention``; how many."""
-    layers = list(_layers(ir, model))
+def fused_attention(ir: ModuleType, model: Any) -> tuple[int, list[str]]:
+    """Rewrite each layer's attention over a static KV cache into ``GroupQueryAttention``: how many
+    layers, and why the others were left as they are (``"2 layers: <reason>"``, one per reason)."""
+    found = list(_layers(model))
+    layers = [layer for layer in found if isinstance(layer, _Layer)]
+    reasons = Counter(reason for reason in found if isinstance(reason, str))
     tables: dict[tuple[Any, int], tuple[Any, Any]] = {}
     lengths: dict[Any, tuple[Any, Any]] = {}
     for layer in layers:
@@ -86,7 +90,7 @@ def fused_attention(ir: ModuleType, model: Any) -> int:
     if layers:
         model.opset_imports.setdefault("com.microsoft", 1)
         require("onnx_ir.passes.common").RemoveUnusedNodesPass()(model)  # what the kernel replaced, its constants
-    return len(layers)
+    return len(layers), [f"{n} layer{'s' * (n > 1)}: {reason}" for reason, n in sorted(reasons.items())]
 
 
 def _cos_sin(ir: ModuleType, model: Any, inverse_frequencies: Any, rows: int) -> tuple[Any, Any]:
@@ -135,13 +139,19 @@ def _constant(ir: ModuleType, model: Any, array: np.ndarray, what: str) -> Any:
 # Matching: each helper returns None when the graph is not as expected.
 
 
-def _layers(ir: ModuleType, model: Any) -> Iterator[_Layer]:
+def _layers(model: Any) -> Iterator[_Layer | str]:
+    """Each write of keys into a cache the model takes as input: the layer that reads them, or why it
+    does not fuse. (A write whose result the scores' product reads as values is its layer's value write.)"""
     inputs = set(model.graph.inputs)
     for node in list(model.graph):
-        if _is(node, "ScatterND") and node.inputs[0] in inputs:
-            layer = _layer(node)
-            if layer is not None:
-                yield layer
+        if _is(node, "ScatterND") and node.inputs[0] in inputs and not _read_as_values(node):
+            yield _layer(node)
+
+
+def _read_as_values(write: Any) -> bool:
+    repeated = _forward(write.outputs[0], _REPEAT)
+    product = _user(repeated, "MatMul")
+    return product is not None and product.inputs[1] is repeated
 
 
 def _is(node: Any, op: str) -> bool:
@@ -153,48 +163,50 @@ def _producer(value: Any, op: str) -> Any:
     return node if _is(node, op) else None
 
 
-def _layer(key_write: Any) -> _Layer | None:
-    """The attention that reads the keys ``key_write`` scatters, if it is the expected one."""
+def _layer(key_write: Any) -> _Layer | str:
+    """The attention that reads the keys ``key_write`` scatters, if it is the expected one; else why not."""
     past_key, indices, written_keys = key_write.inputs
     if len(past_key.uses()) != 1 or past_key.shape is None or len(past_key.shape) != 4:
-        return None
+        return "the key cache is read by more than its write, or is not [batch, kv heads, positions, head size]"
     batch, kv_heads, rows, size = (past_key.shape[i] for i in range(4))
     if batch != 1 or not all(isinstance(d, int) for d in (kv_heads, rows, size)):
-        return None
+        return "the key cache's batch is not 1, or its sizes are not static"
     transposed = _user(_forward(key_write.outputs[0], _REPEAT), "Transpose")
     if transposed is None or list(transposed.attributes["perm"].as_ints()) != [0, 1, 3, 2]:
-        return None
+        return "the cached keys are not transposed for the product with the queries"
     key_scale = _user(transposed.outputs[0], "Mul")
     scaled_keys = _forward(key_scale.outputs[0]) if key_scale is not None else None
     product = _user(scaled_keys, "MatMul") if scaled_keys is not None else None
     if product is None or product.inputs[1] is not scaled_keys:
-        return None
+        return "the keys are not scaled by a constant before their product with the queries"
     query_scale = _producer(_back(product.inputs[0]), "Mul")
     scales = _scale(key_scale, transposed.outputs[0]), _scale(query_scale)
     if query_scale is None or scales[0] is None or scales[1] is None:
-        return None
+        return "the queries are not scaled by a constant"
     rotated_query = next((v for v in query_scale.inputs if _scalar_of(v) is None), None)
     rotation, key_rotation = _rotation(rotated_query), _rotation(_back(written_keys))
     if rotation is None or key_rotation is None or rotation[1:] != key_rotation[1:]:
-        return None
+        return "queries and keys are not rotated by the half-split rotation (rotate_half) of one cos and sin"
     query, _, _, frequencies, positions = rotation
     attended = _attended(product.outputs[0])
-    if attended is None or not _writes_at(indices, positions):
-        return None
+    if attended is None:
+        return "the scores are not masked by an addition, a softmax, a product with the values, heads joined"
+    if not _writes_at(indices, positions):
+        return "the cache is not written at the positions the rotation uses"
     output, repeated_values = attended
     value_write = _producer(_back(repeated_values, _REPEAT), "ScatterND")
     query_flat, key_flat = _heads_of(query), _heads_of(key_rotation[0])
     if value_write is None or value_write.inputs[1] is not indices or query_flat is None or key_flat is None:
-        return None
+        return "the values are not written into their cache where the keys are, or heads are not split by reshape"
     if _forward(value_write.outputs[0], _REPEAT) is not repeated_values:
-        return None
+        return "the product reads other values than those written into the value cache"
     value_flat = _heads_of(_back(value_write.inputs[2]))
     past_value = value_write.inputs[0]
     if value_flat is None or len(past_value.uses()) != 1 or past_value.shape != past_key.shape:
-        return None
+        return "the value cache is read by more than its write, or differs from the key cache in shape"
     heads = query.shape[1] if query.shape is not None else None
     if not isinstance(heads, int) or heads % kv_heads:
-        return None
+        return "the query heads are not a static multiple of the key-value heads"
     return _Layer(
         query_flat, key_flat, value_flat, past_key, past_value, frequencies, positions,
         heads, kv_heads, scales[0] * scales[1], output, key_write.outputs[0], value_write.outputs[0],

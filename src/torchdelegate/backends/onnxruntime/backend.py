@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.export import ExportedProgram
 
-from torchdelegate.backend import SharedDataBackend
-from torchdelegate.backends.onnxruntime.blob_header import named_data_keys
-from torchdelegate.backends.onnxruntime.linking import link_partitions
-from torchdelegate.backends.onnxruntime.onnx_export import export_partition
+from torchdelegate.backend import PreprocessResult, SharedDataBackend
+from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys
 from torchdelegate.backends.onnxruntime.session import delegate_handle, prepare_model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
 from torchdelegate.data import NamedDataMap, NamedDataStore
 from torchdelegate.specs import CompileSpec
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
 
 def _version(distribution: str) -> str:
@@ -31,7 +32,7 @@ class OnnxRuntimeBackend(SharedDataBackend):
 
     backend_id = "onnxruntime"
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
-    compile_cache_version = f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined"
+    compile_cache_version = f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined, info"
     weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
 
     @classmethod
@@ -52,7 +53,19 @@ class OnnxRuntimeBackend(SharedDataBackend):
     def compile_partition(
         cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
     ) -> bytes:
+        # Imported here, as in link_partitions: a process that only runs files needs no exporter.
+        from torchdelegate.backends.onnxruntime.onnx_export import export_partition
+
         return export_partition(program, compile_specs, store, where)
+
+    @classmethod
+    def preprocess_partition(
+        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec], where: str = "sub-program"
+    ) -> PreprocessResult:
+        """The partition's blob, and as its ``delegate_info`` the fusions its model got and why any layer's
+        attention was left unfused (the lowering's report shows them; ``inspect`` prints them from a file)."""
+        result = super().preprocess_partition(edge_program, compile_specs, where)
+        return replace(result, delegate_info=blob_description(memoryview(result.processed_bytes)))
 
     @classmethod
     def link_partitions(
@@ -60,6 +73,8 @@ class OnnxRuntimeBackend(SharedDataBackend):
     ) -> list[bytes]:
         """Partitions that run with the same session settings and read weights in common become
         branches of one model, run by one session."""
+        from torchdelegate.backends.onnxruntime.linking import link_partitions
+
         return link_partitions(blobs, compile_specs, store)
 
     @classmethod

@@ -59,6 +59,14 @@ def unpacked(processed: memoryview) -> tuple[dict[str, Any], memoryview]:
     return header, payload
 
 
+def blob_description(processed: memoryview) -> dict[str, Any] | None:
+    """What a partition's header says of its model for people: the fused operators it got (count
+    each), and the layers whose attention was left as exported, by reason. None if neither."""
+    header = unpacked(processed)[0]
+    described = {key: header[key] for key in ("fusions", "unfused") if header.get(key)}
+    return described or None
+
+
 def named_data_keys(processed: memoryview) -> list[str] | None:
     """Every named data a blob reads: its model's and that model's weights, or its own weights."""
     header = unpacked(processed)[0]

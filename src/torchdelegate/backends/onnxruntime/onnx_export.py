@@ -143,7 +143,7 @@ def _exported_blob(
     except Exception as e:
         raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
     try:
-        attention = fused_attention(ir, model) if fuse else 0
+        attention, unfused = fused_attention(ir, model) if fuse else (0, [])
         fusions = fuse_for_ort(model) if fuse else {}
     finally:
         _restore_weights(model, lifted)
@@ -184,6 +184,8 @@ def _exported_blob(
         "branch": 0,
         "fusions": fusions,
     }
+    if unfused:  # why attention over a cache was left unfused, for the lowering's report
+        header["unfused"] = {"GroupQueryAttention": unfused}
     # Not compressed: the compile cache swaps the weights' keys where the blob names them in the clear.
     return pack(header, ir.to_proto(model).SerializeToString())
 

@@ -16,7 +16,6 @@ from torch.fx import Node
 
 from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
 from torchdelegate.backends.onnxruntime.blockwise import runs_on_kernel
-from torchdelegate.backends.onnxruntime.onnx_export import quiet_exporter
 from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value, values_made
 from torchdelegate.quantization.linear import affine_ops, layer_of, quantized_linears
@@ -32,6 +31,8 @@ _TRANSLATIONS_REFUSED = frozenset({torch.ops.aten._linalg_det.default})
 
 @cache
 def _onnx_registry() -> Any:
+    from torchdelegate.backends.onnxruntime.onnx_export import quiet_exporter  # lowering only, not at load
+
     with quiet_exporter():
         registration = importlib.import_module("torch.onnx._internal.exporter._registration")
         return registration.ONNXRegistry.from_torchlib()
