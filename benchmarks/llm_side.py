@@ -307,7 +307,7 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     """torchdelegate's ``Program.prepare`` of the file, into ``TORCHDELEGATE_CACHE``."""
     import torchdelegate as td
-    from torchdelegate.machine_cache import cache_directory
+    from torchdelegate.cache.machine_cache import cache_directory
 
     started = time.perf_counter()
     with td.load(args.file) as program:

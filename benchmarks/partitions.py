@@ -45,7 +45,7 @@ def partitioner_list(name: str) -> list[td.Partitioner]:
 def inductor_tags(edge: td.EdgeProgramManager) -> dict[str, int]:
     """Partitions the AOTInductor partitioner proposes per method (its tags), without compiling."""
     from torchdelegate.backends.inductor import InductorPartitioner
-    from torchdelegate.lowering.structural_copy import copy_program
+    from torchdelegate.exported.structural_copy import copy_program
 
     counts = {}
     for method in edge.methods:

@@ -28,8 +28,8 @@ from torchdelegate import (
     tag_constant_data,
 )
 from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
-from torchdelegate.data import tensor_bytes
-from torchdelegate.lowering.structural_copy import with_identifier_state_names, with_state
+from torchdelegate.delegate.named_data import tensor_bytes
+from torchdelegate.exported.structural_copy import with_identifier_state_names, with_state
 
 
 class TorchExportBackend(BackendDetails):

@@ -57,7 +57,7 @@ def llm_200m() -> LoweringReport:
 
     from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
     from torchdelegate.backends.reference import ReferencePartitioner
-    from torchdelegate.edge_program_manager import edge_keeping
+    from torchdelegate.lowering.edge_program_manager import edge_keeping
 
     with torch.device("meta"):
         model = LlamaForCausalLM(llm_side.llama_config("base")).eval()

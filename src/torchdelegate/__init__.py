@@ -1,7 +1,11 @@
 """torchdelegate: hand parts of a torch.export program to the backends that run them best."""
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from torchdelegate.version import __version__ as __version__
@@ -10,7 +14,9 @@ if sys.byteorder != "little":  # pragma: no cover - every platform torch ships f
     raise ImportError("torchdelegate files store little-endian data; this machine is big-endian")
 
 if TYPE_CHECKING:
-    from torchdelegate.backend import (
+    from torchdelegate.cache.compile_cache import CompileCache
+    from torchdelegate.compile.options import preprocessing
+    from torchdelegate.delegate.backend_details import (
         BackendDetails,
         PreprocessResult,
         SharedDataBackend,
@@ -18,10 +24,16 @@ if TYPE_CHECKING:
         register_backend,
         registered_backend_ids,
     )
-    from torchdelegate.compile.cache import CompileCache
-    from torchdelegate.compile.options import preprocessing
-    from torchdelegate.data import DataEntry, NamedDataMap, NamedDataStore, NamedDataStoreOutput, NamedDataSummary
-    from torchdelegate.edge_program_manager import EdgeProgramManager, to_edge, to_edge_transform_and_lower
+    from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
+    from torchdelegate.delegate.named_data import (
+        DataEntry,
+        NamedDataMap,
+        NamedDataStore,
+        NamedDataStoreOutput,
+        NamedDataSummary,
+    )
+    from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
+    from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE
     from torchdelegate.errors import (
         BackendNotFoundError,
         BackendRegistrationError,
@@ -41,21 +53,8 @@ if TYPE_CHECKING:
         TorchDelegateError,
         UntrustedCodeError,
     )
-    from torchdelegate.inspection import (
-        DelegationInfo,
-        LoweredSubmodule,
-        OperatorDelegation,
-        delegate_calls,
-        delegation_info,
-        format_delegated_graph,
-        lowered_module_of,
-        lowered_modules,
-        lowered_submodules,
-        print_delegated_graph,
-        undelegated_nodes,
-    )
-    from torchdelegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
-    from torchdelegate.lowering.structural_copy import copy_program
+    from torchdelegate.exported.structural_copy import copy_program
+    from torchdelegate.lowering.edge_program_manager import EdgeProgramManager, to_edge, to_edge_transform_and_lower
     from torchdelegate.lowering.to_backend import to_backend
     from torchdelegate.lowering.validation import disable_validation, validation_disabled
     from torchdelegate.partition import (
@@ -73,50 +72,61 @@ if TYPE_CHECKING:
         tag_mutated_buffers,
     )
     from torchdelegate.quantization.recipes import quantize as quantize
+    from torchdelegate.report.inspection import (
+        DelegationInfo,
+        LoweredSubmodule,
+        OperatorDelegation,
+        delegate_calls,
+        delegation_info,
+        format_delegated_graph,
+        lowered_module_of,
+        lowered_modules,
+        lowered_submodules,
+        print_delegated_graph,
+        undelegated_nodes,
+    )
+    from torchdelegate.report.structure import graph_structure_difference, same_graph_structure
     from torchdelegate.runtime.program import Program, load
-    from torchdelegate.specs import CompileSpec, DelegationSpec
-    from torchdelegate.structure import graph_structure_difference, same_graph_structure
-    from torchdelegate.trust import TRUSTED_BACKENDS_VARIABLE
 
 _EXPORTS = {
-    "BackendDetails": "torchdelegate.backend",
+    "BackendDetails": "torchdelegate.delegate.backend_details",
     "BackendNotFoundError": "torchdelegate.errors",
     "BackendRegistrationError": "torchdelegate.errors",
     "BackendUnavailableError": "torchdelegate.errors",
-    "call_delegate": "torchdelegate.lowered_module",
+    "call_delegate": "torchdelegate.delegate.lowered_module",
     "CapabilityPartitioner": "torchdelegate.partition",
-    "CompileCache": "torchdelegate.compile.cache",
-    "CompileSpec": "torchdelegate.specs",
-    "copy_program": "torchdelegate.lowering.structural_copy",
-    "DataEntry": "torchdelegate.data",
-    "delegate_calls": "torchdelegate.inspection",
+    "CompileCache": "torchdelegate.cache.compile_cache",
+    "CompileSpec": "torchdelegate.delegate.specs",
+    "copy_program": "torchdelegate.exported.structural_copy",
+    "DataEntry": "torchdelegate.delegate.named_data",
+    "delegate_calls": "torchdelegate.report.inspection",
     "DelegateExecutionError": "torchdelegate.errors",
-    "delegation_info": "torchdelegate.inspection",
+    "delegation_info": "torchdelegate.report.inspection",
     "DELEGATION_TAG": "torchdelegate.partition",
-    "DelegationInfo": "torchdelegate.inspection",
-    "DelegationSpec": "torchdelegate.specs",
+    "DelegationInfo": "torchdelegate.report.inspection",
+    "DelegationSpec": "torchdelegate.delegate.specs",
     "disable_validation": "torchdelegate.lowering.validation",
-    "EdgeProgramManager": "torchdelegate.edge_program_manager",
+    "EdgeProgramManager": "torchdelegate.lowering.edge_program_manager",
     "find_pattern_matches": "torchdelegate.partition",
-    "format_delegated_graph": "torchdelegate.inspection",
+    "format_delegated_graph": "torchdelegate.report.inspection",
     "FormatError": "torchdelegate.errors",
-    "get_backend": "torchdelegate.backend",
-    "graph_structure_difference": "torchdelegate.structure",
+    "get_backend": "torchdelegate.delegate.backend_details",
+    "graph_structure_difference": "torchdelegate.report.structure",
     "GraphChangedError": "torchdelegate.errors",
     "load": "torchdelegate.runtime.program",
-    "lowered_module_of": "torchdelegate.inspection",
-    "lowered_modules": "torchdelegate.inspection",
-    "lowered_submodules": "torchdelegate.inspection",
-    "LoweredBackendModule": "torchdelegate.lowered_module",
-    "LoweredSubmodule": "torchdelegate.inspection",
+    "lowered_module_of": "torchdelegate.report.inspection",
+    "lowered_modules": "torchdelegate.report.inspection",
+    "lowered_submodules": "torchdelegate.report.inspection",
+    "LoweredBackendModule": "torchdelegate.delegate.lowered_module",
+    "LoweredSubmodule": "torchdelegate.report.inspection",
     "MethodExecutionError": "torchdelegate.errors",
     "NamedDataConflictError": "torchdelegate.errors",
-    "NamedDataMap": "torchdelegate.data",
-    "NamedDataStore": "torchdelegate.data",
-    "NamedDataStoreOutput": "torchdelegate.data",
-    "NamedDataSummary": "torchdelegate.data",
+    "NamedDataMap": "torchdelegate.delegate.named_data",
+    "NamedDataStore": "torchdelegate.delegate.named_data",
+    "NamedDataStoreOutput": "torchdelegate.delegate.named_data",
+    "NamedDataSummary": "torchdelegate.delegate.named_data",
     "NO_COPY": "torchdelegate.partition",
-    "OperatorDelegation": "torchdelegate.inspection",
+    "OperatorDelegation": "torchdelegate.report.inspection",
     "OperatorNotFoundError": "torchdelegate.errors",
     "Partitioner": "torchdelegate.partition",
     "PartitionError": "torchdelegate.errors",
@@ -127,27 +137,27 @@ _EXPORTS = {
     "PatternPartitioner": "torchdelegate.partition",
     "PreprocessError": "torchdelegate.errors",
     "preprocessing": "torchdelegate.compile.options",
-    "PreprocessResult": "torchdelegate.backend",
-    "print_delegated_graph": "torchdelegate.inspection",
+    "PreprocessResult": "torchdelegate.delegate.backend_details",
+    "print_delegated_graph": "torchdelegate.report.inspection",
     "Program": "torchdelegate.runtime.program",
     "ProgramClosedError": "torchdelegate.errors",
     "ProgramInputError": "torchdelegate.errors",
     "QuantizationError": "torchdelegate.errors",
     "quantize": "torchdelegate.quantization.recipes",
-    "register_backend": "torchdelegate.backend",
-    "registered_backend_ids": "torchdelegate.backend",
-    "run_original_subprograms": "torchdelegate.lowered_module",
-    "same_graph_structure": "torchdelegate.structure",
+    "register_backend": "torchdelegate.delegate.backend_details",
+    "registered_backend_ids": "torchdelegate.delegate.backend_details",
+    "run_original_subprograms": "torchdelegate.delegate.lowered_module",
+    "same_graph_structure": "torchdelegate.report.structure",
     "SerializationError": "torchdelegate.errors",
-    "SharedDataBackend": "torchdelegate.backend",
+    "SharedDataBackend": "torchdelegate.delegate.backend_details",
     "tag_constant_data": "torchdelegate.partition",
     "tag_mutated_buffers": "torchdelegate.partition",
     "to_backend": "torchdelegate.lowering.to_backend",
-    "to_edge": "torchdelegate.edge_program_manager",
-    "to_edge_transform_and_lower": "torchdelegate.edge_program_manager",
+    "to_edge": "torchdelegate.lowering.edge_program_manager",
+    "to_edge_transform_and_lower": "torchdelegate.lowering.edge_program_manager",
     "TorchDelegateError": "torchdelegate.errors",
-    "TRUSTED_BACKENDS_VARIABLE": "torchdelegate.trust",
-    "undelegated_nodes": "torchdelegate.inspection",
+    "TRUSTED_BACKENDS_VARIABLE": "torchdelegate.delegate.trust",
+    "undelegated_nodes": "torchdelegate.report.inspection",
     "UntrustedCodeError": "torchdelegate.errors",
     "validation_disabled": "torchdelegate.lowering.validation",
 }
@@ -164,6 +174,59 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+# Modules that moved into their layer's folder: the old path is the new module, with a warning, until
+# the next release.
+_MOVED_MODULES = {
+    "torchdelegate.backend": "torchdelegate.delegate.backend_details",
+    "torchdelegate.compile.cache": "torchdelegate.cache.compile_cache",
+    "torchdelegate.compile.entry": "torchdelegate.cache.compiled_entry",
+    "torchdelegate.data": "torchdelegate.delegate.named_data",
+    "torchdelegate.edge_program_manager": "torchdelegate.lowering.edge_program_manager",
+    "torchdelegate.inspection": "torchdelegate.report.inspection",
+    "torchdelegate.lowered_module": "torchdelegate.delegate.lowered_module",
+    "torchdelegate.lowering.compile_units": "torchdelegate.compile.units",
+    "torchdelegate.lowering.exported_programs": "torchdelegate.exported.programs",
+    "torchdelegate.lowering.structural_copy": "torchdelegate.exported.structural_copy",
+    "torchdelegate.machine_cache": "torchdelegate.cache.machine_cache",
+    "torchdelegate.progress": "torchdelegate.delegate.progress",
+    "torchdelegate.serialize.generated_source": "torchdelegate.exported.generated_source",
+    "torchdelegate.specs": "torchdelegate.delegate.specs",
+    "torchdelegate.structure": "torchdelegate.report.structure",
+    "torchdelegate.torch_warnings": "torchdelegate.exported.torch_warnings",
+    "torchdelegate.trust": "torchdelegate.delegate.trust",
+}
+
+
+class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds a moved module under its old name: the module itself, after a ``DeprecationWarning``."""
+
+    def __init__(self) -> None:
+        self._originals: dict[str, tuple[str, Any]] = {}
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if _MOVED_MODULES.get(fullname) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        moved = _MOVED_MODULES[spec.name]
+        warnings.warn(
+            f"{spec.name} moved to {moved}; import from there (the old name goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        module = importlib.import_module(str(moved))
+        self._originals[spec.name] = (module.__name__, module.__spec__)
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        # the moved module has run already; importing it under its old name renamed it: name it back
+        module.__name__, module.__spec__ = self._originals.pop(module.__spec__.name)
+
+
+sys.meta_path.append(_MovedModule())
 
 
 def __dir__() -> list[str]:

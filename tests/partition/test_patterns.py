@@ -15,7 +15,7 @@ from random_programs import Recipe, RecipeModule, recipes
 import torchdelegate as td
 from torchdelegate import DelegationSpec, to_backend
 from torchdelegate.backends.reference import ReferenceBackend
-from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.partition import Pattern, PatternPartitioner, find_pattern_matches
 
 REFERENCE = DelegationSpec(ReferenceBackend.backend_id)

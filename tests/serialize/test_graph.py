@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import torchdelegate as td
-from torchdelegate.lowered_module import state_value
+from torchdelegate.exported.programs import state_value
 from torchdelegate.serialize.graph import program_from_json, program_to_json
 
 

@@ -14,7 +14,7 @@ from torch._export.serde import serialize as torch_serde
 
 import torchdelegate as td
 from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
-from torchdelegate.lowered_module import state_value
+from torchdelegate.exported.programs import state_value
 from torchdelegate.serialize import residual_graph as reader
 from torchdelegate.serialize.graph import program_from_json, program_to_json
 

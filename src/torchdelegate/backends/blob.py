@@ -15,10 +15,9 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from torchdelegate.data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError
-from torchdelegate.lowered_module import state_value
-from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
+from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.serialize.container import framed, unframed
 from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
 

@@ -29,15 +29,15 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import Node
 
-from torchdelegate.backend import SharedDataBackend
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
 from torchdelegate.backends.reference import reference_support
-from torchdelegate.data import NamedDataMap, NamedDataStore
+from torchdelegate.cache.machine_cache import machine_identity
+from torchdelegate.delegate.backend_details import SharedDataBackend
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.errors import FormatError, PreprocessError
-from torchdelegate.lowering.structural_copy import copy_program, with_identifier_state_names
-from torchdelegate.machine_cache import machine_identity
+from torchdelegate.exported.structural_copy import copy_program, with_identifier_state_names
 from torchdelegate.partition.capability import CapabilityPartitioner
-from torchdelegate.specs import CompileSpec, DelegationSpec
 
 BLOB_VERSION = 1
 _CONFIG = {"aot_inductor.package_constants_in_so": False}

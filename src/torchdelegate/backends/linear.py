@@ -17,7 +17,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from torchdelegate.lowering.structural_copy import copy_graph, program_around
+from torchdelegate.exported.structural_copy import copy_graph, program_around
 
 _aten = torch.ops.aten
 

@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.fx import Node
 
-from torchdelegate.backend import SharedDataBackend, get_backend
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
-from torchdelegate.data import NamedDataMap, NamedDataStore
-from torchdelegate.delegate import DelegateInstance
+from torchdelegate.delegate.backend_details import SharedDataBackend, get_backend
+from torchdelegate.delegate.instance import DelegateInstance
+from torchdelegate.delegate.lowered_module import LoweredBackendModule
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.errors import FormatError
-from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.exported.generated_source import GeneratedSource
 from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.container import canonical_json
-from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.residual_graph import residual_graph
-from torchdelegate.specs import CompileSpec, DelegationSpec
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram

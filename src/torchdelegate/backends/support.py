@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 
-from torchdelegate.backend import get_backend
+from torchdelegate.delegate.backend_details import get_backend
+from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.errors import BackendUnavailableError
 from torchdelegate.partition.capability import CapabilityPartitioner, OperatorSupport
-from torchdelegate.specs import CompileSpec, DelegationSpec
 
 _PARTITIONERS = {  # backend id -> (module, its partitioner), imported only when asked for
     "onnxruntime": ("torchdelegate.backends.onnxruntime", "OnnxRuntimePartitioner"),

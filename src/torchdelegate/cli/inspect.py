@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def _native_backends() -> list[str]:
     """Registered backends whose blobs are native code: inspect loads them (it never runs one) and marks them."""
-    from torchdelegate.backend import get_backend, registered_backend_ids
+    from torchdelegate.delegate.backend_details import get_backend, registered_backend_ids
 
     native = []
     for backend_id in registered_backend_ids():

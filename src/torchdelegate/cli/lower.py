@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError
+from torchdelegate.delegate.progress import PreprocessProgress
 from torchdelegate.errors import BackendNotFoundError, FormatError
-from torchdelegate.progress import PreprocessProgress
+from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.report.terminal import human_bytes
-from torchdelegate.torch_warnings import loggers_quieted
 
 if TYPE_CHECKING:
-    from torchdelegate.compile.cache import CompileCache
+    from torchdelegate.cache.compile_cache import CompileCache
 
 
 def lower_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -73,7 +73,7 @@ def lowered_with_report(
 ) -> tuple[Any, Any]:
     """The programs quantized (``--quantize``), decomposed keeping what each backend asks to keep,
     lowered with a progress bar, and the report; kept ops no backend claimed decomposed after."""
-    from torchdelegate.edge_program_manager import edge_keeping
+    from torchdelegate.lowering.edge_program_manager import edge_keeping
     from torchdelegate.partition.capability import CapabilityPartitioner
 
     if args.quantize is not None:
@@ -130,9 +130,9 @@ def start_preprocessing(args: argparse.Namespace, stack: contextlib.ExitStack) -
 def _compile_cache(option: str | None) -> CompileCache | bool:
     """The compile cache ``--cache`` names, else ``TORCHDELEGATE_CACHE``'s (False: none); an error
     naming whichever of the two named what cannot be a cache, and what to give instead."""
-    from torchdelegate.compile.cache import CompileCache
+    from torchdelegate.cache.compile_cache import CompileCache
+    from torchdelegate.cache.machine_cache import CACHE_VARIABLE, turned_off
     from torchdelegate.compile.options import environment_cache
-    from torchdelegate.machine_cache import CACHE_VARIABLE, turned_off
 
     fix = "a directory you can write, an fsspec URL, or off"
     if option is not None:
@@ -233,7 +233,7 @@ def _import_hint(needs: list[str]) -> str:
 
 
 def _compile_specs(values: Sequence[str]) -> dict[str, list[Any]]:
-    from torchdelegate.specs import CompileSpec
+    from torchdelegate.delegate.specs import CompileSpec
 
     specs: dict[str, list[CompileSpec]] = {}
     for value in values:
@@ -262,7 +262,7 @@ class ProgressBar:
             self.stream.flush()
 
     def run(self, edge: Any, partitioner: Any) -> Any:
-        from torchdelegate.progress import preprocess_progress
+        from torchdelegate.delegate.progress import preprocess_progress
         from torchdelegate.report import lower_with_report
 
         with preprocess_progress(self.show):

@@ -23,7 +23,7 @@ from torchdelegate.cli.command import (
 )
 from torchdelegate.cli.parser import build_parser
 from torchdelegate.errors import TorchDelegateError
-from torchdelegate.torch_warnings import torch_internal_warnings_silenced
+from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
 
 # Each command's module and function, imported only to run it: the command line is read, and a
 # usage error or --help answered, without importing torch.

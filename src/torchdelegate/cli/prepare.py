@@ -10,7 +10,7 @@ from torchdelegate.cli.command import EXIT_OK, loaded
 
 
 def prepare_command(args: argparse.Namespace, out: TextIO) -> int:
-    from torchdelegate.machine_cache import required_cache_directory
+    from torchdelegate.cache.machine_cache import required_cache_directory
 
     required_cache_directory()  # before the file is read
     with loaded(args.file, args.external_data, args.trust) as program:

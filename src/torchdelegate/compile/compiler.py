@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from torchdelegate.backend import BackendDetails, PreprocessResult
-from torchdelegate.compile.cache import CompileCache
-from torchdelegate.compile.entry import Entry, decode, passed_through, refit, template
+from torchdelegate.cache.compile_cache import CompileCache
+from torchdelegate.cache.compiled_entry import Entry, decode, passed_through, refit, template
 from torchdelegate.compile.unit_form import UnitForm, document_key, structure_key, unit_document, unit_form
+from torchdelegate.compile.units import CompiledUnit, CompileUnit, compile_in_process
 from torchdelegate.compile.worker import compile_request, request
+from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult
+from torchdelegate.delegate.progress import partition_compiled
 from torchdelegate.errors import PreprocessError
-from torchdelegate.lowering.compile_units import CompiledUnit, CompileUnit, compile_in_process
-from torchdelegate.progress import partition_compiled
 
 
 @dataclass(eq=False)

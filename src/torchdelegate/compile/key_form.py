@@ -25,8 +25,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.fx import Graph, GraphModule, Node
 
-from torchdelegate.data import content_key
-from torchdelegate.lowered_module import state_value
+from torchdelegate.delegate.named_data import content_key
+from torchdelegate.exported.programs import state_value
 
 # Node metadata the serializer keeps ("val" is the node's output type).
 _KEPT_METADATA = ("val", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")

@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from torchdelegate.compile.cache import CompileCache
+from torchdelegate.cache.compile_cache import CompileCache
+from torchdelegate.cache.machine_cache import cache_setting
 from torchdelegate.compile.compiler import UnitCompiler
+from torchdelegate.compile.units import compiling_with, use_environment_compiler
 from torchdelegate.compile.worker import warm_up
-from torchdelegate.lowering.compile_units import compiling_with, use_environment_compiler
-from torchdelegate.machine_cache import cache_setting
 
 
 def environment_cache() -> CompileCache | None:

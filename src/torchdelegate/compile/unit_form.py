@@ -16,13 +16,12 @@ from typing import Any
 
 import torch
 
-from torchdelegate.backend import BackendDetails
 from torchdelegate.compile.key_form import Unkeyable, key_form
-from torchdelegate.data import content_key
+from torchdelegate.compile.units import CompileUnit
+from torchdelegate.delegate.backend_details import BackendDetails
+from torchdelegate.delegate.named_data import content_key
 from torchdelegate.errors import SerializationError
-from torchdelegate.lowered_module import state_value
-from torchdelegate.lowering.compile_units import CompileUnit
-from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
+from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.graph import program_to_json, unheld_input
 from torchdelegate.version import __version__

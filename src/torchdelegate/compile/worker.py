@@ -15,15 +15,15 @@ import os
 import socket
 from typing import Any
 
-from torchdelegate.backend import BackendDetails, PreprocessResult, get_backend
-from torchdelegate.compile.entry import encode, template
+from torchdelegate.cache.compiled_entry import encode, template
 from torchdelegate.compile.unit_form import UnitForm
-from torchdelegate.data import tensor_bytes
-from torchdelegate.lowering.compile_units import CompileUnit
+from torchdelegate.compile.units import CompileUnit
+from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, get_backend, registered_backend_ids
+from torchdelegate.delegate.named_data import tensor_bytes
+from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.serialize.container import FramePayload, framed, span_of, unframed
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
-from torchdelegate.specs import CompileSpec
 
 
 class WorkerError(Exception):
@@ -88,14 +88,10 @@ def worker_name() -> str:
 
 
 def warm_up() -> str:
-    """Run once in each new worker, before its first unit: what every compile imports, and what
-    ONNX Runtime's exporter builds once per process."""
-    import torchdelegate.backends.reference  # noqa: F401
-
-    try:
-        from torchdelegate.backends.onnxruntime.onnx_export import warm_up_exporter
-
-        warm_up_exporter()
-    except Exception:  # noqa: BLE001 - the extra is missing, or a unit that needs what failed reports it itself
-        pass
+    """Run once in each new worker, before its first unit: every installed backend's ``warm_up``."""
+    for backend_id in registered_backend_ids():
+        try:
+            get_backend(backend_id).warm_up()
+        except Exception:  # noqa: BLE001 - its extra is missing, or a unit that needs what failed reports it itself
+            pass
     return worker_name()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from torchdelegate.demo.model import DecoderLM
-from torchdelegate.torch_warnings import loggers_quieted
+from torchdelegate.exported.torch_warnings import loggers_quieted
 
 
 def save_transformers_checkpoint(model: DecoderLM, directory: Path) -> None:

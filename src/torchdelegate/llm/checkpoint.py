@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdelegate.errors import CheckpointError, first_line
-from torchdelegate.torch_warnings import loggers_quieted
+from torchdelegate.exported.torch_warnings import loggers_quieted
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram

@@ -17,9 +17,17 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
-from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.errors import PartitionError
-from torchdelegate.lowering.exported_programs import build_program
+from torchdelegate.exported.programs import DELEGATION_TAG, build_program
+from torchdelegate.exported.structural_copy import (
+    MutableStateCopies,
+    copy_module_call_graph,
+    fetch_attr,
+    make_graph_module,
+    with_state,
+)
 from torchdelegate.lowering.gc_pause import cyclic_gc_paused
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
 from torchdelegate.lowering.preprocess import (
@@ -31,16 +39,7 @@ from torchdelegate.lowering.preprocess import (
 )
 from torchdelegate.lowering.run_partitioner import PartitionerLike, partition_method
 from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
-from torchdelegate.lowering.structural_copy import (
-    MutableStateCopies,
-    copy_module_call_graph,
-    fetch_attr,
-    make_graph_module,
-    with_state,
-)
 from torchdelegate.lowering.subprogram import build_subprogram
-from torchdelegate.partition.partitioner import DELEGATION_TAG
-from torchdelegate.specs import DelegationSpec
 
 
 @dataclass(eq=False)

@@ -19,11 +19,11 @@ from torch._ops import OpOverload
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind
 from torch.fx import GraphModule, Node
 
+from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.errors import PartitionError
-from torchdelegate.lowering.exported_programs import STATE_KINDS
+from torchdelegate.exported.programs import STATE_KINDS, output_values
 from torchdelegate.partition.partitioner import NO_COPY, is_tuple_item, tags_in
 from torchdelegate.partition.topological_order import topological_order
-from torchdelegate.specs import DelegationSpec
 
 
 @dataclass(eq=False)
@@ -62,12 +62,6 @@ class GraphPartitions:
     """Output positions (buffer mutations) that leave the owner for a delegate."""
     input_specs: dict[str, InputSpec]
     """The owner's input specs by placeholder name (empty for a sub-graph)."""
-
-
-def output_values(output: Node) -> list[Any]:
-    """The flat list of values an output node returns."""
-    values = output.args[0]
-    return list(values) if isinstance(values, (list, tuple)) else [values]
 
 
 def find_partitions(

@@ -16,15 +16,15 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from torchdelegate.backend import BackendDetails, PreprocessResult, checked_delegate_info, get_backend
-from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.compile.units import CompileUnit, compile_units, failures_named
+from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, checked_delegate_info, get_backend
+from torchdelegate.delegate.lowered_module import LoweredBackendModule
+from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.progress import expect_partitions, partitions_compiled_until, steps_done
+from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import BackendNotFoundError, NamedDataConflictError, PreprocessError
-from torchdelegate.lowered_module import LoweredBackendModule
-from torchdelegate.lowering.compile_units import CompileUnit, compile_units, failures_named
 from torchdelegate.lowering.partitions import Partition
 from torchdelegate.lowering.validation import program_fingerprint
-from torchdelegate.progress import expect_partitions, partitions_compiled_until, steps_done
-from torchdelegate.specs import CompileSpec
 
 
 @dataclass(eq=False)

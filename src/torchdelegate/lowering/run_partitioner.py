@@ -11,13 +11,14 @@ from collections.abc import Mapping
 
 from torch.export import ExportedProgram
 
+from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.errors import GraphChangedError, PartitionError, TorchDelegateError
+from torchdelegate.exported.programs import DELEGATION_TAG
+from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.lowering.gc_pause import cyclic_gc_paused
-from torchdelegate.lowering.structural_copy import copy_program
 from torchdelegate.lowering.validation import complete_changed_program, first_graph_difference, validation_enabled
-from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult
+from torchdelegate.partition.partitioner import Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
-from torchdelegate.specs import DelegationSpec
 
 WHOLE_PROGRAM_TAG = "whole_program"
 

@@ -17,9 +17,9 @@ import torch
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import GraphModule, Node
 
-from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
+from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate
+from torchdelegate.exported.structural_copy import copy_meta, copy_node, fetch_attr, graph_like, keep_name
 from torchdelegate.lowering.partitions import GraphPartitions, Partition
-from torchdelegate.lowering.structural_copy import copy_meta, copy_node, fetch_attr, graph_like, keep_name
 
 LOWERED_MODULE_PREFIX = "lowered_module_"
 

@@ -21,10 +21,9 @@ from torch.export.graph_signature import (
 )
 from torch.fx import GraphModule, Node
 
-from torchdelegate.lowering.exported_programs import build_program
-from torchdelegate.lowering.partitions import GraphPartitions, Partition, output_values
-from torchdelegate.lowering.structural_copy import MutableStateCopies, copy_meta, copy_node, fetch_attr, keep_name
-from torchdelegate.partition.partitioner import DELEGATION_TAG
+from torchdelegate.exported.programs import DELEGATION_TAG, build_program, output_values
+from torchdelegate.exported.structural_copy import MutableStateCopies, copy_meta, copy_node, fetch_attr, keep_name
+from torchdelegate.lowering.partitions import GraphPartitions, Partition
 
 
 def graph_argument(name: str, value: Any) -> TensorArgument | SymIntArgument | SymFloatArgument | SymBoolArgument:

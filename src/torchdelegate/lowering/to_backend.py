@@ -8,14 +8,14 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from torchdelegate.backend import get_backend
-from torchdelegate.lowered_module import LoweredBackendModule
+from torchdelegate.delegate.backend_details import get_backend
+from torchdelegate.delegate.lowered_module import LoweredBackendModule
+from torchdelegate.delegate.specs import CompileSpec
+from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.lowering.batch import checked_program, lower
 from torchdelegate.lowering.preprocess import check_unchanged, checked_result, delegate_meta, preprocess_one
 from torchdelegate.lowering.run_partitioner import WHOLE_PROGRAM_TAG, PartitionerLike
-from torchdelegate.lowering.structural_copy import copy_program
 from torchdelegate.lowering.validation import program_fingerprint
-from torchdelegate.specs import CompileSpec
 
 
 @functools.singledispatch

@@ -21,8 +21,8 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
 from torchdelegate.errors import GraphChangedError, first_line
-from torchdelegate.lowering.structural_copy import fetch_attr
-from torchdelegate.torch_warnings import loggers_quieted
+from torchdelegate.exported.structural_copy import fetch_attr
+from torchdelegate.exported.torch_warnings import loggers_quieted
 
 _state = threading.local()
 _disabled_globally = False

@@ -1,5 +1,6 @@
 """Partitioners: who decides which nodes go to which backend."""
 
+from torchdelegate.exported.programs import DELEGATION_TAG
 from torchdelegate.partition.capability import (
     CapabilityPartitioner,
     NodeDecision,
@@ -7,7 +8,7 @@ from torchdelegate.partition.capability import (
     PartitionPlan,
     PlannedPartition,
 )
-from torchdelegate.partition.partitioner import DELEGATION_TAG, NO_COPY, Partitioner, PartitionResult
+from torchdelegate.partition.partitioner import NO_COPY, Partitioner, PartitionResult
 from torchdelegate.partition.patterns import Pattern, PatternMatch, PatternPartitioner, find_pattern_matches
 from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 

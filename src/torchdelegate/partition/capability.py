@@ -39,12 +39,13 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Graph, Node
 
+from torchdelegate.delegate.specs import DelegationSpec
+from torchdelegate.exported.programs import DELEGATION_TAG
 from torchdelegate.partition.components import components
 from torchdelegate.partition.merging import merge_groups
-from torchdelegate.partition.partitioner import DELEGATION_TAG, Partitioner, PartitionResult, is_tuple_item
+from torchdelegate.partition.partitioner import Partitioner, PartitionResult, is_tuple_item
 from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.partition.topological_order import topological_order
-from torchdelegate.specs import DelegationSpec
 
 SupportAnswer = bool | str | None
 OperatorSupport = Collection[object] | Callable[[Node], SupportAnswer]

@@ -12,9 +12,9 @@ from torch._ops import OpOverload, OpOverloadPacket
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from torchdelegate.specs import DelegationSpec
+from torchdelegate.delegate.specs import DelegationSpec
+from torchdelegate.exported.programs import DELEGATION_TAG as DELEGATION_TAG  # where partitioners find it
 
-DELEGATION_TAG = "delegation_tag"
 """The ``node.meta`` key a partitioner sets to put a node in a partition."""
 
 

@@ -40,6 +40,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 from torch.export import ExportedProgram
 from torch.fx import Graph, GraphModule, Node
 
+from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.partition.capability import (
     CYCLE,
     CapabilityPartitioner,
@@ -50,7 +51,6 @@ from torchdelegate.partition.capability import (
     why_unsupported,
 )
 from torchdelegate.partition.partitioner import overloads_of
-from torchdelegate.specs import DelegationSpec
 
 NOT_MATCHED = "in no match of the patterns"
 

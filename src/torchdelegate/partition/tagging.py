@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from torchdelegate.partition.partitioner import DELEGATION_TAG, tags_in
+from torchdelegate.exported.programs import DELEGATION_TAG
+from torchdelegate.partition.partitioner import tags_in
 
 
 def _state_placeholders(program: ExportedProgram) -> dict[str, str]:

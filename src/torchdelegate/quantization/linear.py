@@ -23,7 +23,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Graph, Node
 
-from torchdelegate.lowering.structural_copy import copy_graph, copy_meta, keep_name, program_around
+from torchdelegate.exported.structural_copy import copy_graph, copy_meta, keep_name, program_around
 
 _aten = torch.ops.aten
 

@@ -29,11 +29,11 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx import Graph, Node
 
 from torchdelegate.errors import QuantizationError, first_line
-from torchdelegate.lowering.exported_programs import build_program
-from torchdelegate.lowering.structural_copy import copy_graph, copy_module_call_graph, copy_signature
+from torchdelegate.exported.programs import build_program
+from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_graph, copy_signature
+from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.partition.modules import module_path
 from torchdelegate.quantization.linear import affine_ops
-from torchdelegate.torch_warnings import loggers_quieted
 
 _aten = torch.ops.aten
 

@@ -27,14 +27,13 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.utils.flop_counter import flop_registry
 
-from torchdelegate.lowered_module import state_value
-from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
+from torchdelegate.delegate.specs import DelegationSpec
+from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.lowering.partitions import Partition, find_partitions
 from torchdelegate.partition.capability import PartitionPlan
 from torchdelegate.partition.modules import module_calls
 from torchdelegate.partition.partitioner import is_tuple_item
 from torchdelegate.partition.tagging import constant_data_tags
-from torchdelegate.specs import DelegationSpec
 
 REPORT_VERSION = 1
 NOT_DELEGATED = "not delegated"

@@ -7,7 +7,7 @@ partition's compiled size and its backend's ``delegate_info`` from the delegates
 
 from __future__ import annotations
 
-from torchdelegate.edge_program_manager import EdgeProgramManager
+from torchdelegate.lowering.edge_program_manager import EdgeProgramManager
 from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.report.data import LoweringReport, method_report, state_bytes
 

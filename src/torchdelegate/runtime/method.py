@@ -1,7 +1,7 @@
 """One method of a loaded program: its residual graph, compiled once, and how to call it.
 
 The graph is torch.export's, read back from the file; each saved ``call_delegate`` node becomes a
-direct call into a :class:`~torchdelegate.delegate.DelegateInstance`, so a delegate costs
+direct call into a :class:`~torchdelegate.delegate.instance.DelegateInstance`, so a delegate costs
 one Python call and the backend's ``execute``. State inputs (parameters, buffers,
 constants) are the program's tensors, shared by name with its other methods; after a call,
 buffer updates are written into those tensors, as the exported module does in eager.
@@ -17,9 +17,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule
 
-from torchdelegate.delegate import DelegateInstance
+from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegateError
-from torchdelegate.lowering.partitions import output_values
+from torchdelegate.exported.programs import output_values
 from torchdelegate.runtime.inputs import MethodInputs
 from torchdelegate.serialize.allow_list import allowed_call_target
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes

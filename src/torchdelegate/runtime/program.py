@@ -24,19 +24,19 @@ from typing import Any
 
 import torch
 
-from torchdelegate.backend import BackendDetails, get_backend
-from torchdelegate.data import NamedDataMap
-from torchdelegate.delegate import DelegateInstance
+from torchdelegate.cache.machine_cache import required_cache_directory
+from torchdelegate.delegate.backend_details import BackendDetails, get_backend
+from torchdelegate.delegate.instance import DelegateInstance
+from torchdelegate.delegate.named_data import NamedDataMap
+from torchdelegate.delegate.trust import trusted_backends as trusted_backends_of
 from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, FormatError, ProgramClosedError
-from torchdelegate.machine_cache import required_cache_directory
+from torchdelegate.exported.generated_source import GeneratedSource
 from torchdelegate.runtime.method import Method
-from torchdelegate.serialize.generated_source import GeneratedSource
 from torchdelegate.serialize.manifest import DelegateRecord
 from torchdelegate.serialize.reader import ProgramFile
 from torchdelegate.serialize.residual_graph import residual_graph
 from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
 from torchdelegate.serialize.tree_specs import output_type_name
-from torchdelegate.trust import trusted_backends as trusted_backends_of
 
 
 class FileNamedDataMap(NamedDataMap):
@@ -280,7 +280,7 @@ class Program:
         """Do now, and keep for later loads on this machine, the machine-specific work each delegate's
         backend would otherwise repeat at every load (ONNX Runtime packs the weights for this CPU).
 
-        Later loads find it in the machine cache (:mod:`torchdelegate.machine_cache`) and start
+        Later loads find it in the machine cache (:mod:`torchdelegate.cache.machine_cache`) and start
         faster. Returns a line per entry, in delegate order; none when no backend has anything to
         prepare. The file is not changed.
         """

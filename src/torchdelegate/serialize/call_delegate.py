@@ -21,9 +21,9 @@ from torch._ops import OpOverload
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
+from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.errors import SerializationError
-from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
-from torchdelegate.lowering.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
+from torchdelegate.exported.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
 
 _SCHEMA = "(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]"
 _NAME, _NAME_BEFORE_RENAME = "call_delegate", "delegate_call"

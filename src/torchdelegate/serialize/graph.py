@@ -24,10 +24,10 @@ from torch._export.serde.serialize import (
 from torch.export import ExportedProgram
 
 from torchdelegate.errors import FormatError, SerializationError
+from torchdelegate.exported.torch_warnings import loggers_quieted, torch_internal_warnings_silenced
 from torchdelegate.serialize import call_delegate as _call_delegate  # noqa: F401 - registers the operator graphs call
 from torchdelegate.serialize.allow_list import walk
 from torchdelegate.serialize.residual_graph import checked_document, state_names
-from torchdelegate.torch_warnings import loggers_quieted, torch_internal_warnings_silenced
 
 # Node metadata that only helps a person debugging: stack traces and module paths are most of
 # a graph's JSON (a few hundred bytes per node), so files carry them only when asked.

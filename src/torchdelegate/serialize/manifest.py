@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import FormatError
-from torchdelegate.specs import CompileSpec
 
 PROGRAM_MAGIC = b"\x89TDP\r\n\x1a\n"
 DATA_MAGIC = b"\x89TDD\r\n\x1a\n"
 PROGRAM_FORMAT = "torchdelegate.program"
-DATA_FORMAT = "torchdelegate.data"
+DATA_FORMAT = "torchdelegate.delegate.named_data"
 
 T = TypeVar("T")
 

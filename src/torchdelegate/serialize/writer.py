@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from torchdelegate.backend import delegate_info_problem, get_backend
-from torchdelegate.data import NamedDataStoreOutput, tensor_bytes
+from torchdelegate.delegate.backend_details import delegate_info_problem, get_backend
+from torchdelegate.delegate.lowered_module import LoweredBackendModule
+from torchdelegate.delegate.named_data import NamedDataStoreOutput, tensor_bytes
 from torchdelegate.errors import SerializationError, first_line
-from torchdelegate.lowered_module import LoweredBackendModule, state_value
-from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
+from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.container import (
     MAX_ALIGNMENT,

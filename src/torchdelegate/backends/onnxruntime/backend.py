@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdelegate.backend import PreprocessResult, SharedDataBackend
 from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys
 from torchdelegate.backends.onnxruntime.session import delegate_handle, prepare_model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
-from torchdelegate.data import NamedDataMap, NamedDataStore
-from torchdelegate.specs import CompileSpec
+from torchdelegate.delegate.backend_details import PreprocessResult, SharedDataBackend
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate.specs import CompileSpec
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -48,6 +48,14 @@ class OnnxRuntimeBackend(SharedDataBackend):
         except ImportError:
             return False
         return "CPUExecutionProvider" in ort.get_available_providers()
+
+    @classmethod
+    def warm_up(cls) -> None:
+        """Export and check a one-operation model: what torch's exporter, onnxscript's fusions and
+        ONNX Runtime build once per process."""
+        from torchdelegate.backends.onnxruntime.onnx_export import warm_up_exporter
+
+        warm_up_exporter()
 
     @classmethod
     def compile_partition(

@@ -9,7 +9,7 @@ from typing import Any, TypeGuard
 
 from torchdelegate.backends.blob import pack, table_keys, unpack
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, OLDER_BLOB_VERSIONS
-from torchdelegate.data import NamedDataMap
+from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.errors import FormatError
 
 _LARGEST_MODEL = 2**31  # bytes: protobuf's limit, so a model that inflates past it is not one

@@ -21,7 +21,7 @@ from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from torchdelegate.lowering.structural_copy import copy_graph, program_around
+from torchdelegate.exported.structural_copy import copy_graph, program_around
 
 _aten = torch.ops.aten
 

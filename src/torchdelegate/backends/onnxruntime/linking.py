@@ -14,10 +14,10 @@ from torchdelegate.backends.onnxruntime.branches import SELECTOR, CombineError, 
 from torchdelegate.backends.onnxruntime.onnx_export import Refused
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, Options, require
-from torchdelegate.data import NamedDataStore
+from torchdelegate.delegate.named_data import NamedDataStore
+from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import first_line
 from torchdelegate.partition.components import components
-from torchdelegate.specs import CompileSpec
 
 
 def link_partitions(blobs: list[bytes], compile_specs: list[list[CompileSpec]], store: NamedDataStore) -> list[bytes]:

@@ -26,14 +26,13 @@ from torchdelegate.backends.onnxruntime.cache_writes import cache_writes_in_plac
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
-from torchdelegate.data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import PreprocessError, first_line
-from torchdelegate.lowered_module import state_value
-from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
-from torchdelegate.lowering.structural_copy import with_identifier_state_names
+from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
+from torchdelegate.exported.structural_copy import with_identifier_state_names
+from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.quantization.linear import with_blockwise_linears
-from torchdelegate.specs import CompileSpec
-from torchdelegate.torch_warnings import loggers_quieted
 
 
 @contextlib.contextmanager

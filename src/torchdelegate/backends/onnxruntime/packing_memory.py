@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
-from torchdelegate.data import NamedDataMap
+from torchdelegate.delegate.named_data import NamedDataMap
 
 _RELEASE_INTERVAL = 0.02  # seconds between releases of the pages a packing session has read
 _TRIMS_EVERY = 10  # releases between two returns of the heap (a walk of all of it)

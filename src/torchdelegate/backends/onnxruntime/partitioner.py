@@ -17,9 +17,9 @@ from torch.fx import Node
 from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
 from torchdelegate.backends.onnxruntime.blockwise import runs_on_kernel
 from torchdelegate.backends.onnxruntime.settings import require
+from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value, values_made
 from torchdelegate.quantization.linear import affine_ops, layer_of, quantized_linears
-from torchdelegate.specs import CompileSpec, DelegationSpec
 
 _UNSUPPORTED_DTYPES = frozenset(
     {torch.bfloat16, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2}

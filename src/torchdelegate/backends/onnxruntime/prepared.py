@@ -13,9 +13,9 @@ from typing import Any
 
 from torchdelegate.backends.onnxruntime.blob_header import external_keys, initializer_table
 from torchdelegate.backends.onnxruntime.settings import SMALLEST_SHARED, Options, require
-from torchdelegate.data import NamedDataMap
+from torchdelegate.cache.machine_cache import EntryCheck, entry_key
+from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.errors import first_line
-from torchdelegate.machine_cache import EntryCheck, entry_key
 
 PREPARED = "onnxruntime"
 _PREPARED_MODEL, _PREPARED_WEIGHTS = "model.onnx", "weights.data"

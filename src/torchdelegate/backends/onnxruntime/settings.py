@@ -8,7 +8,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from torchdelegate.specs import CompileSpec
+from torchdelegate.delegate.specs import CompileSpec
 
 BLOB_VERSION = 3
 OLDER_BLOB_VERSIONS = (1, 2)  # still read

@@ -90,7 +90,9 @@ def _install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, entry
     # Whatever the test imports and registers is forgotten after it: each test reaches the entry point.
     monkeypatch.setitem(sys.modules, "ep_backend_pkg", None)
     monkeypatch.delitem(sys.modules, "ep_backend_pkg")
-    monkeypatch.setattr(torchdelegate.backend, "_REGISTRY", dict(torchdelegate.backend._REGISTRY))
+    monkeypatch.setattr(
+        torchdelegate.delegate.backend_details, "_REGISTRY", dict(torchdelegate.delegate.backend_details._REGISTRY)
+    )
 
 
 _ENTRY_POINT_MODULE = """

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from torchdelegate.backend import PreprocessResult, delegate_info_problem, json_data_problem
-from torchdelegate.data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.backend_details import PreprocessResult, delegate_info_problem, json_data_problem
+from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput
 from torchdelegate.serialize.container import FramePayload, canonical_json, framed, span_of, unframed
 
 MAGIC = b"TDCUNIT1"

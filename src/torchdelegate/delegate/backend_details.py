@@ -21,15 +21,15 @@ from typing import Any, ClassVar
 import torch
 from torch.export import ExportedProgram
 
-from torchdelegate.data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.progress import partition_compiled
+from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import (
     BackendNotFoundError,
     BackendRegistrationError,
     DelegateExecutionError,
     PreprocessError,
 )
-from torchdelegate.progress import partition_compiled
-from torchdelegate.specs import CompileSpec
 
 ENTRY_POINT_GROUP = "torchdelegate.backends"
 
@@ -213,6 +213,13 @@ class BackendDetails(ABC):
         return None
 
     @classmethod
+    def warm_up(cls) -> None:
+        """Build, once in a process, what this backend's first compile would otherwise pay for (its
+        compiler's imports and caches). A compile worker runs it for every installed backend as it
+        starts, while the lowering partitions; the default does nothing."""
+        return None
+
+    @classmethod
     def is_available(cls) -> bool:
         """Whether this backend's runtime can run here."""
         return True
@@ -228,7 +235,7 @@ class BackendDetails(ABC):
     @classmethod
     def prepare(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> str | None:
         """Do once on this machine the work ``init`` would otherwise repeat at every load, and keep its
-        result in the machine cache (:mod:`torchdelegate.machine_cache`), where ``init`` looks first.
+        result in the machine cache (:mod:`torchdelegate.cache.machine_cache`), where ``init`` looks first.
 
         For work that depends on the machine (weights packed for this CPU's kernels), which lowering
         cannot do for every machine a file runs on. Returns one line saying what is stored, or None

@@ -29,10 +29,11 @@ from torch.fx.experimental.proxy_tensor import (
     track_tensor_tree,
 )
 
-from torchdelegate.backend import get_backend
-from torchdelegate.data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
-from torchdelegate.delegate import DelegateInstance
-from torchdelegate.specs import CompileSpec
+from torchdelegate.delegate.backend_details import get_backend
+from torchdelegate.delegate.instance import DelegateInstance
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.specs import CompileSpec
+from torchdelegate.exported.programs import state_value
 
 _mode = threading.local()
 
@@ -155,7 +156,7 @@ class LoweredBackendModule(torch.nn.Module):
 def delegates_held_by(module: torch.nn.Module) -> list[LoweredBackendModule]:
     """The delegates a (graph) module holds as attributes, its sub-graphs' included: what a file must carry.
 
-    :func:`torchdelegate.inspection.lowered_modules` lists the delegates a program calls, in graph order.
+    :func:`torchdelegate.report.inspection.lowered_modules` lists the delegates a program calls, in graph order.
     """
     return [m for m in module.modules() if isinstance(m, LoweredBackendModule)]
 
@@ -184,11 +185,6 @@ def delegates_named_data(
         output = source.get_named_data_store_output() if isinstance(source, NamedDataStore) else source
         store.merge(output, owner=None if output.owners else f"delegate {delegate.name!r}")
     return store.get_named_data_store_output()
-
-
-def state_value(program: ExportedProgram, fqn: str) -> Any:
-    """A parameter, buffer or constant of ``program`` by its fully qualified name."""
-    return program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
 
 
 def _interpret(program: ExportedProgram, user_inputs: Sequence[Any], state: Callable[[str], Any]) -> list[Any]:

@@ -23,10 +23,10 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Graph, GraphModule, Node
 
-from torchdelegate.edge_program_manager import EdgeProgramManager
-from torchdelegate.lowered_module import LoweredBackendModule, state_value
-from torchdelegate.lowering.exported_programs import TENSOR_STATE_KINDS
-from torchdelegate.lowering.structural_copy import fetch_attr
+from torchdelegate.delegate.lowered_module import LoweredBackendModule
+from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
+from torchdelegate.exported.structural_copy import fetch_attr
+from torchdelegate.lowering.edge_program_manager import EdgeProgramManager
 
 Structured = Graph | GraphModule | ExportedProgram | EdgeProgramManager
 

@@ -1,5 +1,6 @@
 """torch.export programs as lowering makes them: the one place an ``ExportedProgram`` is built,
-and which of a program's inputs are its state.
+which of a program's inputs are its state and their values, what a graph returns, and the metadata key a
+partitioner tags nodes with.
 
 Every program lowering makes (a structural copy, a sub-program, a lowered method, a program
 with its tensors or names replaced) goes through :func:`build_program`, so each one is checked
@@ -12,12 +13,25 @@ from typing import Any
 
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind
-from torch.fx import Graph, GraphModule
+from torch.fx import Graph, GraphModule, Node
 
 TENSOR_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 """The inputs that carry a program's tensors (named by their spec's ``target``) rather than the caller's."""
 STATE_KINDS = (*TENSOR_STATE_KINDS, InputKind.CUSTOM_OBJ)
 """Every input a program carries itself: its tensors and its script objects."""
+DELEGATION_TAG = "delegation_tag"
+"""The node metadata key under which a partitioner names a node's partition."""
+
+
+def state_value(program: ExportedProgram, fqn: str) -> Any:
+    """A parameter, buffer or constant of ``program`` by its fully qualified name."""
+    return program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
+
+
+def output_values(output: Node) -> list[Any]:
+    """The flat list of values an output node returns."""
+    values = output.args[0]
+    return list(values) if isinstance(values, (list, tuple)) else [values]
 
 
 def build_program(

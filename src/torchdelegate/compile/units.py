@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 from torch.export import ExportedProgram
 
-from torchdelegate.backend import BackendDetails
+from torchdelegate.delegate.backend_details import BackendDetails
+from torchdelegate.delegate.progress import partition_compiled
+from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import PreprocessError
-from torchdelegate.progress import partition_compiled
-from torchdelegate.specs import CompileSpec
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from torchdelegate.compile.entry import Entry, EntryError, decode, encode
+from torchdelegate.cache.compiled_entry import Entry, EntryError, decode, encode
 
 DEFAULT_MAX_BYTES = 4 << 30
 _ROOT = "compile-v1"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from torchdelegate import machine_cache
-from torchdelegate.machine_cache import (
+from torchdelegate.cache import machine_cache
+from torchdelegate.cache.machine_cache import (
     EntryCheck,
     cache_directory,
     entry_key,

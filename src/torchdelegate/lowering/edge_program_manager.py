@@ -22,13 +22,11 @@ from torch.fx import GraphModule, Node
 from torch.fx import traceback as fx_traceback
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from torchdelegate.data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
+from torchdelegate.delegate.lowered_module import LoweredBackendModule, delegates_held_by, delegates_named_data
+from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
+from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.errors import PartitionError, first_line
-from torchdelegate.lowered_module import LoweredBackendModule, delegates_held_by, delegates_named_data
-from torchdelegate.lowering.batch import lower
-from torchdelegate.lowering.metadata_checks import drop_proven_checks
-from torchdelegate.lowering.run_partitioner import PartitionerLike
-from torchdelegate.lowering.structural_copy import (
+from torchdelegate.exported.structural_copy import (
     MutableStateCopies,
     copy_program,
     rebuilt,
@@ -36,10 +34,12 @@ from torchdelegate.lowering.structural_copy import (
     with_state,
     with_state_names,
 )
+from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
+from torchdelegate.lowering.batch import lower
+from torchdelegate.lowering.metadata_checks import drop_proven_checks
+from torchdelegate.lowering.run_partitioner import PartitionerLike
 from torchdelegate.partition.partitioner import Partitioner, overloads_of
 from torchdelegate.serialize.writer import save_program
-from torchdelegate.specs import DelegationSpec
-from torchdelegate.torch_warnings import torch_internal_warnings_silenced
 
 Pass = Callable[[ExportedProgram], ExportedProgram | None] | PassBase
 """A transform: a callable on an ExportedProgram (returning a new one, or None after editing

@@ -24,9 +24,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Graph, GraphModule, Node
 
-from torchdelegate.edge_program_manager import EdgeProgramManager
-from torchdelegate.lowered_module import LoweredBackendModule, call_delegate
-from torchdelegate.lowering.structural_copy import fetch_attr
+from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate
+from torchdelegate.exported.structural_copy import fetch_attr
+from torchdelegate.lowering.edge_program_manager import EdgeProgramManager
 from torchdelegate.partition.capability import op_name
 from torchdelegate.partition.partitioner import is_tuple_item
 

@@ -1,6 +1,6 @@
 """A blob bound to its backend at run time: ``init`` once, ``execute`` per call, ``destroy`` once.
 
-Both the in-memory delegate (:class:`~torchdelegate.lowered_module.LoweredBackendModule`) and
+Both the in-memory delegate (:class:`~torchdelegate.delegate.lowered_module.LoweredBackendModule`) and
 a loaded :class:`~torchdelegate.runtime.Program` run their delegates through this class, so
 the contract a backend sees is the same in both places: ``init`` is called once, lazily and
 under a lock; ``execute`` gets the sub-program's user inputs and must return exactly its
@@ -15,11 +15,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchdelegate.backend import BackendDetails
-from torchdelegate.data import NamedDataMap
+from torchdelegate.delegate.backend_details import BackendDetails
+from torchdelegate.delegate.named_data import NamedDataMap
+from torchdelegate.delegate.specs import CompileSpec
+from torchdelegate.delegate.trust import INHERITED, Inherited, Trust, check_trusted, current_trust, trusting
 from torchdelegate.errors import DelegateExecutionError, FormatError, OperatorNotFoundError, UntrustedCodeError
-from torchdelegate.specs import CompileSpec
-from torchdelegate.trust import INHERITED, Inherited, Trust, check_trusted, current_trust, trusting
 
 _PASS_THROUGH = (DelegateExecutionError, FormatError, OperatorNotFoundError, UntrustedCodeError)
 

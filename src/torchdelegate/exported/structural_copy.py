@@ -18,8 +18,7 @@ from torch.export.exported_program import ModuleCallEntry
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import GraphModule
 
-from torchdelegate.lowering.exported_programs import build_program
-from torchdelegate.partition.partitioner import DELEGATION_TAG
+from torchdelegate.exported.programs import DELEGATION_TAG, build_program
 
 
 def fetch_attr(module: torch.nn.Module, target: str) -> Any:

@@ -9,7 +9,7 @@ from models import LINEAR_OPS, Cond, TwoLinears, export
 
 import torchdelegate as td
 from torchdelegate import graph_structure_difference, same_graph_structure, to_backend
-from torchdelegate.lowering.structural_copy import copy_program
+from torchdelegate.exported.structural_copy import copy_program
 
 
 class Scaled(torch.nn.Module):

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 
-from torchdelegate.backend import BackendDetails
+from torchdelegate.delegate.backend_details import BackendDetails
 from torchdelegate.errors import UntrustedCodeError
 
 TRUSTED_BACKENDS_VARIABLE = "TORCHDELEGATE_TRUSTED_BACKENDS"

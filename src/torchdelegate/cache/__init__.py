@@ -1,0 +1,1 @@
+"""The content-addressed stores: compiled partitions (compile cache) and machine-specific entries (machine cache)."""
