@@ -1,6 +1,6 @@
 """The compile cache: compiled partitions kept by content, in a directory or at any fsspec URL.
 
-Layout under the location: ``compile-v1/entries/<key[:2]>/<key>`` holds one entry (``entry.py``),
+Layout under the location: ``compile-v1/entries/<key[:2]>/<key>`` holds one entry (``compiled_entry.py``),
 ``compile-v1/bindings/<structure[:2]>/<structure>.json`` the ways the weights of that structure
 have been found to bind its entries (which state tensors a key must cover by their bytes). An
 entry is written under a temporary name, then moved into place, so a reader sees a whole entry

@@ -4,7 +4,7 @@ the torch.export serialized form of its sub-program that travels to a worker.
 The structure key covers what the compiled result depends on but the weights' bytes: the
 sub-program's key form (``key_form.py``), the backend, its declared identity, torch's and
 torchdelegate's versions and the compile specs. Weights are covered by their SHA-256 where the
-backend needs them to be (``entry.py``). The serialized form is made only for a unit that goes
+backend needs them to be (``cache/compiled_entry.py``). The serialized form is made only for a unit that goes
 to a worker.
 """
 

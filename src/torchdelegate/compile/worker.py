@@ -4,7 +4,7 @@ A request is a unit's form as bytes: a canonical JSON header (backend id and the
 defines it, compile specs, the sub-program's torch.export JSON, each state tensor's dtype,
 shape and place, their digests) and the tensors' bytes. The worker rebuilds the sub-program
 over those bytes, compiles it with the backend's ``preprocess_partition`` and answers with the
-result as a compile cache entry (``entry.py``), so weights the backend stored unchanged do not
+result as a compile cache entry (``cache/compiled_entry.py``), so weights the backend stored unchanged do not
 travel back. Nothing in either direction is pickled but ``bytes``.
 """
 

@@ -2,7 +2,7 @@
 
 Partitions are grouped by backend id in order of first appearance: one
 ``preprocess_multimethod`` call per backend that overrides it; else each partition is a unit
-compiled on its own (``compile_units.py``: perhaps in parallel, perhaps from the compile
+compiled on its own (``compile/units.py``: perhaps in parallel, perhaps from the compile
 cache) and the backend's ``link_results`` sees them all. Results are checked (type, count, bytes,
 ``delegate_info``), and so is each sub-program, which stays the delegate's
 ``original_module``. Named data from every result merges into one store.
