@@ -14,9 +14,17 @@ def _seed() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _machine_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test's own machine cache (commands it starts inherit it): never the user's, nor another test's."""
-    monkeypatch.setenv("TORCHDELEGATE_CACHE", str(tmp_path_factory.mktemp("machine-cache")))
+def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test (nor a command it starts) uses a cache unless it asks for one: never the user's."""
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", "off")
+
+
+@pytest.fixture
+def cache_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own cache (both kinds; commands it starts inherit it), asked for by name."""
+    place = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("TORCHDELEGATE_CACHE", str(place))
+    return place
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -103,6 +103,7 @@ def test_the_methods_share_one_session_and_one_packed_copy_of_the_weights(tmp_pa
             torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.usefixtures("cache_directory")
 def test_a_program_prepared_on_this_machine_maps_its_packed_weights_instead_of_packing_a_copy(tmp_path: Path) -> None:
     model, inputs, weights = _linear_stack_methods(tmp_path / "m.tdp", layers=4)  # 64 MiB
     unprepared, packed = _first_calls(tmp_path / "m.tdp", inputs)
@@ -124,6 +125,7 @@ def test_a_program_prepared_on_this_machine_maps_its_packed_weights_instead_of_p
             torch.testing.assert_close(outputs[method], unprepared[method], atol=0, rtol=0)
 
 
+@pytest.mark.usefixtures("cache_directory")
 def test_a_damaged_prepared_model_is_not_used_and_preparing_again_mends_it(tmp_path: Path) -> None:
     model, inputs, weights = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
     with td.load(tmp_path / "m.tdp") as program:
@@ -142,6 +144,7 @@ def test_a_damaged_prepared_model_is_not_used_and_preparing_again_mends_it(tmp_p
     assert mapped < 0.25 * weights
 
 
+@pytest.mark.usefixtures("cache_directory")
 def test_a_file_with_other_weights_under_the_same_keys_never_shares_a_prepared_model(tmp_path: Path) -> None:
     """A model names its weights by key; a crafted file can put other bytes under those keys (with
     their checksums): preparing it must not change what a sound file with that model computes."""
@@ -162,6 +165,7 @@ def test_a_file_with_other_weights_under_the_same_keys_never_shares_a_prepared_m
             assert not torch.allclose(crafted_outputs[method], outputs[method])
 
 
+@pytest.mark.usefixtures("cache_directory")
 def test_a_program_without_packing_has_nothing_to_prepare(tmp_path: Path) -> None:
     x = torch.randn(2, 64)
     partitioner = OnnxRuntimePartitioner(compile_specs=[CompileSpec("disable_prepacking", b"1")])

@@ -88,7 +88,7 @@ def test_a_fine_tuned_variant_takes_the_compiled_partitions_with_its_own_weights
 def test_a_damaged_entry_is_compiled_again_with_a_warning(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     _lower(0, tmp_path / "a.tdp", [ReferencePartitioner()], cache=cache)
-    (entry,) = [p for p in (cache / "compile-v1" / "entries").rglob("*") if p.is_file()]
+    (entry,) = (cache / "compile").rglob("entry")
     entry.write_bytes(entry.read_bytes()[:-10])
     with pytest.warns(UserWarning, match=r"compile cache: the entry for partition 'reference_0' of method 'forward'"):
         assert _lower(0, tmp_path / "b.tdp", [ReferencePartitioner()], cache=cache) == ["miss"]
@@ -103,7 +103,7 @@ def test_the_least_recently_used_entries_go_first_past_the_size_bound(tmp_path: 
     entries = cache.entries()
     assert len(entries) == 3
     for age, entry in enumerate(entries):
-        os.utime(entry["name"], (100 + age, 100 + age))
+        os.utime(Path(entry["name"]) / "manifest.json", (100 + age, 100 + age))
     _lower(0, tmp_path / "again.tdp", [ReferencePartitioner()], 1, cache=cache)  # a hit: its entry is used now
     used = {e["name"]: e["used"] for e in cache.entries()}
     oldest = min(used, key=used.__getitem__)
@@ -161,14 +161,15 @@ def test_a_cache_that_cannot_be_a_directory_is_refused_at_once(tmp_path: Path) -
 def test_damaged_bindings_are_warned_about_and_unfinished_writes_are_cleared(tmp_path: Path) -> None:
     cache = td.CompileCache(tmp_path / "cache")
     _lower(0, tmp_path / "a.tdp", [ReferencePartitioner()], cache=cache)
-    (bindings,) = [p for p in (tmp_path / "cache" / "compile-v1" / "bindings").rglob("*") if p.is_file()]
+    (bindings,) = (tmp_path / "cache" / "compile-bindings").rglob("bindings.json")
     bindings.write_text("{not json")
-    with pytest.warns(UserWarning, match=r"is not a list of bindings; its entries are compiled again"):
+    with pytest.warns(UserWarning, match=r"is damaged \(.*\); its entries are compiled again"):
         assert _lower(0, tmp_path / "b.tdp", [ReferencePartitioner()], cache=cache) == ["miss"]
     (entry,) = [e["name"] for e in cache.entries()]
-    left = Path(f"{entry}.0123456789abcdef.partial")  # a write a crash stopped
-    left.write_bytes(b"x" * 10)
+    left = Path(entry).parent / f".{Path(entry).name}.0123456789abcdef.partial"  # a write a crash stopped
+    left.mkdir()
+    (left / "entry").write_bytes(b"x" * 10)
     assert [e["name"] for e in cache.entries()] == [entry]  # maybe still being written
-    os.utime(left, (1, 1))
+    os.utime(left / "entry", (1, 1))
     assert cache.evict() == 10 and not left.exists()
     assert [e["name"] for e in cache.entries()] == [entry]

@@ -19,6 +19,8 @@ from torchdelegate.cache.machine_cache import (
     new_entry,
 )
 
+pytestmark = pytest.mark.usefixtures("cache_directory")
+
 
 def test_the_directory_is_the_environments_or_the_users_cache_and_off_means_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

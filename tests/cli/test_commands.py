@@ -41,6 +41,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @needs_onnxruntime
+@pytest.mark.usefixtures("cache_directory")
 def test_lower_inspect_and_run_a_model_onnx_runtime_takes_part_of(exported: Path) -> None:
     lowered = _command(
         "lower",
@@ -301,6 +302,7 @@ def test_a_command_used_wrongly_says_what_to_change(
     assert not (saved / "x.tdp").exists()
 
 
+@pytest.mark.usefixtures("cache_directory")
 def test_prepare_says_when_there_is_nothing_to_prepare_or_the_cache_is_off(
     saved: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

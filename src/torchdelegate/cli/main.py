@@ -32,6 +32,7 @@ _COMMANDS = {
     "inspect": ("inspect", "inspect_command"),
     "run": ("run", "run_command"),
     "prepare": ("prepare", "prepare_command"),
+    "cache": ("cache", "cache_command"),
     "demo": ("demo", "demo_command"),
     "llm export": ("llm", "llm_export_command"),
     "llm generate": ("llm", "llm_generate_command"),

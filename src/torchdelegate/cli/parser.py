@@ -103,6 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
         "it. The file is not changed.",
     )
     prepare.add_argument("file", type=Path)
+    cache = commands.add_parser(
+        "cache",
+        help="show or empty the cache (compiled partitions and prepared programs)",
+        description="The one cache both kinds of entries live in: compiled partitions (lower, llm export) and "
+        "what prepare keeps for this machine. It is TORCHDELEGATE_CACHE (a directory or an fsspec URL; 'off': "
+        "none), by default ~/.cache/torchdelegate, bounded by TORCHDELEGATE_CACHE_MAX_BYTES (16 GiB), least "
+        "recently used first.",
+    )
+    cache.add_argument("action", choices=["info", "clear"], help="info: where it is and what it holds; clear: empty it")
+    cache.add_argument("--kind", choices=["compile", "machine"], help="only this kind of entry")
     trust = (
         "run this backend's native code from the file (AOTInductor's compiled libraries: --trust inductor); "
         "without it such delegates are refused. Repeatable; or set TORCHDELEGATE_TRUSTED_BACKENDS to "
@@ -231,7 +241,7 @@ def _lowering_options(parser: argparse.ArgumentParser) -> None:
         "--cache",
         metavar="DIR",
         help="keep compiled partitions in this compile cache (a directory or fsspec URL; 'off': none); "
-        "default: TORCHDELEGATE_CACHE if set",
+        "default: TORCHDELEGATE_CACHE, else ~/.cache/torchdelegate",
     )
     parser.add_argument(
         "--quantize",

@@ -4,7 +4,8 @@
         lowered = torchdelegate.to_edge_transform_and_lower(programs, partitioner=[...])
 
 ``cache``: a :class:`CompileCache`, a directory or an fsspec URL; ``False`` turns the cache
-off; left out, ``TORCHDELEGATE_CACHE`` decides (unset or ``off``: no cache). Partitions are
+off; left out, ``TORCHDELEGATE_CACHE`` decides (``off``: no cache; unset: the user's cache
+directory, ``~/.cache/torchdelegate``, which the machine cache shares). Partitions are
 compiled on ``executor`` (any ``concurrent.futures.Executor``: a Dask ``Client.get_executor()``),
 or on ``jobs`` worker processes of this machine started for the block, or on the Dask cluster
 whose scheduler is at ``cluster`` (``tcp://HOST:PORT``; needs ``torchdelegate[distributed]``).
@@ -25,16 +26,17 @@ from typing import Any
 import torch
 
 from torchdelegate.cache.compile_cache import CompileCache
-from torchdelegate.cache.machine_cache import cache_setting
+from torchdelegate.cache.store import cache_location
 from torchdelegate.compile.compiler import UnitCompiler
-from torchdelegate.compile.units import compiling_with, use_environment_compiler
+from torchdelegate.compile.units import compiling_with
 from torchdelegate.compile.worker import warm_up
 
 
 def environment_cache() -> CompileCache | None:
-    """The cache ``TORCHDELEGATE_CACHE`` names (a directory or URL), or None when it is unset or off."""
-    chosen = cache_setting()
-    return CompileCache(chosen) if chosen else None
+    """The cache ``TORCHDELEGATE_CACHE`` puts in the store (a directory or URL; unset: the user's cache
+    directory), or None when it turns the caches off."""
+    location = cache_location()
+    return CompileCache(location) if location is not None else None
 
 
 def _chosen_cache(cache: CompileCache | str | os.PathLike[str] | bool | None) -> CompileCache | None:
@@ -146,9 +148,7 @@ def preprocessing(
             yield compiler
 
 
-def _from_environment() -> UnitCompiler | None:
+def environment_compiler() -> UnitCompiler | None:
+    """What compiles units outside any ``preprocessing`` block: here, through the environment's cache."""
     cache = environment_cache()
     return None if cache is None else UnitCompiler(cache)
-
-
-use_environment_compiler(_from_environment)

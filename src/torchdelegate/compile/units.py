@@ -3,14 +3,14 @@ independently, and who compiles them.
 
 Lowering hands such a backend's partitions, as :class:`CompileUnit` s, to the current
 :class:`PartitionCompiler`: the one a ``torchdelegate.preprocessing(...)`` block set, else the
-one the environment asks for (``TORCHDELEGATE_CACHE``; registered by ``torchdelegate.compile``),
+one the environment asks for (``TORCHDELEGATE_CACHE``'s compile cache, ``compile/options.py``),
 else :func:`compile_serially` in this process. Whoever compiles, the results come back in the
 units' order, so the saved file does not depend on the path they took.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -87,7 +87,6 @@ def compile_serially(backend: type[BackendDetails], units: Sequence[CompileUnit]
 
 
 _current: ContextVar[PartitionCompiler | None] = ContextVar("torchdelegate_partition_compiler", default=None)
-_from_environment: list[Callable[[], PartitionCompiler | None]] = []
 
 
 @contextmanager
@@ -100,16 +99,13 @@ def compiling_with(compiler: PartitionCompiler) -> Iterator[None]:
         _current.reset(token)
 
 
-def use_environment_compiler(factory: Callable[[], PartitionCompiler | None]) -> None:
-    """Register what compiles units outside any block when the environment asks for it (its cache)."""
-    _from_environment[:] = [factory]
-
-
 def compile_units(backend: type[BackendDetails], units: Sequence[CompileUnit]) -> list[CompiledUnit]:
     """``units`` compiled by the current compiler, in order."""
     compiler = _current.get()
-    if compiler is None and _from_environment:
-        compiler = _from_environment[0]()
+    if compiler is None:
+        from torchdelegate.compile.options import environment_compiler  # it starts pools: imported when needed
+
+        compiler = environment_compiler()
     if compiler is None:
         return compile_serially(backend, units)
     return compiler.compile(backend, units)

@@ -1,0 +1,40 @@
+"""``torchdelegate cache info|clear [--kind compile|machine]``: the one cache, shown or emptied."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TextIO
+
+from torchdelegate.cli.command import EXIT_OK, CommandError
+
+
+def cache_command(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.cache.compile_cache import BINDINGS, ENTRIES
+    from torchdelegate.cache.store import CACHE_VARIABLE, Store, StoreError, cache_location, max_bytes_setting
+    from torchdelegate.report.terminal import human_bytes
+
+    location = cache_location()
+    if location is None:
+        print(f"the cache is off ({CACHE_VARIABLE}=off): nothing is kept", file=out)
+        return EXIT_OK
+    try:
+        store, bound = Store(location), max_bytes_setting()
+    except (StoreError, ValueError) as e:
+        raise CommandError(str(e)) from e
+    compile_kinds = {ENTRIES, BINDINGS}
+    kinds = [k for k in store.kinds() if args.kind is None or (k in compile_kinds) == (args.kind == "compile")]
+    if args.action == "clear":
+        freed = sum(store.clear(kind) for kind in kinds)
+        what = f"{args.kind} entries" if args.kind else "every entry"
+        print(f"{location}: removed {what}, {human_bytes(freed)}", file=out)
+        return EXIT_OK
+    entries = [e for kind in kinds for e in store.entries(kind)]
+    print(f"{location}: {human_bytes(sum(e.size for e in entries))} of at most {human_bytes(bound)}", file=out)
+    for kind in kinds:
+        listed = [e for e in entries if e.kind == kind]
+        label = "compiled partitions" if kind == ENTRIES else "bindings" if kind == BINDINGS else "prepared (machine)"
+        left = sum(not e.whole for e in listed)
+        extra = f", {left} left unfinished" if left else ""
+        size = human_bytes(sum(e.size for e in listed))
+        print(f"  {kind}: {len(listed)} entries, {size} ({label}{extra})", file=out)
+    return EXIT_OK
