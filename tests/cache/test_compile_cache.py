@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import torchdelegate as td
-from torchdelegate.backends.reference import ReferencePartitioner
+from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
+from torchdelegate.cache.compile_cache import ENTRIES
+from torchdelegate.partition.capability import CapabilityPartitioner
 
 pytest.importorskip("onnxruntime")
 from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
@@ -173,3 +175,36 @@ def test_damaged_bindings_are_warned_about_and_unfinished_writes_are_cleared(tmp
     os.utime(left / "entry", (1, 1))
     assert cache.evict() == 10 and not left.exists()
     assert [e["name"] for e in cache.entries()] == [entry]
+
+
+class NativeReference(ReferenceBackend):
+    """The reference backend declaring ``runs_native_code``: AOTInductor's trust, in seconds."""
+
+    backend_id = "test_cache_native_reference"
+    runs_native_code = True
+
+
+class NativePartitioner(CapabilityPartitioner):
+    def __init__(self) -> None:
+        super().__init__(ReferencePartitioner().operator_support, td.DelegationSpec(NativeReference.backend_id))
+
+
+def test_a_planted_native_code_entry_is_compiled_here_unless_its_backend_is_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TORCHDELEGATE_TRUSTED_BACKENDS", raising=False)
+    cache = td.CompileCache(tmp_path / "cache")
+    assert _lower(0, tmp_path / "honest.tdp", [NativePartitioner()], cache=cache) == ["miss"]
+    (entry,) = cache.store.entries(ENTRIES)
+    planted = cache.store.read(ENTRIES, entry.key, "entry")  # as any writer of a shared cache could put it there
+    assert planted is not None
+    cache.store.publish(ENTRIES, entry.key, {"entry": planted})
+    with pytest.warns(UserWarning, match=r"native code of backend 'test_cache_native_reference', which whoever"):
+        assert _lower(0, tmp_path / "untrusted.tdp", [NativePartitioner()], cache=cache) == ["miss"]
+    assert _digest(tmp_path / "untrusted.tdp") == _digest(tmp_path / "honest.tdp")
+    trusted = _lower(
+        0, tmp_path / "trusted.tdp", [NativePartitioner()], cache=cache, trusted_backends=[NativeReference.backend_id]
+    )
+    assert trusted == ["hit"]
+    monkeypatch.setenv("TORCHDELEGATE_TRUSTED_BACKENDS", NativeReference.backend_id)
+    assert _lower(0, tmp_path / "by-environment.tdp", [NativePartitioner()], cache=cache) == ["hit"]

@@ -9,7 +9,8 @@ and the worker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from torchdelegate.compile.units import CompiledUnit, CompileUnit, compile_in_pr
 from torchdelegate.compile.worker import compile_request, request
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult
 from torchdelegate.delegate.progress import partition_compiled
+from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE, trusted_backends
 from torchdelegate.errors import PreprocessError
 
 
@@ -42,6 +44,9 @@ class UnitCompiler:
     """Compiles units through ``cache`` (None: no cache) on ``executor`` (None: here, one by one).
 
     ``restart`` makes a fresh executor when the one given broke (a process pool this compiler owns).
+    ``trusted_backends``: backends whose native code (``runs_native_code``) this compiler takes from
+    the cache, besides those ``TORCHDELEGATE_TRUSTED_BACKENDS`` names: a shared cache is written by
+    whoever can write to it, and such an entry is a library the lowered program would load.
     """
 
     def __init__(
@@ -49,10 +54,12 @@ class UnitCompiler:
         cache: CompileCache | None = None,
         executor: Executor | None = None,
         restart: Callable[[], Executor] | None = None,
+        trusted_backends: Iterable[str] | None = None,
     ) -> None:
         self.cache = cache
         self.executor = executor
         self._restart = restart
+        self._trusted = None if trusted_backends is None else list(trusted_backends)
 
     def compile(self, backend: type[BackendDetails], units: Sequence[CompileUnit]) -> list[CompiledUnit]:
         identity = backend.compile_cache_identity() if self.cache is not None else None
@@ -93,8 +100,26 @@ class UnitCompiler:
             entry = self.cache.get(_entry_key(item.structure, bound, digests), item.unit.where)
             if entry is None or not passed_through(entry) <= set(digests):
                 continue
+            if not self._may_take(backend, item.unit.where):
+                return
             self._done(backend, item, CompiledUnit(refit(entry, item.form.state, digests), "hit"))
             return
+
+    def _may_take(self, backend: type[BackendDetails], where: str) -> bool:
+        """Whether a cached entry of ``backend`` may stand for a compile here: always, unless its blobs are
+        native code from a backend this compiler does not trust (then a warning says how to)."""
+        if not backend.runs_native_code or backend.backend_id in trusted_backends(self._trusted):
+            return True
+        assert self.cache is not None
+        backend_id = backend.backend_id
+        warnings.warn(
+            f"compile cache: the entry for {where} is native code of backend {backend_id!r}, which whoever can "
+            f"write {self.cache.location} may have put there; it is compiled here instead. If you trust the "
+            f"cache's writers: {TRUSTED_BACKENDS_VARIABLE}={backend_id}, or "
+            f"preprocessing(trusted_backends=[{backend_id!r}])",
+            stacklevel=2,
+        )
+        return False
 
     def _bindings(self, backend: type[BackendDetails], item: _Unit) -> list[list[str]]:
         assert self.cache is not None and item.form is not None and item.structure is not None

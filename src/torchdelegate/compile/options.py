@@ -19,7 +19,7 @@ import contextlib
 import multiprocessing
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any
 
@@ -126,9 +126,12 @@ def preprocessing(
     executor: Executor | None = None,
     jobs: int | None = None,
     cluster: str | None = None,
+    trusted_backends: Iterable[str] | None = None,
 ) -> Iterator[UnitCompiler]:
     """Lowerings inside the block compile partitions through ``cache`` on ``executor``, ``jobs``
-    local worker processes or the Dask ``cluster`` (at most one of the three)."""
+    local worker processes or the Dask ``cluster`` (at most one of the three). An entry of a backend
+    that runs native code is taken from the cache only for ``trusted_backends`` (and those
+    ``TORCHDELEGATE_TRUSTED_BACKENDS`` names); otherwise it is compiled here, with a warning."""
     given = [
         name for name, value in (("executor", executor), ("jobs", jobs), ("cluster", cluster)) if value is not None
     ]
@@ -143,7 +146,7 @@ def preprocessing(
             executor, restart = pool.executor, pool.restart
         elif cluster is not None:
             executor = cluster_executor(cluster, stack)
-        compiler = UnitCompiler(chosen, executor, restart)
+        compiler = UnitCompiler(chosen, executor, restart, trusted_backends)
         with compiling_with(compiler):
             yield compiler
 
