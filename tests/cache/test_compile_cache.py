@@ -105,7 +105,7 @@ def test_the_least_recently_used_entries_go_first_past_the_size_bound(tmp_path: 
     entries = cache.entries()
     assert len(entries) == 3
     for age, entry in enumerate(entries):
-        os.utime(Path(entry["name"]) / "manifest.json", (100 + age, 100 + age))
+        os.utime(entry["name"], (100 + age, 100 + age))
     _lower(0, tmp_path / "again.tdp", [ReferencePartitioner()], 1, cache=cache)  # a hit: its entry is used now
     used = {e["name"]: e["used"] for e in cache.entries()}
     oldest = min(used, key=used.__getitem__)
@@ -208,3 +208,20 @@ def test_a_planted_native_code_entry_is_compiled_here_unless_its_backend_is_trus
     assert trusted == ["hit"]
     monkeypatch.setenv("TORCHDELEGATE_TRUSTED_BACKENDS", NativeReference.backend_id)
     assert _lower(0, tmp_path / "by-environment.tdp", [NativePartitioner()], cache=cache) == ["hit"]
+
+
+def test_two_processes_lowering_one_model_at_once_compile_it_once(tmp_path: Path) -> None:
+    script = f"""
+import sys, torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import torchdelegate as td
+from torchdelegate.backends.reference import ReferencePartitioner
+from test_compile_cache import Block, INPUT
+program = torch.export.export(Block(0), INPUT)
+with td.preprocessing(cache={str(tmp_path / "cache")!r}):
+    lowered = td.to_edge_transform_and_lower(program, partitioner=[ReferencePartitioner()])
+print(lowered.delegates()["forward"][0].meta["compile_cache"])
+"""
+    runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    answers = sorted(run.communicate(timeout=300)[0].strip() for run in runs)
+    assert answers == ["hit", "miss"]

@@ -60,7 +60,7 @@ def test_machine_entries_need_a_directory_and_compile_entries_take_a_url(monkeyp
 def test_one_bound_covers_every_kind_least_recently_used_first() -> None:
     store = Store(os.environ["TORCHDELEGATE_CACHE"])
     old = _machine_entry("machine-kind", 4000)
-    os.utime(old / "manifest.json", (1000, 1000))
+    os.utime(old, (1000, 1000))
     store.publish(ENTRIES, "cd" * 32, {"entry": b"c" * 3000})
     newer = _machine_entry("machine-kind", 2000)
     assert {e.kind for e in store.entries()} == {ENTRIES, "machine-kind"}

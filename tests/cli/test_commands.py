@@ -284,6 +284,7 @@ def saved(exported: Path) -> Path:
         (("demo", "--rounds", "0"), 2, "--rounds must be at least 1, got 0"),
     ],
 )
+@pytest.mark.usefixtures("cache_directory")
 def test_a_command_used_wrongly_says_what_to_change(
     saved: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -202,13 +202,14 @@ class Store:
         return None
 
     def touch(self, kind: str, key: str) -> None:
-        """Mark an entry used (its manifest's time), for least-recently-used eviction."""
-        path = f"{self.entry_place(kind, key)}/{MANIFEST}"
+        """Mark an entry used, for least-recently-used eviction: its folder's time (at a URL, where folders
+        are names only, its manifest's); its files stay as written."""
+        place = self.entry_place(kind, key)
         with contextlib.suppress(OSError, NotImplementedError, ValueError):
             if self.local:
-                os.utime(path)
+                os.utime(place)
             else:
-                self._fs.touch(path, truncate=False)
+                self._fs.touch(f"{place}/{MANIFEST}", truncate=False)
 
     # ------------------------------------------------------------------ writing
     @contextlib.contextmanager
@@ -318,9 +319,11 @@ class Store:
             size, used = self._stat(path)
             sizes.append(size)
             times.append(used)
-        manifest_time = self._stat(f"{place}/{MANIFEST}")[1] if not name.startswith(".") else None
         whole = not name.startswith(".") and self.manifest(kind, key) is not None
-        used = manifest_time or max(times, default=0.0) or self._stat(place)[1]
+        if whole:
+            used = self._stat(place)[1] if self.local else self._stat(f"{place}/{MANIFEST}")[1]
+        else:  # a scratch folder: when it was last written to
+            used = max(times, default=0.0) or self._stat(place)[1]
         return EntryInfo(kind, key, sum(sizes), used, whole, place)
 
     def _remove(self, entry: EntryInfo) -> int:

@@ -9,8 +9,9 @@ and the worker.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from torchdelegate.cache.compile_cache import CompileCache
+from torchdelegate.cache.compile_cache import ENTRIES, CompileCache
 from torchdelegate.cache.compiled_entry import Entry, decode, passed_through, refit, template
 from torchdelegate.compile.unit_form import UnitForm, document_key, structure_key, unit_document, unit_form
 from torchdelegate.compile.units import CompiledUnit, CompileUnit, compile_in_process
@@ -81,9 +82,11 @@ class UnitCompiler:
         futures = {self._submit(backend, item): item for item in to_compile if item.document is not None}
         for item in to_compile:  # what cannot travel (or has nowhere to go) is compiled here meanwhile
             if item.document is None:
-                result = compile_in_process(backend, item.unit)
-                entry = self._entry_of(result, item)
-                self._done(backend, item, CompiledUnit(result, self._keep(backend, item, entry)))
+                with self._compiling(backend, item):
+                    if item.compiled is None:
+                        result = compile_in_process(backend, item.unit)
+                        entry = self._entry_of(result, item)
+                        self._done(backend, item, CompiledUnit(result, self._keep(backend, item, entry)))
         self._collect(backend, futures)
         if self.cache is not None and any(item.compiled and item.compiled.cache == "miss" for item in work):
             self.cache.evict()
@@ -104,6 +107,18 @@ class UnitCompiler:
                 return
             self._done(backend, item, CompiledUnit(refit(entry, item.form.state, digests), "hit"))
             return
+
+    @contextlib.contextmanager
+    def _compiling(self, backend: type[BackendDetails], item: _Unit) -> Iterator[None]:
+        """Held while a unit the cache missed compiles here: another process that misses it too waits,
+        then finds it (a local cache; workers of an executor compile units without it)."""
+        if self.cache is None or item.structure is None or item.form is None or not self.cache.store.local:
+            yield
+            return
+        with self.cache.store.lock(ENTRIES, item.structure):
+            if not backend.runs_native_code or backend.backend_id in trusted_backends(self._trusted):
+                self._look_up(backend, item)  # made while this process waited?
+            yield
 
     def _may_take(self, backend: type[BackendDetails], where: str) -> bool:
         """Whether a cached entry of ``backend`` may stand for a compile here: always, unless its blobs are
