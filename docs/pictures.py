@@ -53,7 +53,7 @@ def html_pictures(work: Path) -> None:
 def model_explorer_picture(work: Path) -> None:
     files = write_model_explorer(swin_three_backends(), work / "me", "swin")
     serve = (
-        "import sys; from pathlib import Path; from torchdelegate.cli.model_explorer import serve_model_explorer;"
+        "import sys; from pathlib import Path; from torchdelegate.cli.explorer_server import serve_model_explorer;"
         "from torchdelegate.report.model_explorer import ModelExplorerFiles;"
         f"serve_model_explorer(ModelExplorerFiles(Path({str(files.graphs)!r}), Path({str(files.backends)!r}), "
         f"Path({str(files.partitions)!r})), None, sys.stdout)"

@@ -179,6 +179,11 @@ def __getattr__(name: str) -> Any:
 # Modules that moved into their layer's folder: the old path is the new module, with a warning, until
 # the next release.
 _MOVED_MODULES = {
+    "torchdelegate.backends.linear": "torchdelegate.backends.linear_recomposition",
+    "torchdelegate.cli.model_explorer": "torchdelegate.cli.explorer_server",
+    "torchdelegate.demo.checkpoint": "torchdelegate.demo.gpt2_checkpoint",
+    "torchdelegate.demo.session": "torchdelegate.demo.walkthrough",
+    "torchdelegate.partition.partitioner": "torchdelegate.partition.contract",
     "torchdelegate.backend": "torchdelegate.delegate.backend_details",
     "torchdelegate.compile.cache": "torchdelegate.cache.compile_cache",
     "torchdelegate.compile.entry": "torchdelegate.cache.compiled_entry",

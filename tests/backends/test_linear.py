@@ -6,7 +6,7 @@ import torch
 from models import TwoLinears, attention_block, export
 
 import torchdelegate as td
-from torchdelegate.backends.linear import recompose_linear
+from torchdelegate.backends.linear_recomposition import recompose_linear
 
 aten = torch.ops.aten
 

@@ -10,7 +10,7 @@ from torchdelegate.cli.command import EXIT_FAILED, EXIT_OK, CommandError, UsageE
 
 
 def demo_command(args: argparse.Namespace, out: TextIO) -> int:
-    from torchdelegate.demo.session import run_demo
+    from torchdelegate.demo.walkthrough import run_demo
 
     if args.checkpoint is not None:
         return _write_checkpoint(args.checkpoint, out)
@@ -27,7 +27,7 @@ def _write_checkpoint(directory: Path, out: TextIO) -> int:
     from torchdelegate.demo.model import trained_demo_model
 
     try:
-        from torchdelegate.demo.checkpoint import save_transformers_checkpoint
+        from torchdelegate.demo.gpt2_checkpoint import save_transformers_checkpoint
 
         save_transformers_checkpoint(trained_demo_model(), directory)
     except ImportError as e:

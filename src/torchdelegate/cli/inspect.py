@@ -111,7 +111,7 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _model_explorer(report: LoweringReport, args: argparse.Namespace, out: TextIO) -> None:
-    from torchdelegate.cli.model_explorer import serve_model_explorer
+    from torchdelegate.cli.explorer_server import serve_model_explorer
     from torchdelegate.report.model_explorer import write_model_explorer
 
     if args.model_explorer.exists() and not args.model_explorer.is_dir():

@@ -38,7 +38,7 @@ from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenc
 from torchdelegate.lowering.batch import lower
 from torchdelegate.lowering.metadata_checks import drop_proven_checks
 from torchdelegate.lowering.run_partitioner import PartitionerLike
-from torchdelegate.partition.partitioner import Partitioner, overloads_of
+from torchdelegate.partition.contract import Partitioner, overloads_of
 from torchdelegate.serialize.writer import save_program
 
 Pass = Callable[[ExportedProgram], ExportedProgram | None] | PassBase

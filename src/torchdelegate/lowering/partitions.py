@@ -2,7 +2,7 @@
 
 The result says, for each tag, which nodes form the partition, what flows in and out, which
 tagged state (parameters, buffers, constants) it carries inside, and which buffer
-mutations it owns; and it gives an order of the fused graph (each partition one unit)
+mutations it owns; and it gives an order of the fused graph (each partition one step)
 that is topological, found by Kahn's algorithm in ``O((nodes + edges) log nodes)``. A
 partition whose fusion would create a cycle has no such order: that is reported with a
 node on the cycle.
@@ -22,7 +22,7 @@ from torch.fx import GraphModule, Node
 from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.errors import PartitionError
 from torchdelegate.exported.programs import STATE_KINDS, output_values
-from torchdelegate.partition.partitioner import NO_COPY, is_tuple_item, tags_in
+from torchdelegate.partition.contract import NO_COPY, is_tuple_item, tags_in
 from torchdelegate.partition.topological_order import topological_order
 
 
@@ -47,7 +47,7 @@ class Partition:
     """The buffer placeholders of those mutations: their state lives in the delegate."""
 
 
-Unit = Node | Partition
+Step = Node | Partition
 
 
 @dataclass
@@ -55,7 +55,7 @@ class GraphPartitions:
     """Everything splicing needs about one graph's partitions."""
 
     partitions: list[Partition]
-    order: list[Unit]
+    order: list[Step]
     dropped: set[Node]
     """Placeholders and ``get_attr`` nodes the owner no longer needs."""
     owned_outputs: set[int]
@@ -324,15 +324,15 @@ def _used_outside(node: Node, group: Partition, group_of: Mapping[Node, Partitio
     return False
 
 
-def _fused_order(nodes: list[Node], group_of: Mapping[Node, Partition], where: str) -> list[Unit]:
-    """A topological order of the graph with each partition fused into one unit."""
-    successors: dict[Unit, list[Unit]] = {}
+def _fused_order(nodes: list[Node], group_of: Mapping[Node, Partition], where: str) -> list[Step]:
+    """A topological order of the graph with each partition fused into one step."""
+    successors: dict[Step, list[Step]] = {}
     for node in nodes:
-        unit: Unit = group_of.get(node, node)
-        targets = successors.setdefault(unit, [])
+        step: Step = group_of.get(node, node)
+        targets = successors.setdefault(step, [])
         for user in node.users:
-            target: Unit = group_of.get(user, user)
-            if target is not unit:
+            target: Step = group_of.get(user, user)
+            if target is not step:
                 targets.append(target)
     order = topological_order(successors)
     if len(order) != len(successors):
@@ -341,27 +341,27 @@ def _fused_order(nodes: list[Node], group_of: Mapping[Node, Partition], where: s
     return order
 
 
-def _raise_cycle(remaining: list[Unit], group_of: Mapping[Node, Partition], where: str) -> None:
-    """Walk predecessors among the units Kahn's algorithm could not emit until one repeats."""
+def _raise_cycle(remaining: list[Step], group_of: Mapping[Node, Partition], where: str) -> None:
+    """Walk predecessors among the steps Kahn's algorithm could not emit until one repeats."""
     left = set(remaining)
 
-    def predecessor(unit: Unit) -> Unit:
-        members = unit.nodes if isinstance(unit, Partition) else [unit]
+    def predecessor(step: Step) -> Step:
+        members = step.nodes if isinstance(step, Partition) else [step]
         for node in members:
             for value in node.all_input_nodes:
-                pred: Unit = group_of.get(value, value)
-                if pred is not unit and pred in left:
+                pred: Step = group_of.get(value, value)
+                if pred is not step and pred in left:
                     return pred
-        raise AssertionError("a unit left by Kahn's algorithm has no remaining predecessor")
+        raise AssertionError("a step left by Kahn's algorithm has no remaining predecessor")
 
-    seen: dict[Unit, int] = {}
-    path: list[Unit] = []
-    unit = remaining[0]
-    while unit not in seen:
-        seen[unit] = len(path)
-        path.append(unit)
-        unit = predecessor(unit)
-    cycle = path[seen[unit] :]
+    seen: dict[Step, int] = {}
+    path: list[Step] = []
+    step = remaining[0]
+    while step not in seen:
+        seen[step] = len(path)
+        path.append(step)
+        step = predecessor(step)
+    cycle = path[seen[step] :]
     partition = next(u for u in cycle if isinstance(u, Partition))
     outside = next((u for u in cycle if isinstance(u, Node)), None)
     via = (

@@ -17,7 +17,7 @@ from torchdelegate.exported.programs import DELEGATION_TAG
 from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.lowering.gc_pause import cyclic_gc_paused
 from torchdelegate.lowering.validation import complete_changed_program, first_graph_difference, validation_enabled
-from torchdelegate.partition.partitioner import Partitioner, PartitionResult
+from torchdelegate.partition.contract import Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
 
 WHOLE_PROGRAM_TAG = "whole_program"

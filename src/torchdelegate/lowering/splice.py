@@ -27,10 +27,10 @@ LOWERED_MODULE_PREFIX = "lowered_module_"
 def next_delegate_index(found: GraphPartitions) -> int:
     """The first ``lowered_module_N`` index after the delegates the graph keeps from earlier lowerings."""
     taken = []
-    for unit in found.order:
-        if isinstance(unit, Node) and unit.op == "get_attr" and unit not in found.dropped:
-            suffix = str(unit.target).removeprefix(LOWERED_MODULE_PREFIX)
-            if suffix != str(unit.target) and suffix.isdigit():
+    for step in found.order:
+        if isinstance(step, Node) and step.op == "get_attr" and step not in found.dropped:
+            suffix = str(step.target).removeprefix(LOWERED_MODULE_PREFIX)
+            if suffix != str(step.target) and suffix.isdigit():
                 taken.append(int(suffix))
     return max(taken, default=-1) + 1
 
@@ -53,16 +53,16 @@ def splice(
     env: dict[Node, Node] = {}
     attrs: dict[str, Any] = {}
     index = next_delegate_index(found)
-    for unit in found.order:
-        if isinstance(unit, Partition):
+    for step in found.order:
+        if isinstance(step, Partition):
             while f"{LOWERED_MODULE_PREFIX}{index}" in reserved:
                 index += 1
             name = f"{LOWERED_MODULE_PREFIX}{index}"
             index += 1
-            attrs[name] = delegates[unit]
-            _emit_delegate(graph, name, unit, env)
+            attrs[name] = delegates[step]
+            _emit_delegate(graph, name, step, env)
             continue
-        node = unit
+        node = step
         if node in found.dropped:
             continue
         if node.op == "output":

@@ -8,7 +8,7 @@ from torchdelegate.partition.capability import (
     PartitionPlan,
     PlannedPartition,
 )
-from torchdelegate.partition.partitioner import NO_COPY, Partitioner, PartitionResult
+from torchdelegate.partition.contract import NO_COPY, Partitioner, PartitionResult
 from torchdelegate.partition.patterns import Pattern, PatternMatch, PatternPartitioner, find_pattern_matches
 from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 

@@ -8,11 +8,11 @@ groups smaller than ``min_partition_size`` computations are given back for later
 
 Fusing claimed nodes into one delegate must not create a cycle through a node left outside
 (A -> outside -> B with A and B in one partition). Groups are first found with *levels*, over
-a graph in which every group of an earlier backend is one unit, since it will be one delegate
-call. A unit's level counts the units this backend does not take on the longest path reaching
-it; claimed units of equal level can share a partition, because levels never decrease along
-an edge and rise after an outside unit, so a path that leaves a level never comes back to it.
-A forward pass gives each unit its lowest level; a backward pass then raises each claimed unit
+a graph in which every group of an earlier backend is one block, since it will be one delegate
+call. A block's level counts the blocks this backend does not take on the longest path reaching
+it; claimed blocks of equal level can share a partition, because levels never decrease along
+an edge and rise after an outside block, so a path that leaves a level never comes back to it.
+A forward pass gives each block its lowest level; a backward pass then raises each claimed block
 as far as its users allow, so that a node feeding only a later group (``permute(weight)``
 before an ``addmm`` that follows a size computation) joins that group instead of making one
 of its own. Levels are cycle-free but not always as few as can be, so groups are then joined
@@ -42,8 +42,8 @@ from torch.fx import Graph, Node
 from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.exported.programs import DELEGATION_TAG
 from torchdelegate.partition.components import components
+from torchdelegate.partition.contract import Partitioner, PartitionResult, is_tuple_item
 from torchdelegate.partition.merging import merge_groups
-from torchdelegate.partition.partitioner import Partitioner, PartitionResult, is_tuple_item
 from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.partition.topological_order import topological_order
 
@@ -122,50 +122,50 @@ def non_tensor_value(node: Node) -> str | None:
 
 
 class UnitGraph:
-    """The graph's computations as units: a node with its tuple items, a group of an earlier backend,
-    or an *atom* (nodes that must stay together, such as a pattern's match). A unit is named by the
+    """The graph's computations as blocks: a node with its tuple items, a group of an earlier backend,
+    or an *atom* (nodes that must stay together, such as a pattern's match). A block is named by the
     graph position of its first node."""
 
     def __init__(self, graph: Graph, atoms: Sequence[Sequence[Node]] = ()) -> None:
         self.nodes = list(graph.nodes)
         self.index = {node: i for i, node in enumerate(self.nodes)}
-        self.unit: dict[Node, int] = {}
+        self.block: dict[Node, int] = {}
         self.members: dict[int, list[Node]] = {}
-        self.taken: set[int] = set()  # units that are groups of an earlier backend
+        self.taken: set[int] = set()  # blocks that are groups of an earlier backend
         for index, node in enumerate(self.nodes):
-            head = self.unit[node.args[0]] if is_tuple_item(node) else index  # type: ignore[index]
-            self.unit[node] = head
+            head = self.block[node.args[0]] if is_tuple_item(node) else index  # type: ignore[index]
+            self.block[node] = head
             self.members.setdefault(head, []).append(node)
         for atom in atoms:
-            self.join(sorted({self.unit[node] for node in atom}))
+            self.join(sorted({self.block[node] for node in atom}))
 
     def order(self) -> tuple[list[int], dict[int, list[int]]]:
-        """The units in a topological order (Kahn, ties in graph order), and each unit's successors."""
+        """The blocks in a topological order (Kahn, ties in graph order), and each block's successors."""
         successors: dict[int, dict[int, None]] = {u: {} for u in self.members}
         for node in self.nodes:
-            target = self.unit[node]
+            target = self.block[node]
             for source in node.all_input_nodes:
-                origin = self.unit[source]
+                origin = self.block[source]
                 if origin != target:
                     successors[origin][target] = None
         order = topological_order(successors)
         return order, {u: list(s) for u, s in successors.items()}
 
-    def join(self, units: list[int]) -> int:
-        """Make ``units`` one unit (named by the first); returns it."""
-        head = min(units)
-        for unit in units:
-            if unit == head:
+    def join(self, blocks: list[int]) -> int:
+        """Make ``blocks`` one block (named by the first); returns it."""
+        head = min(blocks)
+        for block in blocks:
+            if block == head:
                 continue
-            for node in self.members.pop(unit):
-                self.unit[node] = head
+            for node in self.members.pop(block):
+                self.block[node] = head
                 self.members[head].append(node)
         self.members[head].sort(key=self.index.__getitem__)
         return head
 
-    def merge(self, units: list[int]) -> None:
-        """Make ``units`` one unit: a backend's group, which will be one delegate call."""
-        self.taken.add(self.join(units))
+    def merge(self, blocks: list[int]) -> None:
+        """Make ``blocks`` one block: a backend's group, which will be one delegate call."""
+        self.taken.add(self.join(blocks))
 
 
 class CapabilityPartitioner(Partitioner):
@@ -232,32 +232,32 @@ class CapabilityPartitioner(Partitioner):
 
     def plan(self, exported_program: ExportedProgram) -> PartitionPlan:
         """Where each computation of ``exported_program`` goes, and why; the program is not changed."""
-        return self._plan_units(UnitGraph(exported_program.graph), self.backends)
+        return self._plan_blocks(UnitGraph(exported_program.graph), self.backends)
 
-    def _plan_units(
-        self, units: UnitGraph, backends: Sequence[tuple[OperatorSupport, DelegationSpec]]
+    def _plan_blocks(
+        self, blocks: UnitGraph, backends: Sequence[tuple[OperatorSupport, DelegationSpec]]
     ) -> PartitionPlan:
-        """The plan over ``units`` (whose atoms must contract to an acyclic graph), backends in priority order."""
+        """The plan over ``blocks`` (whose atoms must contract to an acyclic graph), backends in priority order."""
         reasons: dict[Node, dict[str, str]] = {}
         groups: list[_Group] = []
         for support, spec in backends:
             backend = spec.backend_id
             claimed: dict[int, None] = {}
-            for unit, members in units.members.items():
+            for block, members in blocks.members.items():
                 head = members[0]
                 if head.op != "call_function":
                     continue
-                if unit in units.taken:  # taken by an earlier backend: say so where this one could have
+                if block in blocks.taken:  # taken by an earlier backend: say so where this one could have
                     for node in members:
                         if not is_tuple_item(node) and why_unsupported(support, node) is None:
                             reasons.setdefault(node, {})[backend] = CLAIMED_EARLIER
                     continue
                 why = why_unsupported(support, head)
                 if why is None:
-                    claimed[unit] = None
+                    claimed[block] = None
                 else:
                     reasons.setdefault(head, {})[backend] = why
-            for group in self._groups(units, claimed, backend):
+            for group in self._groups(blocks, claimed, backend):
                 computations = sum(not is_tuple_item(n) for n in group.nodes)
                 if computations < self.min_partition_size:
                     small = f"{TOO_SMALL} ({computations} < {self.min_partition_size})"
@@ -268,34 +268,34 @@ class CapabilityPartitioner(Partitioner):
                         reasons.setdefault(node, {})[backend] = small
                     continue
                 groups.append(group)
-                units.merge(sorted({units.unit[n] for n in group.nodes}))
-        return self._decisions(units, groups, reasons)
+                blocks.merge(sorted({blocks.block[n] for n in group.nodes}))
+        return self._decisions(blocks, groups, reasons)
 
-    def _groups(self, units: UnitGraph, claimed: dict[int, None], backend: str) -> list[_Group]:
-        """The claimed units in cycle-free groups, as few as levels and joins find, in order of their first node."""
-        order, successors = units.order()
-        seeds = [sorted(seed, key=lambda members: members[0]) for seed in _levels(units, claimed, order, successors)]
+    def _groups(self, blocks: UnitGraph, claimed: dict[int, None], backend: str) -> list[_Group]:
+        """The claimed blocks in cycle-free groups, as few as levels and joins find, in order of their first node."""
+        order, successors = blocks.order()
+        seeds = [sorted(seed, key=lambda members: members[0]) for seed in _levels(blocks, claimed, order, successors)]
         levels, (merged, refusals) = min(
             ((seed, merge_groups(successors, seed)) for seed in seeds), key=lambda found: len(found[1][0])
         )
         group_of = {index: position for position, indices in enumerate(merged) for index in indices}
-        index = units.index
+        index = blocks.index
         found = [
             _Group(
                 backend,
-                sorted((n for i in indices for u in levels[i] for n in units.members[u]), key=index.__getitem__),
+                sorted((n for i in indices for u in levels[i] for n in blocks.members[u]), key=index.__getitem__),
             )
             for indices in merged
         ]
         for refusal in refusals:
             mine, theirs = found[group_of[refusal.group]], found[group_of[refusal.other]]
-            via = units.members[refusal.via][0]  # type: ignore[index]
+            via = blocks.members[refusal.via][0]  # type: ignore[index]
             mine.apart.append((theirs.nodes[0], via))
             theirs.apart.append((mine.nodes[0], via))
         return sorted(found, key=lambda group: index[group.nodes[0]])
 
-    def _decisions(self, units: UnitGraph, groups: list[_Group], reasons: dict[Node, dict[str, str]]) -> PartitionPlan:
-        ordered = sorted(groups, key=lambda group: units.index[group.nodes[0]])
+    def _decisions(self, blocks: UnitGraph, groups: list[_Group], reasons: dict[Node, dict[str, str]]) -> PartitionPlan:
+        ordered = sorted(groups, key=lambda group: blocks.index[group.nodes[0]])
         counters: dict[str, int] = {}
         placed: dict[Node, tuple[str, str]] = {}  # node -> (backend id, tag)
         for group in ordered:
@@ -310,7 +310,7 @@ class CapabilityPartitioner(Partitioner):
                 PlannedPartition(placed[group.nodes[0]][1], group.backend, nodes, dict(sorted(apart.items())))
             )
         decisions = []
-        for node in units.nodes:
+        for node in blocks.nodes:
             if node.op != "call_function" or is_tuple_item(node):
                 continue
             where, label = placed.get(node, (None, None))
@@ -328,33 +328,33 @@ class _Group:
 
 
 def _levels(
-    units: UnitGraph, claimed: dict[int, None], order: list[int], successors: dict[int, list[int]]
+    blocks: UnitGraph, claimed: dict[int, None], order: list[int], successors: dict[int, list[int]]
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """The claimed units grouped by level, and the same cut where no edge joins them: both cycle-free."""
+    """The claimed blocks grouped by level, and the same cut where no edge joins them: both cycle-free."""
     level: dict[int, int] = {}
-    for unit in order:
-        level.setdefault(unit, 0)
+    for block in order:
+        level.setdefault(block, 0)
         # a computation this backend does not take
-        outside = unit not in claimed and (unit in units.taken or units.members[unit][0].op == "call_function")
-        for successor in successors[unit]:
-            level[successor] = max(level.get(successor, 0), level[unit] + outside)
+        outside = block not in claimed and (block in blocks.taken or blocks.members[block][0].op == "call_function")
+        for successor in successors[block]:
+            level[successor] = max(level.get(successor, 0), level[block] + outside)
     top = max(level.values(), default=0)
-    for unit in reversed(order):  # raise each claimed unit as far as its users allow
-        if unit in claimed:
-            lowest = min((level[s] for s in successors[unit]), default=top)  # no users: any level will do
-            level[unit] = max(level[unit], lowest)
+    for block in reversed(order):  # raise each claimed block as far as its users allow
+        if block in claimed:
+            lowest = min((level[s] for s in successors[block]), default=top)  # no users: any level will do
+            level[block] = max(level[block], lowest)
     by_level: dict[int, list[int]] = {}
-    for unit in claimed:
-        by_level.setdefault(level[unit], []).append(unit)
+    for block in claimed:
+        by_level.setdefault(level[block], []).append(block)
     return [sorted(members) for members in by_level.values()], _components(claimed, level, successors)
 
 
 def _components(claimed: dict[int, None], level: dict[int, int], successors: dict[int, list[int]]) -> list[list[int]]:
-    """Each level's units split where no edge within the level joins them."""
+    """Each level's blocks split where no edge within the level joins them."""
     pairs = (
-        (unit, successor)
-        for unit in claimed
-        for successor in successors[unit]
-        if successor in claimed and level[successor] == level[unit]
+        (block, successor)
+        for block in claimed
+        for successor in successors[block]
+        if successor in claimed and level[successor] == level[block]
     )
     return components(claimed, pairs)

@@ -1,4 +1,4 @@
-"""Partitions from op patterns: "addmm followed by relu" as one unit that a backend fuses.
+"""Partitions from op patterns: "addmm followed by relu" as one block that a backend fuses.
 
 A pattern is one of:
 
@@ -50,7 +50,7 @@ from torchdelegate.partition.capability import (
     op_name,
     why_unsupported,
 )
-from torchdelegate.partition.partitioner import overloads_of
+from torchdelegate.partition.contract import overloads_of
 
 NOT_MATCHED = "in no match of the patterns"
 
@@ -249,28 +249,28 @@ def _graph_matches(pattern: Graph, graph: Graph) -> list[list[Node]]:
 
 
 def _cycle_of_matches(graph: Graph, kept: list[PatternMatch], taken: dict[Node, PatternMatch]) -> list[PatternMatch]:
-    """Matches on a cycle of the graph with every kept match contracted to one unit; [] if it is acyclic."""
-    units = UnitGraph(graph, [match.nodes for match in kept])
-    order, successors = units.order()
-    if len(order) == len(units.members):
+    """Matches on a cycle of the graph with every kept match contracted to one block; [] if it is acyclic."""
+    blocks = UnitGraph(graph, [match.nodes for match in kept])
+    order, successors = blocks.order()
+    if len(order) == len(blocks.members):
         return []
-    left = set(units.members) - set(order)
-    predecessors: dict[int, list[int]] = {unit: [] for unit in left}
-    for unit in sorted(left):
-        for successor in successors[unit]:
+    left = set(blocks.members) - set(order)
+    predecessors: dict[int, list[int]] = {block: [] for block in left}
+    for block in sorted(left):
+        for successor in successors[block]:
             if successor in left:
-                predecessors[successor].append(unit)
+                predecessors[successor].append(block)
     seen: dict[int, int] = {}
     path: list[int] = []
-    unit = min(left)
-    while unit not in seen:  # every unit left over has a predecessor left over: walk back until one repeats
-        seen[unit] = len(path)
-        path.append(unit)
-        unit = predecessors[unit][0]
-    on_cycle = path[seen[unit] :]
+    block = min(left)
+    while block not in seen:  # every block left over has a predecessor left over: walk back until one repeats
+        seen[block] = len(path)
+        path.append(block)
+        block = predecessors[block][0]
+    on_cycle = path[seen[block] :]
     matches: dict[PatternMatch, None] = {}
     for head in on_cycle:
-        match = taken.get(units.members[head][0])
+        match = taken.get(blocks.members[head][0])
         if match is not None:
             matches.setdefault(match, None)
     return list(matches)
@@ -326,4 +326,4 @@ class PatternPartitioner(CapabilityPartitioner):
             answer = why_unsupported(op_support, node)
             return True if answer is None else f"{why}; {answer}"
 
-        return self._plan_units(UnitGraph(graph, [match.nodes for match in matches]), [(support, self.spec)])
+        return self._plan_blocks(UnitGraph(graph, [match.nodes for match in matches]), [(support, self.spec)])

@@ -14,7 +14,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from torchdelegate.exported.programs import DELEGATION_TAG
-from torchdelegate.partition.partitioner import tags_in
+from torchdelegate.partition.contract import tags_in
 
 
 def _state_placeholders(program: ExportedProgram) -> dict[str, str]:

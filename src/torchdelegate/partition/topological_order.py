@@ -1,7 +1,7 @@
 """A topological order of a directed graph given as successor lists (Kahn's algorithm).
 
-One home for the order every pass over a graph of units needs: the capability partitioner's
-levels, the joins of its groups, and lowering's fused graph (each partition one unit).
+One home for the order every pass over a graph of blocks needs: the capability partitioner's
+levels, the joins of its groups, and lowering's fused graph (each partition one step).
 """
 
 from __future__ import annotations

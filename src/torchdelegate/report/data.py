@@ -31,8 +31,8 @@ from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.lowering.partitions import Partition, find_partitions
 from torchdelegate.partition.capability import PartitionPlan
+from torchdelegate.partition.contract import is_tuple_item
 from torchdelegate.partition.modules import module_calls
-from torchdelegate.partition.partitioner import is_tuple_item
 from torchdelegate.partition.tagging import constant_data_tags
 
 REPORT_VERSION = 1

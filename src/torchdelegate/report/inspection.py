@@ -28,7 +28,7 @@ from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_del
 from torchdelegate.exported.structural_copy import fetch_attr
 from torchdelegate.lowering.edge_program_manager import EdgeProgramManager
 from torchdelegate.partition.capability import op_name
-from torchdelegate.partition.partitioner import is_tuple_item
+from torchdelegate.partition.contract import is_tuple_item
 
 Lowered = ExportedProgram | GraphModule | EdgeProgramManager
 """What the helpers of this module look at."""

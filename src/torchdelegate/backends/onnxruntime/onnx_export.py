@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack
-from torchdelegate.backends.linear import recompose_linear
+from torchdelegate.backends.linear_recomposition import recompose_linear
 from torchdelegate.backends.onnxruntime import blockwise
 from torchdelegate.backends.onnxruntime.attention import fused_attention
 from torchdelegate.backends.onnxruntime.blob_header import unpacked
