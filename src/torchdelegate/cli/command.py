@@ -71,15 +71,32 @@ def import_module(module: str) -> None:
         raise CommandError(f"--import {module}: importing it failed: {failure}") from error
 
 
-def loaded(path: Path, external_data: Path | None, trust: Sequence[str]) -> Any:
-    """``load`` for the commands: a missing operator library or data file says how to give it here."""
+def backend_options(given: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``--backend-option ID.KEY=VALUE`` (repeated) as ``load``'s ``backend_options``."""
+    options: dict[str, dict[str, str]] = {}
+    for text in given:
+        name, equals, value = text.partition("=")
+        backend_id, dot, key = name.partition(".")
+        if not (equals and dot and backend_id and key):
+            raise UsageError(f"--backend-option {text!r}: give ID.KEY=VALUE, e.g. onnxruntime.intra_op_num_threads=4")
+        options.setdefault(backend_id.strip(), {})[key.strip()] = value.strip()
+    return options
+
+
+def loaded(path: Path, external_data: Path | None, trust: Sequence[str], options: Sequence[str] = ()) -> Any:
+    """``load`` for the commands: a missing operator library or data file says how to give it here; a
+    load option the file's backends do not take is a usage error."""
     from torchdelegate.errors import OperatorNotFoundError
+    from torchdelegate.runtime.backend_options import BackendOptionError
     from torchdelegate.runtime.program import load
 
+    chosen = backend_options(options)
     try:
-        return load(path, external_data_path=external_data, trusted_backends=trust)
+        return load(path, external_data_path=external_data, trusted_backends=trust, backend_options=chosen)
     except OperatorNotFoundError as error:
         raise CommandError(f"{error} (with this command: --import MODULE)") from error
+    except BackendOptionError as error:
+        raise UsageError(str(error).replace("backend_options", "--backend-option", 1)) from error
     except FileNotFoundError as error:
         if external_data is not None or not path.is_file():
             raise

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError
+from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, loaded
 
 
 def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -69,10 +69,8 @@ def _save_whole(lowered: Any, path: Path, report: dict[str, Any], assets: dict[s
 
 
 def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
-    import torchdelegate as td
-
     sampling = _sampling(args)
-    with td.load(args.file) as program:
+    with loaded(args.file, None, (), args.backend_options) as program:
         model = _LanguageModel(program)
         if args.chat:
             text = model.chat_template().render([{"role": "user", "content": args.prompt}])
@@ -99,11 +97,9 @@ def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
 
     The conversation so far stays in the KV cache: each turn reads only the tokens the cache does
     not hold yet. When the conversation outgrows the cache, the earlier turns are dropped."""
-    import torchdelegate as td
-
     sampling = _sampling(args)
     interactive = sys.stdin.isatty()
-    with td.load(args.file) as program:
+    with loaded(args.file, None, (), args.backend_options) as program:
         model = _LanguageModel(program)
         conversation = _Conversation(model, args.system)
         print(

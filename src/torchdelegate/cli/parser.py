@@ -200,6 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--ids", action="store_true", help="also print the generated token ids")
     for sub in (export, generate, chat):
         sub.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
+    for sub in (run, prepare, generate, chat):
+        sub.add_argument(
+            "--backend-option",
+            action="append",
+            default=[],
+            dest="backend_options",
+            metavar="ID.KEY=VALUE",
+            help="a load-time option of a backend, for this machine (repeat), e.g. onnxruntime.intra_op_num_threads=4",
+        )
 
     demo = commands.add_parser(
         "demo",

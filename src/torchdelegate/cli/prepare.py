@@ -13,7 +13,7 @@ def prepare_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.cache.machine_cache import required_cache_directory
 
     required_cache_directory()  # before the file is read
-    with loaded(args.file, args.external_data, args.trust) as program:
+    with loaded(args.file, args.external_data, args.trust, args.backend_options) as program:
         started = time.perf_counter()
         lines = program.prepare()
         seconds = time.perf_counter() - started

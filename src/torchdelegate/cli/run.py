@@ -19,7 +19,7 @@ def run_command(args: argparse.Namespace, out: TextIO) -> int:
     args_in, kwargs_in = _inputs(args.inputs)
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)  # as lower does for -o: known before the run
-    with loaded(args.file, args.external_data, args.trust) as program:
+    with loaded(args.file, args.external_data, args.trust, args.backend_options) as program:
         method = args.method or _default_method(program.method_names)
         if method not in program.method_names:
             names = ", ".join(program.method_names)

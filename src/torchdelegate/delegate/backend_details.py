@@ -127,6 +127,11 @@ class BackendDetails(ABC):
     A file's delegates of such a backend are loaded only when the caller trusts it
     (``load(path, trusted_backends=[...])``); a backend that declares False must treat its
     blob as untrusted input and check everything it hands to its runtime."""
+    load_options: ClassVar[dict[str, str]] = {}
+    """The compile specs that depend on the machine that runs a file rather than the one that lowered
+    it (a thread count), each with what it means: ``load(path, backend_options={id: {key: value}})``
+    sets them for this process, and ``init`` sees each as the compile spec of that key, its value
+    ``str(value).encode()``, in place of the file's. Any other key is refused at load."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -31,6 +31,7 @@ from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.delegate.trust import trusted_backends as trusted_backends_of
 from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, FormatError, ProgramClosedError
 from torchdelegate.exported.generated_source import GeneratedSource
+from torchdelegate.runtime.backend_options import BackendOptions, checked_backend_options, with_load_options
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.manifest import DelegateRecord
 from torchdelegate.serialize.reader import ProgramFile
@@ -173,9 +174,12 @@ class BoundMethod:
 class Program:
     """A loaded program: run its methods with :meth:`run` or :meth:`method`, then :meth:`close`."""
 
-    def __init__(self, file: ProgramFile, trust: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, file: ProgramFile, trust: frozenset[str] = frozenset(), backend_options: BackendOptions | None = None
+    ) -> None:
         self._file = file
         self._trust = trust
+        self._backend_options = backend_options or {}
         self._gate = _Gate(str(file.path))
         self._state_lock = threading.Lock()
         self._verify_lock = threading.Lock()
@@ -366,7 +370,7 @@ class Program:
         return DelegateInstance(
             backend,
             lambda: file.data(digest, label),
-            record.compile_specs,
+            with_load_options(record.compile_specs, self._backend_options.get(record.backend_id, {})),
             lambda: named,
             name=record.name,
             output_count=record.output_count,
@@ -403,17 +407,21 @@ def load(
     *,
     external_data_path: str | os.PathLike[str] | None = None,
     trusted_backends: Iterable[str] | None = None,
+    backend_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Program:
     """Map a program file and get it ready to run; see :class:`Program`.
 
     ``trusted_backends``: ids of backends whose native code this file may run (with those in
     ``TORCHDELEGATE_TRUSTED_BACKENDS``); a delegate of any other backend that declares
     ``runs_native_code`` is an ``UntrustedCodeError`` here, before its blob is read.
+    ``backend_options``: ``{backend_id: {key: value}}``, what depends on this machine (a thread
+    count), among the keys each backend declares in ``load_options`` (``runtime/backend_options.py``).
     """
     trust = trusted_backends_of(trusted_backends)
     file = ProgramFile(path, external_data_path)
     try:
-        return Program(file, trust)
+        options = checked_backend_options(backend_options, [d.backend_id for d in file.delegates], str(file.path))
+        return Program(file, trust, options)
     except BaseException:
         file.close()
         raise

@@ -34,6 +34,10 @@ class OnnxRuntimeBackend(SharedDataBackend):
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
     compile_cache_version = f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined, info"
     weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
+    load_options = {
+        "intra_op_num_threads": "threads of ONNX Runtime's intra-op pool (an integer; 0: ONNX Runtime's choice)",
+        "intra_op_spinning": "1: the pool's threads spin between calls (faster on a machine of its own), 0: sleep",
+    }
 
     @classmethod
     def compile_cache_identity(cls) -> dict[str, str] | None:
