@@ -68,8 +68,8 @@ def lower(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def save(args: argparse.Namespace) -> dict[str, Any]:
-    from torchdelegate.backends.support import backend_supports
     from torchdelegate.partition.capability import CapabilityPartitioner
+    from torchdelegate.partition.proposed import backend_supports
 
     backend, specs = VARIANTS[args.backend]
     model, _ = seeded_stack(args.layers, args.width)

@@ -23,7 +23,7 @@ def swin_three_backends() -> LoweringReport:
     backend, the rest on Inductor but two ops no backend is given (planned only, nothing compiled)."""
     from zoo.models import swin
 
-    from torchdelegate.backends.support import backend_supports
+    from torchdelegate.partition.proposed import backend_supports
 
     case = swin()
     call = case.example("forward")

@@ -27,7 +27,7 @@ from torchdelegate import (
     SerializationError,
 )
 from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
-from torchdelegate.backends.support import backend_support
+from torchdelegate.partition.proposed import backend_support
 
 
 def _lowered_on(backend_id: str) -> td.EdgeProgramManager:
@@ -254,8 +254,8 @@ def test_ops_to_not_decompose_must_be_torch_ops() -> None:
         td.to_edge_transform_and_lower(export(TwoLinears(), torch.randn(2, 4)), partitioner=[KeepsLinearAsAString()])
 
 
-def test_operator_support_is_known_only_for_shipped_backends() -> None:
-    with pytest.raises(ValueError, match=r"backend 'TestCompileOnly' is registered but is not one of torchdelegate's"):
+def test_a_backend_that_proposes_no_partitioner_says_how_to_lower_with_it() -> None:
+    with pytest.raises(ValueError, match=r"backend 'TestCompileOnly' proposes no partitioner .* from Python"):
         backend_support(CompileOnlyBackend.backend_id)
 
 

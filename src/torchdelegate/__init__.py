@@ -184,6 +184,7 @@ _MOVED_MODULES = {
     "torchdelegate.demo.checkpoint": "torchdelegate.demo.gpt2_checkpoint",
     "torchdelegate.demo.session": "torchdelegate.demo.walkthrough",
     "torchdelegate.partition.partitioner": "torchdelegate.partition.contract",
+    "torchdelegate.backends.support": "torchdelegate.partition.proposed",
     "torchdelegate.backend": "torchdelegate.delegate.backend_details",
     "torchdelegate.compile.cache": "torchdelegate.cache.compile_cache",
     "torchdelegate.compile.entry": "torchdelegate.cache.compiled_entry",

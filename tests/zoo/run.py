@@ -201,7 +201,7 @@ def lower_and_save(
     programs: dict[str, torch.export.ExportedProgram], backends: Sequence[str], path: Path, result: Result
 ) -> bool:
     """Lower ``programs`` with ``backends`` in priority order and save them to ``path``; False if a step failed."""
-    from torchdelegate.backends.support import backend_supports
+    from torchdelegate.partition.proposed import backend_supports
     from torchdelegate.report import lower_with_report
 
     try:

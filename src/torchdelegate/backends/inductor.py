@@ -79,6 +79,12 @@ class InductorBackend(SharedDataBackend):
             "threads": str(_threads()),
         }
 
+    needs = "AOTInductor needs a C++ compiler (g++ or clang++) on PATH"
+
+    @classmethod
+    def partitioner(cls, compile_specs: list[CompileSpec] | None = None) -> InductorPartitioner:
+        return InductorPartitioner(compile_specs)
+
     @classmethod
     def is_available(cls) -> bool:
         try:

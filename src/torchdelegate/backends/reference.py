@@ -49,6 +49,14 @@ class ReferenceBackend(SharedDataBackend):
 
     backend_id = "reference"
     thread_safe_execute = True  # a handle that owns state locks itself
+    needs = "torch itself is missing"
+
+    @classmethod
+    def partitioner(cls, compile_specs: list[CompileSpec] | None = None) -> ReferencePartitioner:
+        if cls is not ReferenceBackend:  # a subclass with an id of its own proposes nothing by inheritance
+            return super().partitioner(compile_specs)  # type: ignore[return-value]
+        return ReferencePartitioner(compile_specs)
+
     compile_cache_version = f"blob {BLOB_VERSION}"
     weights_by_reference = True  # a weight is its table's key, nothing else
 

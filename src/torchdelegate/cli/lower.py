@@ -54,7 +54,7 @@ def chosen_partitioners(
     args: argparse.Namespace, backend_ids: Sequence[str], compile_specs: dict[str, list[Any]]
 ) -> list[Any]:
     """The shipped partitioners of the backends asked for, in priority order; the quantize options checked."""
-    from torchdelegate.backends.support import backend_partitioners
+    from torchdelegate.partition.proposed import backend_partitioners
 
     if args.quantize is None and (args.group_size is not None or args.keep_float):
         raise UsageError("--group-size and --keep-float go with --quantize RECIPE")

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         dest="backends",
         metavar="ID",
-        help="a backend, highest priority first (repeat): onnxruntime, inductor, reference",
+        help="a backend, highest priority first (repeat): onnxruntime, inductor, reference, or any installed "
+        "backend that proposes a partitioner",
     )
     lower.add_argument("-o", "--output", required=True, type=Path, help="the program file to write")
     lower.add_argument(

@@ -217,6 +217,21 @@ class BackendDetails(ABC):
         """
         return None
 
+    needs: ClassVar[str] = "what it needs is not installed"
+    """What this machine lacks when ``is_available()`` is False, and how to get it (shown in errors)."""
+
+    @classmethod
+    def partitioner(cls, compile_specs: list[CompileSpec] | None = None) -> Any:
+        """The partitioner this backend proposes (a ``Partitioner``), delegating to it with
+        ``compile_specs``: what ``torchdelegate lower --backend ID`` and ``backend_supports([...])`` use.
+        A ``CapabilityPartitioner`` can be joined with other backends' in priority order. The default
+        proposes none."""
+        raise ValueError(
+            f"backend {cls.backend_id!r} proposes no partitioner (it does not override "
+            "BackendDetails.partitioner); lower with it from Python: "
+            f"CapabilityPartitioner(support, DelegationSpec({cls.backend_id!r}))"
+        )
+
     @classmethod
     def warm_up(cls) -> None:
         """Build, once in a process, what this backend's first compile would otherwise pay for (its

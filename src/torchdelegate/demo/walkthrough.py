@@ -19,12 +19,12 @@ from typing import TextIO
 
 import torch
 
-from torchdelegate.backends.support import backend_supports
 from torchdelegate.delegate.progress import PreprocessProgress, preprocess_progress
 from torchdelegate.demo.model import DecoderLM, export_demo, generate, reset_cache, trained_demo_model
 from torchdelegate.errors import BackendUnavailableError
 from torchdelegate.lowering.edge_program_manager import to_edge
 from torchdelegate.partition.capability import CapabilityPartitioner
+from torchdelegate.partition.proposed import backend_supports
 from torchdelegate.report import lower_with_report, render_html, render_text
 from torchdelegate.report.terminal import human_bytes
 from torchdelegate.runtime.program import load

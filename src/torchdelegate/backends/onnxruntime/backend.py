@@ -19,6 +19,8 @@ from torchdelegate.delegate.specs import CompileSpec
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
+    from torchdelegate.backends.onnxruntime.partitioner import OnnxRuntimePartitioner
+
 
 def _version(distribution: str) -> str:
     try:
@@ -52,6 +54,14 @@ class OnnxRuntimeBackend(SharedDataBackend):
         except ImportError:
             return False
         return "CPUExecutionProvider" in ort.get_available_providers()
+
+    needs = "install its runtime with pip install 'torchdelegate[onnxruntime]'"
+
+    @classmethod
+    def partitioner(cls, compile_specs: list[CompileSpec] | None = None) -> OnnxRuntimePartitioner:
+        from torchdelegate.backends.onnxruntime.partitioner import OnnxRuntimePartitioner
+
+        return OnnxRuntimePartitioner(compile_specs=compile_specs)
 
     @classmethod
     def warm_up(cls) -> None:
