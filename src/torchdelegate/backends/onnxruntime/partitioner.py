@@ -48,7 +48,7 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
     :meth:`operator_support`.
     """
 
-    def __init__(self, min_partition_size: int = 1, compile_specs: list[CompileSpec] | None = None) -> None:
+    def __init__(self, compile_specs: list[CompileSpec] | None = None, *, min_partition_size: int = 1) -> None:
         require("onnxruntime")
         spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
         super().__init__(self.operator_support, spec, min_partition_size=min_partition_size)
