@@ -53,9 +53,8 @@ class ReferenceBackend(SharedDataBackend):
 
     @classmethod
     def partitioner(cls, compile_specs: list[CompileSpec] | None = None) -> ReferencePartitioner:
-        if cls is not ReferenceBackend:  # a subclass with an id of its own proposes nothing by inheritance
-            return super().partitioner(compile_specs)  # type: ignore[return-value]
-        return ReferencePartitioner(compile_specs)
+        """Every core-ATen computation, for this backend (a subclass proposes it under its own id)."""
+        return ReferencePartitioner(compile_specs, backend_id=cls.backend_id)
 
     compile_cache_version = f"blob {BLOB_VERSION}"
     weights_by_reference = True  # a weight is its table's key, nothing else
@@ -203,11 +202,18 @@ class ReferencePartitioner(CapabilityPartitioner):
     :func:`reference_support`, so its groups are as few as the capability partitioner makes.
 
     Put last in a list of partitioners, it takes whatever the backends before it left. A subclass
-    narrows what it claims by overriding :meth:`operator_support`.
+    narrows what it claims by overriding :meth:`operator_support`; ``backend_id`` delegates to a
+    subclass of the reference backend instead.
     """
 
-    def __init__(self, compile_specs: list[CompileSpec] | None = None, *, min_partition_size: int = 1) -> None:
-        spec = DelegationSpec(ReferenceBackend.backend_id, list(compile_specs or []))
+    def __init__(
+        self,
+        compile_specs: list[CompileSpec] | None = None,
+        *,
+        min_partition_size: int = 1,
+        backend_id: str = "reference",
+    ) -> None:
+        spec = DelegationSpec(backend_id, list(compile_specs or []))
         super().__init__(self.operator_support, spec, min_partition_size=min_partition_size)
 
     def operator_support(self, node: Node) -> bool | str:

@@ -50,16 +50,17 @@ class CompileCache:
             data = self.store.read(BINDINGS, structure, _BINDINGS)
             found = [] if data is None else json.loads(data)
         except ValueError as e:
-            found = str(e)
-        valid = isinstance(found, list) and all(
-            isinstance(b, list) and all(isinstance(n, str) for n in b) for b in found
-        )
-        if not valid:
-            place = self.store.entry_place(BINDINGS, structure)
-            why = found if isinstance(found, str) else "not a list of bindings"
-            warnings.warn(f"compile cache: {place} is damaged ({why}); its entries are compiled again", stacklevel=2)
-            return []
-        return found  # type: ignore[return-value]
+            return self._damaged_bindings(structure, str(e))
+        if not (
+            isinstance(found, list) and all(isinstance(b, list) and all(isinstance(n, str) for n in b) for b in found)
+        ):
+            return self._damaged_bindings(structure, "not a list of bindings")
+        return found
+
+    def _damaged_bindings(self, structure: str, why: str) -> list[list[str]]:
+        place = self.store.entry_place(BINDINGS, structure)
+        warnings.warn(f"compile cache: {place} is damaged ({why}); its entries are compiled again", stacklevel=3)
+        return []
 
     def get(self, key: str, where: str) -> Entry | None:
         """The entry under ``key``, or None: absent, or damaged (a warning; it is compiled again)."""

@@ -33,21 +33,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from torchdelegate.cache import store
 from torchdelegate.cache.store import CACHE_VARIABLE, Store, StoreError, cache_location, max_bytes_setting
 
 _FORMAT = 2
-
-
-def turned_off(value: str) -> bool:
-    """Whether a cache setting (``TORCHDELEGATE_CACHE``, ``--cache``) turns the caches off."""
-    return store.turned_off(value)
-
-
-def cache_setting() -> str | None:
-    """``TORCHDELEGATE_CACHE`` as set ("" when unset), or None when it turns the caches off."""
-    chosen = os.environ.get(CACHE_VARIABLE, "").strip()
-    return None if turned_off(chosen) else chosen
 
 
 def cache_directory() -> Path | None:

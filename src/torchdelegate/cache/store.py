@@ -150,18 +150,6 @@ class Store:
         return place
 
     # ------------------------------------------------------------------ reading
-    def manifest(self, kind: str, key: str) -> dict[str, dict[str, Any]] | None:
-        """The entry's files (name -> size and digest) if it is whole, else None."""
-        place = self.entry_place(kind, key)
-        try:
-            files = _checked_manifest(self._read_bytes(f"{place}/{MANIFEST}"))
-        except (OSError, ValueError):
-            return None
-        for name, record in files.items():
-            if self._size(f"{place}/{name}") != record["size"]:
-                return None
-        return files
-
     def read(self, kind: str, key: str, name: str) -> bytes | None:
         """One file of an entry, checked against the entry's manifest; None if there is no entry (or one
         still being written at a URL). An entry that is there but damaged is a ``ValueError`` saying how."""
@@ -184,20 +172,20 @@ class Store:
         return data
 
     def problem(self, kind: str, key: str, *, verify: bool) -> str | None:
-        """Why a local entry cannot be used (absent, not whole, or with ``verify`` a file not matching its
+        """Why an entry cannot be used (absent, not whole, or with ``verify`` a file not matching its
         digest), or None."""
-        place = self.local_place(kind, key)
+        place = self.entry_place(kind, key)
         try:
-            files = _checked_manifest((place / MANIFEST).read_bytes())
-        except OSError:
+            files = _checked_manifest(self._read_bytes(f"{place}/{MANIFEST}"))
+        except (OSError, FileNotFoundError):
             return "it is absent or has no manifest"
         except ValueError as e:
             return str(e)
         for name, record in sorted(files.items()):
-            path = place / name
-            if not path.is_file() or path.stat().st_size != record["size"]:
+            path = f"{place}/{name}"
+            if self._size(path) != record["size"]:
                 return f"{name!r} is missing or not {record['size']} bytes"
-            if verify and file_digest(path) != record["sha256"]:
+            if verify and self._digest(path) != record["sha256"]:
                 return f"{name!r} does not match its digest (damaged)"
         return None
 
@@ -319,7 +307,7 @@ class Store:
             size, used = self._stat(path)
             sizes.append(size)
             times.append(used)
-        whole = not name.startswith(".") and self.manifest(kind, key) is not None
+        whole = not name.startswith(".") and self.problem(kind, key, verify=False) is None
         if whole:
             used = self._stat(place)[1] if self.local else self._stat(f"{place}/{MANIFEST}")[1]
         else:  # a scratch folder: when it was last written to
@@ -367,6 +355,9 @@ class Store:
             with open(path, "rb") as file:
                 return file.read()
         return bytes(self._fs.cat_file(path))
+
+    def _digest(self, path: str) -> str:
+        return file_digest(Path(path)) if self.local else hashlib.sha256(self._read_bytes(path)).hexdigest()
 
     def _size(self, path: str) -> int | None:
         try:

@@ -116,14 +116,17 @@ class UnitCompiler:
             yield
             return
         with self.cache.store.lock(ENTRIES, item.structure):
-            if not backend.runs_native_code or backend.backend_id in trusted_backends(self._trusted):
+            if self._trusts(backend):
                 self._look_up(backend, item)  # made while this process waited?
             yield
 
+    def _trusts(self, backend: type[BackendDetails]) -> bool:
+        """Whether entries of ``backend`` may come from the cache: its blobs are no native code, or it is trusted."""
+        return not backend.runs_native_code or backend.backend_id in trusted_backends(self._trusted)
+
     def _may_take(self, backend: type[BackendDetails], where: str) -> bool:
-        """Whether a cached entry of ``backend`` may stand for a compile here: always, unless its blobs are
-        native code from a backend this compiler does not trust (then a warning says how to)."""
-        if not backend.runs_native_code or backend.backend_id in trusted_backends(self._trusted):
+        """Whether a cached entry of ``backend`` may stand for a compile here (if not, a warning says how)."""
+        if self._trusts(backend):
             return True
         assert self.cache is not None
         backend_id = backend.backend_id

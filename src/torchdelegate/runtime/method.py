@@ -180,7 +180,8 @@ class Method:
                 tensor = state[spec.target]  # type: ignore[index]
                 _check_state(name, spec.target, tensor, spec.value)  # type: ignore[arg-type]
                 self._template.append(tensor)
-        user_positions = {spec.name: i for i, spec in enumerate(i for i in program.inputs if i.kind == "user_input")}
+        user_inputs = [spec.name for spec in program.inputs if spec.kind == "user_input"]
+        user_positions = {name: position for position, name in enumerate(user_inputs)}
         self._buffer_updates: list[tuple[int, torch.Tensor]] = []
         self._input_updates: list[tuple[int, int]] = []
         self._user_outputs: list[int] = []

@@ -83,7 +83,11 @@ def program_from_json(
     to ``plain_types`` with the plain type it became (``tree_specs.with_plain_containers``, which
     also refuses specs whose reading would import); the document itself is not changed.
     """
-    document = checked_document(document, tensors, where, plain_types)
+    return deserialized(checked_document(document, tensors, where, plain_types), tensors, where)
+
+
+def deserialized(document: Any, tensors: Mapping[str, torch.Tensor], where: str) -> ExportedProgram:
+    """:func:`program_from_json` of a document ``residual_graph.checked_document`` has checked already."""
     names = state_names(document)
     state_dict: dict[str, torch.Tensor] = {}
     constants: dict[str, torch.Tensor] = {}

@@ -161,9 +161,9 @@ def residual_graph(
         pass
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as e:
         raise FormatError(f"{where}: the graph cannot be read ({type(e).__name__}: {e})") from e
-    from torchdelegate.serialize.graph import program_from_json
+    from torchdelegate.serialize.graph import deserialized
 
-    return described(program_from_json(document, tensors, where, plain_types), where)
+    return described(deserialized(checked, tensors, where), where)
 
 
 def _read(document: dict[str, Any]) -> ResidualGraph:
