@@ -449,6 +449,24 @@ def prompt(directory: Path) -> tuple[str, list[int]]:
     raise RuntimeError(f"no passage of the novel is {PROMPT_TOKENS} tokens")
 
 
+def _peer_pythons(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of each peer the run races (``--tools``)."""
+    chosen = {"llamacpp": (LLAMACPP, args.llamacpp_python), "genai": (GENAI, args.genai_python)}
+    return {name: python for name, (tool, python) in chosen.items() if tool in args.tools}
+
+
+def _peer_versions(m: dict[str, Any]) -> str:
+    """The peers raced, by version: those ``--tools`` chose."""
+    named = []
+    if "llamacpp" in m:
+        named.append(f"llama-cpp-python {m['llamacpp'].get('llama-cpp-python')} (built from source here)")
+    if "genai" in m:
+        named.append(
+            f"onnxruntime-genai {m['genai'].get('onnxruntime-genai')} with onnxruntime {m['genai'].get('onnxruntime')}"
+        )
+    return "; ".join(named) + "; each peer in its own environment." if named else "No peer raced."
+
+
 def machine(args: argparse.Namespace) -> dict[str, Any]:
     import onnxruntime
     import torch
@@ -471,7 +489,7 @@ def machine(args: argparse.Namespace) -> dict[str, Any]:
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30
     )
     found["torchdelegate commit"] = git.stdout.strip() + (" (+ uncommitted changes)" if _dirty() else "")
-    for name, python in (("llamacpp", args.llamacpp_python), ("genai", args.genai_python)):
+    for name, python in _peer_pythons(args).items():
         found[name] = last_json(timed([python, PEERS, "versions"], 300)["stdout"])
     return found
 
@@ -538,10 +556,7 @@ def page(data: dict[str, Any], stem: str) -> list[str]:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}. Ours: torchdelegate "
         f"{m['torchdelegate']} (commit {m['torchdelegate commit']}), Python {m['python']}, torch {m['torch']}, "
-        f"onnxruntime {m['onnxruntime']}. "
-        f"llama-cpp-python {m['llamacpp'].get('llama-cpp-python')} (built from source here); onnxruntime-genai "
-        f"{m['genai'].get('onnxruntime-genai')} with onnxruntime {m['genai'].get('onnxruntime')}; each peer in its own "
-        "environment.",
+        f"onnxruntime {m['onnxruntime']}. " + _peer_versions(m),
         "",
         f"The model: Llama, hidden {checkpoint['hidden']}, {checkpoint['layers']} layers, vocabulary "
         f"{checkpoint['vocab']}, {checkpoint['parameters'] / 1e6:.0f}M parameters, random weights, untied head, "
@@ -714,7 +729,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="keep the checkpoint and files here (reused when there)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
-    for python in (args.llamacpp_python, args.genai_python):
+    for python in _peer_pythons(args).values():
         if not Path(python).exists():
             sys.exit(f"{python} is missing: `make .venv-llamacpp/.installed .venv-genai/.installed` makes the peers")
     started = time.perf_counter()
