@@ -176,7 +176,6 @@ def layered_program(path: Path) -> Path:
     reference backend, norms and GELUs left in the program."""
     import torchdelegate as td
     from torchdelegate import CapabilityPartitioner, DelegationSpec
-    from torchdelegate.report import lower_with_report
 
     model = torch.nn.Sequential(NormAndMlp(), NormAndMlp(), torch.nn.Linear(8, 2)).eval()
     programs = {
@@ -184,8 +183,6 @@ def layered_program(path: Path) -> Path:
         "batch": torch.export.export(model, (torch.randn(4, 8),)),
     }
     supported = {aten.linear.default, aten.addmm.default, aten.permute.default, aten.t.default, aten.add.Tensor}
-    lowered, report = lower_with_report(
-        td.to_edge(programs), CapabilityPartitioner(supported, DelegationSpec("reference"))
-    )
-    lowered.save(path, report=report.to_json())
+    lowered = td.to_edge(programs).to_backend(CapabilityPartitioner(supported, DelegationSpec("reference")))
+    lowered.save(path)
     return path

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     )
     from torchdelegate.exported.structural_copy import copy_program
     from torchdelegate.lowering.edge_program_manager import EdgeProgramManager, to_edge, to_edge_transform_and_lower
+    from torchdelegate.lowering.lowering_report import LoweringReport, lowering_report
     from torchdelegate.lowering.to_backend import to_backend
     from torchdelegate.lowering.validation import disable_validation, validation_disabled
     from torchdelegate.partition import (
@@ -158,6 +159,8 @@ _EXPORTS = {
     "TorchDelegateError": "torchdelegate.errors",
     "TRUSTED_BACKENDS_VARIABLE": "torchdelegate.delegate.trust",
     "undelegated_nodes": "torchdelegate.report.inspection",
+    "LoweringReport": "torchdelegate.lowering.lowering_report",
+    "lowering_report": "torchdelegate.lowering.lowering_report",
     "UntrustedCodeError": "torchdelegate.errors",
     "validation_disabled": "torchdelegate.lowering.validation",
 }
@@ -197,6 +200,7 @@ _MOVED_MODULES = {
     "torchdelegate.lowering.structural_copy": "torchdelegate.exported.structural_copy",
     "torchdelegate.machine_cache": "torchdelegate.cache.machine_cache",
     "torchdelegate.progress": "torchdelegate.delegate.progress",
+    "torchdelegate.report.data": "torchdelegate.lowering.lowering_report",
     "torchdelegate.serialize.generated_source": "torchdelegate.exported.generated_source",
     "torchdelegate.specs": "torchdelegate.delegate.specs",
     "torchdelegate.structure": "torchdelegate.report.structure",
@@ -258,6 +262,7 @@ __all__ = [
     "GraphChangedError",
     "LoweredBackendModule",
     "LoweredSubmodule",
+    "LoweringReport",
     "MethodExecutionError",
     "NamedDataConflictError",
     "NamedDataMap",
@@ -296,6 +301,7 @@ __all__ = [
     "load",
     "lowered_module_of",
     "lowered_modules",
+    "lowering_report",
     "lowered_submodules",
     "preprocessing",
     "print_delegated_graph",

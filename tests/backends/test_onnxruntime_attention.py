@@ -97,13 +97,12 @@ def test_attention_left_unfused_says_why_in_the_report_and_keeps_the_models_logi
     from language_models import tiny_gpt2
 
     from torchdelegate.partition.capability import CapabilityPartitioner
-    from torchdelegate.report import lower_with_report, render_text
+    from torchdelegate.report import render_text
 
     model = tiny_gpt2(vocab_size=256)
     programs = export_methods(model, CACHE, None)
-    lowered, report = lower_with_report(
-        td.to_edge(programs), CapabilityPartitioner([OnnxRuntimePartitioner().backends[0]])
-    )
+    lowered = td.to_edge(programs).to_backend(CapabilityPartitioner([OnnxRuntimePartitioner().backends[0]]))
+    report = lowered.report
     layers = model.config.n_layer
     why = (
         f"{layers} layers: queries and keys are not rotated by the half-split rotation (rotate_half) of one cos and sin"

@@ -60,7 +60,7 @@ def test_a_delegate_without_info_saves_no_field_and_loads_as_none(tmp_path: Path
 
     lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(ReferencePartitioner())
     assert "delegate_info" not in lowered.delegates()["forward"][0].meta
-    lowered.save(tmp_path / "m.tdp")
+    lowered.save(tmp_path / "m.tdp", report=False)  # a report names every field of a partition row
     assert b"delegate_info" not in (tmp_path / "m.tdp").read_bytes()
     with td.load(tmp_path / "m.tdp") as program:
         assert program.delegates[0].delegate_info is None

@@ -10,7 +10,7 @@ from models import TwoLinears, export
 import torchdelegate as td
 from torchdelegate import CapabilityPartitioner, DelegationSpec
 from torchdelegate.partition.capability import CLAIMED_EARLIER, CYCLE, TOO_SMALL
-from torchdelegate.report import LoweringReport, lower_with_report, plan_report, render_text
+from torchdelegate.report import LoweringReport, plan_report, render_text
 
 aten = torch.ops.aten
 REFERENCE = DelegationSpec("reference")
@@ -31,7 +31,8 @@ class _OneLayerTwice(torch.nn.Module):
 def test_a_weight_two_partitions_read_is_carried_by_both_as_lowering_carries_it() -> None:
     edge = td.to_edge(export(_OneLayerTwice(), torch.randn(2, 4)))
     support = {aten.permute.default, aten.addmm.default}
-    lowered, report = lower_with_report(edge, CapabilityPartitioner(support, REFERENCE))
+    lowered = edge.to_backend(CapabilityPartitioner(support, REFERENCE))
+    report = lowered.report
     first, second = report.methods["forward"].partitions
     assert first.weight_bytes == second.weight_bytes == (4 * 4 + 4) * 4
     assert first.inputs == ["x"] and second.inputs == ["sigmoid"]
@@ -44,7 +45,8 @@ def test_partitions_carry_their_nodes_ops_boundary_weights_and_flops() -> None:
     model, x = TwoLinears(), torch.randn(2, 4)
     edge = td.to_edge(export(model, x))
     support = {aten.permute.default, aten.addmm.default, aten.relu.default, aten.add.Tensor}
-    lowered, report = lower_with_report(edge, CapabilityPartitioner(support, REFERENCE))
+    lowered = edge.to_backend(CapabilityPartitioner(support, REFERENCE))
+    report = lowered.report
     method = report.methods["forward"]
     first, second = method.partitions
     assert (first.tag, first.nodes, first.ops) == ("reference_0", 3, {"permute": 1, "addmm": 1, "relu": 1})
@@ -67,7 +69,8 @@ def test_flops_of_a_dynamic_dimension_are_counted_at_the_example_size_and_the_di
     program = torch.export.export(TwoLinears(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
     edge = td.to_edge(program)
     support = {aten.permute.default, aten.addmm.default, aten.relu.default, aten.add.Tensor, aten.sigmoid.default}
-    lowered, report = lower_with_report(edge, CapabilityPartitioner(support, REFERENCE))
+    lowered = edge.to_backend(CapabilityPartitioner(support, REFERENCE))
+    report = lowered.report
     assert report.methods["forward"].total_flops == 2 * 2 * 3 * 4 * 4
     for kept in (program, edge.exported_program(), lowered.exported_program()):
         (x,) = [n for n in kept.graph.nodes if n.op == "placeholder" and n.name == "x"]
@@ -106,7 +109,8 @@ def test_every_reason_reaches_the_report_and_its_text() -> None:
 def test_the_report_is_saved_with_the_program_and_read_back(tmp_path: pytest.TempPathFactory) -> None:
     model, x = TwoLinears(), torch.randn(2, 4)
     edge = td.to_edge(export(model, x))
-    lowered, report = lower_with_report(edge, CapabilityPartitioner(lambda node: True, REFERENCE))
+    lowered = edge.to_backend(CapabilityPartitioner(lambda node: True, REFERENCE))
+    report = lowered.report
     path = tmp_path / "model.tdp"  # type: ignore[operator]
     lowered.save(path, report=report.to_json())
     with td.load(path) as program:
@@ -118,7 +122,8 @@ def test_the_report_is_saved_with_the_program_and_read_back(tmp_path: pytest.Tem
 
 def test_a_partitions_ops_stay_most_frequent_first_when_read_back(tmp_path: pytest.TempPathFactory) -> None:
     edge = td.to_edge(export(_OneLayerTwice(), torch.randn(2, 4)))
-    lowered, report = lower_with_report(edge, CapabilityPartitioner(lambda node: True, REFERENCE))
+    lowered = edge.to_backend(CapabilityPartitioner(lambda node: True, REFERENCE))
+    report = lowered.report
     path = tmp_path / "model.tdp"  # type: ignore[operator]
     lowered.save(path, report=report.to_json())
     with td.load(path) as program:

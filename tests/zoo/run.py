@@ -8,7 +8,7 @@ One model goes through three steps, which the tests call separately so that one 
 can serve many models: :func:`prepare` (build, eager outputs, export, lower, save), the fresh
 process (:mod:`fresh`), :func:`finish` (compare with eager). Lowering uses a
 ``CapabilityPartitioner`` over the shipped backends' operator support through
-``torchdelegate.report.lower_with_report``, whose report gives the shares of nodes and FLOPs.
+the lowering's own report, which gives the shares of nodes and FLOPs.
 """
 
 from __future__ import annotations
@@ -202,13 +202,13 @@ def lower_and_save(
 ) -> bool:
     """Lower ``programs`` with ``backends`` in priority order and save them to ``path``; False if a step failed."""
     from torchdelegate.partition.proposed import backend_supports
-    from torchdelegate.report import lower_with_report
 
     try:
         start = time.perf_counter()
         edge = torchdelegate.to_edge(programs)
         partitioner = torchdelegate.CapabilityPartitioner(backend_supports(list(backends)))
-        lowered, report = lower_with_report(edge, partitioner)
+        lowered = edge.to_backend(partitioner)
+        report = lowered.report
         result.lowering_seconds = time.perf_counter() - start
         result.weight_bytes = weight_bytes(edge)
         result.methods = method_results(lowered, report, backends[0])
@@ -216,7 +216,7 @@ def lower_and_save(
         result.fail("lower", error)
         return False
     try:
-        lowered.save(path, report=report.to_json())
+        lowered.save(path)
         result.file_bytes = path.stat().st_size
     except Exception as error:  # noqa: BLE001
         result.fail("save", error)

@@ -123,6 +123,6 @@ def _model_explorer(report: LoweringReport, args: argparse.Namespace, out: TextI
 
 
 _NO_REPORT = (
-    "to keep one, lower with the torchdelegate command, or from Python save with "
-    "lowered.save(path, report=report.to_json()), the report from torchdelegate.report.lower_with_report"
+    "it was saved with report=False, or from Python by torchdelegate 0.1.0; lower and save it again "
+    "(lowered.save(path) keeps the report of the lowering that made it)"
 )

@@ -17,7 +17,7 @@ from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, loaded
 
 def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     # Imported here: generating from a file needs none of the lowering machinery.
-    from torchdelegate.cli.lower import chosen_partitioners, lowered_with_report, start_preprocessing
+    from torchdelegate.cli.lower import chosen_partitioners, lowered_programs, start_preprocessing
     from torchdelegate.errors import CheckpointError
     from torchdelegate.llm.checkpoint import SETTINGS, export_methods, read_checkpoint, settings_asset
 
@@ -42,9 +42,9 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         chunk = args.prefill_chunk
         prompt = f"{chunk} tokens at a time" if chunk else f"prompts of 2 to {cache - 1} tokens"
         print(f"exported prefill ({prompt}) and decode from {args.directory}", file=out)
-        lowered, report = lowered_with_report(programs, partitioners, args, out)
+        lowered = lowered_programs(programs, partitioners, args, out)
     assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens)}
-    _save_whole(lowered, args.output, report.without_cache_answers().to_json(), assets)
+    _save_whole(lowered, args.output, assets)
     seconds = time.perf_counter() - started
     from torchdelegate.report.terminal import human_bytes
 
@@ -57,12 +57,12 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _save_whole(lowered: Any, path: Path, report: dict[str, Any], assets: dict[str, bytes]) -> None:
+def _save_whole(lowered: Any, path: Path, assets: dict[str, bytes]) -> None:
     """Save to a file beside ``path``, then move it there: a failure leaves no partial file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
     try:
-        lowered.save(partial, report=report, assets=assets)
+        lowered.save(partial, assets=assets)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)

@@ -35,10 +35,11 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
         start_preprocessing(args, stack)  # worker processes start while the programs load
         programs = {method: _load_export(method, path) for method, path in methods}
         started = time.perf_counter()
-        lowered, report = lowered_with_report(programs, partitioners, args, out, args.min_partition_size)
+        lowered = lowered_programs(programs, partitioners, args, out, args.min_partition_size)
         seconds = time.perf_counter() - started
+    report = lowered.report
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    lowered.save(args.output, external_data_path=args.external_data, report=report.without_cache_answers().to_json())
+    lowered.save(args.output, external_data_path=args.external_data)
     print(render_text(report), file=out)
     print("", file=out)
     size = args.output.stat().st_size
@@ -64,15 +65,16 @@ def chosen_partitioners(
         raise UsageError(str(error.args[0] if error.args else error)) from error
 
 
-def lowered_with_report(
+def lowered_programs(
     programs: dict[str, Any],
     partitioners: list[Any],
     args: argparse.Namespace,
     out: TextIO,
     min_partition_size: int = 1,
-) -> tuple[Any, Any]:
+) -> Any:
     """The programs quantized (``--quantize``), decomposed keeping what each backend asks to keep,
-    lowered with a progress bar, and the report; kept ops no backend claimed decomposed after."""
+    and lowered with a progress bar (the manager carries its report); kept ops no backend claimed
+    decomposed after."""
     from torchdelegate.lowering.edge_program_manager import edge_keeping
     from torchdelegate.partition.capability import CapabilityPartitioner
 
@@ -82,8 +84,8 @@ def lowered_with_report(
     partitioner = CapabilityPartitioner(supports, min_partition_size=min_partition_size)
     edge, kept = edge_keeping(programs, list(partitioners))
     with ProgressBar(sys.stderr) as bar:
-        lowered, report = bar.run(edge, partitioner)
-    return kept.decompose_unclaimed(lowered), report
+        lowered = bar.run(edge, partitioner)
+    return kept.decompose_unclaimed(lowered)
 
 
 def _quantized_programs(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
@@ -263,10 +265,9 @@ class ProgressBar:
 
     def run(self, edge: Any, partitioner: Any) -> Any:
         from torchdelegate.delegate.progress import preprocess_progress
-        from torchdelegate.report import lower_with_report
 
         with preprocess_progress(self.show):
-            return lower_with_report(edge, partitioner)
+            return edge.to_backend(partitioner)
 
     def show(self, step: PreprocessProgress) -> None:
         text = f"preprocess {step.done}/{step.total}: {step.backend_id}, {step.where}"

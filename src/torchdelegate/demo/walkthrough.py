@@ -25,7 +25,7 @@ from torchdelegate.errors import BackendUnavailableError
 from torchdelegate.lowering.edge_program_manager import to_edge
 from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.partition.proposed import backend_supports
-from torchdelegate.report import lower_with_report, render_html, render_text
+from torchdelegate.report import render_html, render_text
 from torchdelegate.report.terminal import human_bytes
 from torchdelegate.runtime.program import load
 
@@ -73,7 +73,9 @@ def run_demo(*, tokens: int = 80, output_dir: Path | None = None, rounds: int = 
         backends, supports = ["reference"], backend_supports(["reference"])
     started = time.perf_counter()
     with preprocess_progress(_printer(out)):
-        lowered, report = lower_with_report(to_edge(programs), CapabilityPartitioner(supports))
+        lowered = to_edge(programs).to_backend(CapabilityPartitioner(supports))
+    report = lowered.report
+    assert report is not None  # every lowering emits one
     print(f"lowered to {' then '.join(backends)} in {time.perf_counter() - started:.1f} s", file=out)
     print("", file=out)
     print(render_text(report), file=out)
@@ -83,7 +85,7 @@ def run_demo(*, tokens: int = 80, output_dir: Path | None = None, rounds: int = 
         directory = output_dir or Path(scratch)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "demo.tdp"
-        lowered.save(path, report=report.to_json())
+        lowered.save(path)
         file_bytes = path.stat().st_size
         held, unique = sum(report.state_bytes.values()), report.unique_state_bytes
         print(

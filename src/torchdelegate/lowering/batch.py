@@ -4,7 +4,8 @@
 2. extract: one pass per graph groups the tagged nodes (``partitions.py``); each group becomes a
    sub-program (``subprogram.py``);
 3. preprocess: grouped by backend id, one ``preprocess_multimethod`` call per backend (``preprocess.py``);
-4. splice: each graph is rebuilt with delegate calls in place of its groups (``splice.py``).
+4. splice: each graph is rebuilt with delegate calls in place of its groups (``splice.py``);
+5. report: what steps 1-3 decided and made, gathered as they went (``lowering_report.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torchdelegate.exported.structural_copy import (
     with_state,
 )
 from torchdelegate.lowering.gc_pause import cyclic_gc_paused
+from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, method_report, state_bytes
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
 from torchdelegate.lowering.preprocess import (
     PartitionJob,
@@ -37,9 +39,10 @@ from torchdelegate.lowering.preprocess import (
     merge_named_data,
     preprocess_jobs,
 )
-from torchdelegate.lowering.run_partitioner import PartitionerLike, partition_method
+from torchdelegate.lowering.run_partitioner import PartitionerLike, partition_method, proposing_backends
 from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
 from torchdelegate.lowering.subprogram import build_subprogram
+from torchdelegate.partition.plan import plan_from_tags
 
 
 @dataclass(eq=False)
@@ -56,14 +59,17 @@ class _MethodPlan:
     method: str
     program: ExportedProgram
     root: _GraphPlan
+    backends: list[str]
+    report: MethodReport
 
 
 @dataclass
 class Lowering:
-    """What one batch lowering produced: every method's program and the merged named data."""
+    """What one batch lowering produced: every method's program, the merged named data, and the report."""
 
     programs: dict[str, ExportedProgram]
     named_data: NamedDataStoreOutput
+    report: LoweringReport
 
 
 def lower(
@@ -116,7 +122,26 @@ def lower(
             for method, program in programs.items():
                 if method not in partitioners:
                     lowered[method] = with_state(program, lambda fqn, t: state_copies(t) if fqn in all_mutated else t)
-    return Lowering(lowered, store.get_named_data_store_output())
+    return Lowering(lowered, store.get_named_data_store_output(), _report(programs, plans, jobs))
+
+
+def _report(
+    programs: Mapping[str, ExportedProgram], plans: list[_MethodPlan], jobs: list[PartitionJob]
+) -> LoweringReport:
+    """The methods' reports, with what each partition compiled to and how the compile cache answered."""
+    backends = list(dict.fromkeys(backend for plan in plans for backend in plan.backends))
+    per_method, unique = state_bytes(programs)
+    report = LoweringReport(backends, {plan.method: plan.report for plan in plans}, per_method, unique)
+    sizes: dict[str, dict[str, int]] = {}
+    cache: dict[str, dict[str, str | None]] = {}
+    info: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        assert job.delegate is not None
+        tag, meta = job.partition.tag, job.delegate.meta
+        sizes.setdefault(job.method, {})[tag] = len(job.delegate.processed_bytes)
+        cache.setdefault(job.method, {})[tag] = meta.get("compile_cache")
+        info.setdefault(job.method, {})[tag] = meta.get("delegate_info")
+    return report.with_blob_sizes(sizes, cache, info)
 
 
 def _check_owned_buffers_not_shared(jobs: list[PartitionJob], programs: Mapping[str, ExportedProgram]) -> None:
@@ -152,10 +177,16 @@ def _plan_method(
     tagged = result.tagged_exported_program
     where = f"method {method!r}"
     context = _PlanContext(method, tagged, result.partition_tags, state_copies, mutated_elsewhere)
+    backends = proposing_backends(partitioner, result)
     with cyclic_gc_paused():
         root = _plan_graph(context, tagged.graph_module, True, where)
+        plan = result.plan
+        if plan is None or not plan.matches_tags(tagged):
+            plan = plan_from_tags(tagged, result.partition_tags, type(partitioner).__name__, backends)
+        found = {partition.tag: partition for partition in root.found.partitions}
+        report = method_report(method, tagged, plan, found)
     jobs.extend(root.ordered_jobs)
-    return _MethodPlan(method, tagged, root)
+    return _MethodPlan(method, tagged, root, backends, report)
 
 
 @dataclass(frozen=True)

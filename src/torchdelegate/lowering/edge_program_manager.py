@@ -36,6 +36,7 @@ from torchdelegate.exported.structural_copy import (
 )
 from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
 from torchdelegate.lowering.batch import lower
+from torchdelegate.lowering.lowering_report import LoweringReport, lowering_report
 from torchdelegate.lowering.metadata_checks import drop_proven_checks
 from torchdelegate.lowering.run_partitioner import PartitionerLike
 from torchdelegate.partition.contract import Partitioner, overloads_of
@@ -169,6 +170,18 @@ class EdgeProgramManager:
         # Delegates carry their named data: a manager around lowered programs holds all of it.
         delegates = (d for p in self._programs.values() for d in delegates_held_by(p.graph_module))
         self._named_data = delegates_named_data(named_data, delegates)
+        self._report = _reports_of(self._programs)
+
+    def _reported(self, report: LoweringReport | None) -> EdgeProgramManager:
+        """This manager, carrying ``report`` (what the lowering that made it did)."""
+        self._report = report.restricted(self._programs) if report is not None else None
+        return self
+
+    @property
+    def report(self) -> LoweringReport | None:
+        """What lowering did to these methods and why (``torchdelegate.report`` renders it): every
+        stage of every ``to_backend`` that made this manager; None if none did."""
+        return self._report
 
     @property
     def methods(self) -> list[str]:
@@ -202,7 +215,7 @@ class EdgeProgramManager:
         programs = dict(self._programs)
         for method, method_passes in per_method.items():
             programs[method] = _run_passes(method, programs[method], method_passes)
-        return EdgeProgramManager(programs, self._named_data)
+        return EdgeProgramManager(programs, self._named_data)._reported(self._report)
 
     def to_backend(self, partitioner: PartitionerChoice | Mapping[str, PartitionerChoice]) -> EdgeProgramManager:
         """Lower with a Partitioner or DelegationSpec (every method), a list of them applied in
@@ -212,11 +225,14 @@ class EdgeProgramManager:
         # One live store for every stage: each delegate sees all the program's named data.
         store = NamedDataStore()
         store.merge(self._named_data)
+        report = self._report
         for number, stage in enumerate(stages, start=1):
             label = number if len(stages) > 1 else 0
             # The manager already owns its state (see to_edge): lowering shares it, uncopied.
-            programs = lower(programs, stage, named_data=store, copy_mutable_state=False, stage=label).programs
-        return EdgeProgramManager(programs, store.get_named_data_store_output())
+            lowering = lower(programs, stage, named_data=store, copy_mutable_state=False, stage=label)
+            programs = lowering.programs
+            report = lowering.report if report is None else report.then(lowering.report)
+        return EdgeProgramManager(programs, store.get_named_data_store_output())._reported(report)
 
     def save(
         self,
@@ -224,7 +240,7 @@ class EdgeProgramManager:
         *,
         external_data_path: str | os.PathLike[str] | None = None,
         debug_info: bool = False,
-        report: Mapping[str, Any] | None = None,
+        report: bool | LoweringReport | Mapping[str, Any] = True,
         assets: Mapping[str, bytes] | None = None,
     ) -> None:
         """Write the program to one file (docs/FORMAT.md): residual graphs, delegate blobs, state and
@@ -232,18 +248,33 @@ class EdgeProgramManager:
         and tensors in a second file, which other programs saved with the same path share (it is
         extended, never shrunk). The delegates' original sub-programs are not saved. ``debug_info``
         keeps the residual graphs' stack traces and module paths (a few hundred bytes a node).
-        ``report`` is JSON data kept with the program (``LoweringReport.to_json()``), which
-        ``Program.report`` and ``torchdelegate inspect`` read back. ``assets`` (file name -> bytes:
-        a tokenizer, a generation config) travel in the program file for its users, never read by
-        the runtime; ``Program.asset(name)`` gives them back."""
+        The file keeps :attr:`report` (how the compile cache answered left out, so a file does not
+        depend on it), which ``Program.report`` and ``torchdelegate inspect`` read back;
+        ``report=False`` leaves it out, and a ``LoweringReport`` or its JSON data is kept instead.
+        ``assets`` (file name -> bytes: a tokenizer, a generation config) travel in the program file
+        for its users, never read by the runtime; ``Program.asset(name)`` gives them back."""
         save_program(
             self._programs,
             self._named_data,
             path,
             external_data_path,
             debug_info=debug_info,
-            report=report,
+            report=self._report_to_save(report),
             assets=assets,
+        )
+
+    def _report_to_save(self, report: bool | LoweringReport | Mapping[str, Any]) -> Mapping[str, Any] | None:
+        if report is True:
+            report = self._report if self._report is not None else False
+        if report is False:
+            return None
+        if isinstance(report, LoweringReport):
+            return report.without_cache_answers().to_json()
+        if isinstance(report, Mapping):
+            return report
+        raise TypeError(
+            f"save(report=...) takes True (the lowering's report), False, a LoweringReport or its JSON data; "
+            f"got {type(report).__name__}"
         )
 
     def _per_method(self, value: Any, what: str) -> dict[str, Any]:
@@ -262,6 +293,21 @@ class EdgeProgramManager:
         per_method = {m: _as_list(m, p) for m, p in self._per_method(partitioner, "to_backend").items()}
         depth = max((len(p) for p in per_method.values()), default=0)
         return [{m: p[i] for m, p in per_method.items() if i < len(p)} for i in range(depth)]
+
+
+def _reports_of(programs: Mapping[str, ExportedProgram]) -> LoweringReport | None:
+    """The report of programs ``to_backend`` returned (see ``lowering_report``), joined per method."""
+    found = {method: lowering_report(program) for method, program in programs.items()}
+    reports = {method: report for method, report in found.items() if report is not None}
+    if not reports:
+        return None
+    first = next(iter(reports.values()))
+    if all(report is first for report in reports.values()):
+        return first.restricted(reports)
+    backends = list(dict.fromkeys(b for report in reports.values() for b in report.backends))
+    methods = {method: report.methods[method] for method, report in reports.items() if method in report.methods}
+    state = {method: report.state_bytes.get(method, 0) for method, report in reports.items()}
+    return LoweringReport(backends, methods, state, sum(state.values()))
 
 
 def _as_list(method: str, choice: Any) -> list[PartitionerLike]:
@@ -411,4 +457,4 @@ class KeptWhole:
                     stacklevel=3,
                 )
             programs[method] = _decompose(method, program)
-        return EdgeProgramManager(programs, manager.named_data)
+        return EdgeProgramManager(programs, manager.named_data)._reported(manager.report)

@@ -17,6 +17,7 @@ from torchdelegate.exported.programs import DELEGATION_TAG
 from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.lowering.gc_pause import cyclic_gc_paused
 from torchdelegate.lowering.validation import complete_changed_program, first_graph_difference, validation_enabled
+from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.partition.contract import Partitioner, PartitionResult
 from torchdelegate.partition.tagging import tag_constant_data
 
@@ -81,6 +82,19 @@ def partition_method(method: str, program: ExportedProgram, partitioner: Partiti
         with cyclic_gc_paused():
             complete_changed_program(result.tagged_exported_program, name, method)
     return result
+
+
+def proposing_backends(partitioner: PartitionerLike, result: PartitionResult) -> list[str]:
+    """The backends a partitioner asked, in priority order: a capability partitioner's, else those its
+    tags name (else its default spec's), which is who a report says left a node."""
+    if isinstance(partitioner, DelegationSpec):
+        return [partitioner.backend_id]
+    if isinstance(partitioner, CapabilityPartitioner):
+        return list(dict.fromkeys(spec.backend_id for _, spec in partitioner.backends))
+    named = list(dict.fromkeys(spec.backend_id for spec in result.partition_tags.values()))
+    if not named and hasattr(partitioner, "spec"):
+        named = [partitioner.spec.backend_id]
+    return named
 
 
 def _tag_whole_program(program: ExportedProgram, spec: DelegationSpec) -> PartitionResult:

@@ -12,7 +12,8 @@ from torchdelegate.delegate.backend_details import get_backend
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.exported.structural_copy import copy_program
-from torchdelegate.lowering.batch import checked_program, lower
+from torchdelegate.lowering.batch import Lowering, checked_program, lower
+from torchdelegate.lowering.lowering_report import attach_report
 from torchdelegate.lowering.preprocess import check_unchanged, checked_result, delegate_meta, preprocess_one
 from torchdelegate.lowering.run_partitioner import WHOLE_PROGRAM_TAG, PartitionerLike
 from torchdelegate.lowering.validation import program_fingerprint
@@ -60,14 +61,21 @@ def _(backend_id: str, edge_program: ExportedProgram, compile_specs: Any = ()) -
 
 @to_backend.register
 def _(edge_program: ExportedProgram, partitioner: PartitionerLike) -> ExportedProgram:
-    return lower({"forward": edge_program}, {"forward": partitioner}).programs["forward"]
+    return _reported(lower({"forward": edge_program}, {"forward": partitioner}))["forward"]
 
 
 @to_backend.register(Mapping)
 def _(
     method_to_program: Mapping[str, ExportedProgram], method_to_partitioner: Mapping[str, PartitionerLike]
 ) -> dict[str, ExportedProgram]:
-    return lower(method_to_program, method_to_partitioner).programs
+    return _reported(lower(method_to_program, method_to_partitioner))
+
+
+def _reported(lowering: Lowering) -> dict[str, ExportedProgram]:
+    """The lowered programs, each remembered with the report (``lowering_report(program)``)."""
+    for method in lowering.report.methods:
+        attach_report(lowering.programs[method], lowering.report)
+    return lowering.programs
 
 
 def _compile_spec_list(compile_specs: Any, backend_id: str) -> list[CompileSpec]:

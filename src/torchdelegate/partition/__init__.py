@@ -1,15 +1,10 @@
 """Partitioners: who decides which nodes go to which backend."""
 
 from torchdelegate.exported.programs import DELEGATION_TAG
-from torchdelegate.partition.capability import (
-    CapabilityPartitioner,
-    NodeDecision,
-    OperatorSupport,
-    PartitionPlan,
-    PlannedPartition,
-)
+from torchdelegate.partition.capability import CapabilityPartitioner, OperatorSupport
 from torchdelegate.partition.contract import NO_COPY, Partitioner, PartitionResult
 from torchdelegate.partition.patterns import Pattern, PatternMatch, PatternPartitioner, find_pattern_matches
+from torchdelegate.partition.plan import NodeDecision, PartitionPlan, PlannedPartition
 from torchdelegate.partition.tagging import tag_constant_data, tag_mutated_buffers
 
 __all__ = [

@@ -44,6 +44,7 @@ from torchdelegate.exported.programs import DELEGATION_TAG
 from torchdelegate.partition.components import components
 from torchdelegate.partition.contract import Partitioner, PartitionResult, is_tuple_item
 from torchdelegate.partition.merging import merge_groups
+from torchdelegate.partition.plan import NodeDecision, PartitionPlan, PlannedPartition, op_name
 from torchdelegate.partition.tagging import tag_constant_data
 from torchdelegate.partition.topological_order import topological_order
 
@@ -57,39 +58,6 @@ TOO_SMALL = "partition smaller than min_partition_size"
 CYCLE = "would have made a cycle"
 
 
-@dataclass(frozen=True)
-class NodeDecision:
-    """Where one computation went: a backend and tag, or nowhere; and each backend's answer."""
-
-    node: str
-    op: str
-    backend_id: str | None
-    tag: str | None
-    reasons: dict[str, str] = field(default_factory=dict)  # backend id -> why it did not take the node
-
-
-@dataclass(frozen=True)
-class PlannedPartition:
-    tag: str
-    backend_id: str
-    nodes: list[str]  # graph order; tuple items (getitem) included
-    kept_apart: dict[str, str] = field(default_factory=dict)  # tag of a partition it touches -> a node between
-
-
-@dataclass(frozen=True)
-class PartitionPlan:
-    """The decisions of a capability partitioner for one program, as data."""
-
-    decisions: list[NodeDecision]  # one per computation, in graph order
-    partitions: list[PlannedPartition]  # in order of their first node
-
-    def delegated(self) -> int:
-        return sum(d.tag is not None for d in self.decisions)
-
-    def by_node(self) -> dict[str, NodeDecision]:
-        return {d.node: d for d in self.decisions}
-
-
 def why_unsupported(support: OperatorSupport, node: Node) -> str | None:
     """None if ``support`` takes ``node``, else why not (in the support's words, or "unsupported: <op>")."""
     if callable(support):
@@ -98,12 +66,6 @@ def why_unsupported(support: OperatorSupport, node: Node) -> str | None:
             return None
         return answer if isinstance(answer, str) and answer else f"{UNSUPPORTED}: {op_name(node)}"
     return None if node.target in support else f"{UNSUPPORTED}: {op_name(node)}"
-
-
-def op_name(node: Node) -> str:
-    """How reports name a node's operator: ``aten.addmm.default``, ``cond``, ``getitem``."""
-    target = node.target
-    return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
 
 
 def values_made(node: Node) -> tuple[object, ...]:
@@ -228,7 +190,7 @@ class CapabilityPartitioner(Partitioner):
                 nodes[name].meta[DELEGATION_TAG] = partition.tag
             tags[partition.tag] = specs[partition.backend_id]
         tag_constant_data(exported_program)
-        return PartitionResult(exported_program, tags)
+        return PartitionResult(exported_program, tags, plan)
 
     def plan(self, exported_program: ExportedProgram) -> PartitionPlan:
         """Where each computation of ``exported_program`` goes, and why; the program is not changed."""

@@ -6,7 +6,7 @@ import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch._ops import OpOverload, OpOverloadPacket
 from torch.export import ExportedProgram
@@ -14,6 +14,9 @@ from torch.fx import Node
 
 from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.exported.programs import DELEGATION_TAG as DELEGATION_TAG  # where partitioners find it
+
+if TYPE_CHECKING:
+    from torchdelegate.partition.plan import PartitionPlan
 
 """The ``node.meta`` key a partitioner sets to put a node in a partition."""
 
@@ -46,10 +49,14 @@ that must live only in the delegate of its tag: lowering refuses any other user 
 
 @dataclass
 class PartitionResult:
-    """A partitioner's answer: the program with tagged nodes, and each tag's backend."""
+    """A partitioner's answer: the program with tagged nodes, and each tag's backend.
+
+    ``plan`` is optional: a partitioner that knows why it left each node (a capability
+    partitioner) returns its plan, and lowering's report then gives those reasons."""
 
     tagged_exported_program: ExportedProgram
     partition_tags: dict[str, DelegationSpec] = field(default_factory=dict)
+    plan: PartitionPlan | None = None
 
 
 class Partitioner(ABC):

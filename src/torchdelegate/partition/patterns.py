@@ -26,7 +26,7 @@ reconsidered.
 split) and then groups them, with any single nodes its ``op_support`` accepts, exactly as
 :class:`~torchdelegate.partition.capability.CapabilityPartitioner` groups what a backend
 supports: cycle-free partitions, as few as it finds, ``min_partition_size``, and a
-:class:`~torchdelegate.partition.capability.PartitionPlan` saying why each node went where.
+:class:`~torchdelegate.partition.plan.PartitionPlan` saying why each node went where.
 """
 
 from __future__ import annotations
@@ -45,12 +45,11 @@ from torchdelegate.partition.capability import (
     CYCLE,
     CapabilityPartitioner,
     OperatorSupport,
-    PartitionPlan,
     UnitGraph,
-    op_name,
     why_unsupported,
 )
 from torchdelegate.partition.contract import overloads_of
+from torchdelegate.partition.plan import PartitionPlan, op_name
 
 NOT_MATCHED = "in no match of the patterns"
 

@@ -1,6 +1,13 @@
 """Partition reports: what went where and why, as data, a terminal table and an HTML page."""
 
-from torchdelegate.report.data import LoweringReport, MethodReport, NodeRow, PartitionRow, method_report
+from torchdelegate.lowering.lowering_report import (
+    LoweringReport,
+    MethodReport,
+    NodeRow,
+    PartitionRow,
+    lowering_report,
+    method_report,
+)
 from torchdelegate.report.html import render_html
 from torchdelegate.report.lowering import lower_with_report, plan_report
 from torchdelegate.report.terminal import render_text
@@ -11,6 +18,7 @@ __all__ = [
     "NodeRow",
     "PartitionRow",
     "lower_with_report",
+    "lowering_report",
     "method_report",
     "plan_report",
     "render_html",

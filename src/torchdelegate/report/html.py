@@ -17,8 +17,8 @@ import json
 from importlib.resources import files
 from typing import Any
 
+from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport
 from torchdelegate.partition.modules import call_label
-from torchdelegate.report.data import LoweringReport, MethodReport
 from torchdelegate.report.terminal import coverage_line, delegate_info_text, human_bytes, human_flops
 
 PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22"]

@@ -27,8 +27,8 @@ from torch.fx import Graph, GraphModule, Node
 from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.exported.structural_copy import fetch_attr
 from torchdelegate.lowering.edge_program_manager import EdgeProgramManager
-from torchdelegate.partition.capability import op_name
 from torchdelegate.partition.contract import is_tuple_item
+from torchdelegate.partition.plan import op_name
 
 Lowered = ExportedProgram | GraphModule | EdgeProgramManager
 """What the helpers of this module look at."""

@@ -1,15 +1,23 @@
-"""Lowering with a capability partitioner, and the report of what went where.
+"""A capability partitioner's plan as a report, without lowering: what it would do, and why.
 
-The plan of each method is made once from the manager's programs (which planning does not
-change), the lowering applies the same partitioner, and the report then gets each
-partition's compiled size and its backend's ``delegate_info`` from the delegates it made.
+Lowering emits its own report (``EdgeProgramManager.report``); this is the dry run, for a page
+of decisions before anything compiles. Each planned partition's boundary is found by lowering's
+own rules over the program with the plan's tags.
 """
 
 from __future__ import annotations
 
+import warnings
+
+from torch.export import ExportedProgram
+
+from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.lowering.edge_program_manager import EdgeProgramManager
+from torchdelegate.lowering.lowering_report import LoweringReport, method_report, state_bytes
+from torchdelegate.lowering.partitions import Partition, find_partitions
 from torchdelegate.partition.capability import CapabilityPartitioner
-from torchdelegate.report.data import LoweringReport, method_report, state_bytes
+from torchdelegate.partition.plan import PartitionPlan
+from torchdelegate.partition.tagging import constant_data_tags
 
 
 def plan_report(manager: EdgeProgramManager, partitioner: CapabilityPartitioner) -> LoweringReport:
@@ -20,23 +28,38 @@ def plan_report(manager: EdgeProgramManager, partitioner: CapabilityPartitioner)
             "in priority order, join their partitioners' (support, spec) pairs: "
             "CapabilityPartitioner([*OnnxRuntimePartitioner().backends, *ReferencePartitioner().backends])"
         )
-    backends = [spec.backend_id for _, spec in partitioner.backends]
+    backends = list(dict.fromkeys(spec.backend_id for _, spec in partitioner.backends))
     programs = {method: manager.exported_program(method) for method in manager.methods}
-    methods = {
-        method: method_report(method, program, partitioner.plan(program)) for method, program in programs.items()
-    }
+    methods = {}
+    for method, program in programs.items():
+        plan = partitioner.plan(program)
+        methods[method] = method_report(method, program, plan, _partitions(method, program, plan))
     per_method, unique = state_bytes(programs)
     return LoweringReport(backends, methods, per_method, unique)
+
+
+def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> dict[str, Partition]:
+    """Each planned partition's boundary by lowering's own rules (inputs, weights carried inside,
+    outputs), found over ``program`` with the plan's tags, nothing tagged; a plan lowering would
+    refuse (an in-place write into a partition's input) raises the same PartitionError here."""
+    nodes = {node.name: node for node in program.graph.nodes}
+    tags = {nodes[name]: p.tag for p in plan.partitions for name in p.nodes}
+    tags.update(constant_data_tags(program, tags))
+    specs = {p.tag: DelegationSpec(p.backend_id) for p in plan.partitions}
+    found = find_partitions(program.graph_module, program.graph_signature, specs, f"method {method!r}", tags=tags)
+    return {partition.tag: partition for partition in found.partitions}
 
 
 def lower_with_report(
     manager: EdgeProgramManager, partitioner: CapabilityPartitioner
 ) -> tuple[EdgeProgramManager, LoweringReport]:
-    """``manager.to_backend(partitioner)`` and its report, blob sizes and compile cache answers included."""
-    report = plan_report(manager, partitioner)
+    """Deprecated: ``manager.to_backend(partitioner)`` carries its report, ``lowered.report``."""
+    warnings.warn(
+        "lower_with_report(manager, partitioner) is deprecated: lowered = manager.to_backend(partitioner) "
+        "carries its report as lowered.report",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     lowered = manager.to_backend(partitioner)
-    delegates = lowered.delegates()
-    sizes = {m: {str(d.meta.get("tag")): len(d.processed_bytes) for d in ds} for m, ds in delegates.items()}
-    cache = {m: {str(d.meta.get("tag")): d.meta.get("compile_cache") for d in ds} for m, ds in delegates.items()}
-    info = {m: {str(d.meta.get("tag")): d.meta.get("delegate_info") for d in ds} for m, ds in delegates.items()}
-    return lowered, report.with_blob_sizes(sizes, cache, info)
+    assert lowered.report is not None
+    return lowered, lowered.report

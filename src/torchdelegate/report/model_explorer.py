@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, short_op
 from torchdelegate.partition.modules import call_label
-from torchdelegate.report.data import LoweringReport, MethodReport, short_op
 from torchdelegate.report.html import LEFT_OUT, OUTPUTS, colours_of
 
 NOT_DELEGATED = "not delegated"

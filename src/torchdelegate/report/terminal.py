@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchdelegate.report.data import LoweringReport, MethodReport, PartitionRow
+from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, PartitionRow
 
 
 def human_bytes(count: int | None) -> str:

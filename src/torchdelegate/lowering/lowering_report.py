@@ -1,23 +1,24 @@
-"""What went where and why, as data: the partition report of a lowering.
+"""What went where and why, as data: the report every lowering emits.
 
-A report is made from a method's program *before* lowering and the partitioner's
-:class:`~torchdelegate.partition.capability.PartitionPlan`: for every computation, its
-backend or the reasons each backend gave; for every partition, its nodes, ops, inputs and
-outputs, the bytes of the weights that move into it and the FLOPs it computes; for the
-method, the share delegated by node count and by FLOPs. FLOPs are torch's own count
-(``torch.utils.flop_counter``: matrix products, convolutions, attention), so element-wise
-work weighs nothing; a node without shapes counts zero. A partition's boundary is the one
-lowering finds (``lowering/partitions.py``), not computed again here. Blob sizes are added once the
-backends have compiled the partitions. A report is plain JSON (``to_json``/``from_json``),
-which is how a saved file carries it.
+Lowering makes a method's report in the same pass that lowers it (``batch.py``), from the
+program the partitioner tagged, the partitioner's :class:`~torchdelegate.partition.plan.PartitionPlan`
+and the partitions lowering itself found: for every computation, its backend or the reasons
+each backend gave; for every partition, its nodes, ops, inputs and outputs, the bytes of the
+weights that move into it and the FLOPs it computes; for the method, the share delegated by node
+count and by FLOPs. FLOPs are torch's own count (``torch.utils.flop_counter``: matrix products,
+convolutions, attention), so element-wise work weighs nothing; a node without shapes counts
+zero. Blob sizes, compile cache answers and each backend's ``delegate_info`` are added once the
+backends have compiled. A report is plain JSON (``to_json``/``from_json``), which is how a saved
+file carries it.
 """
 
 from __future__ import annotations
 
 import types
 import typing
+import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -27,13 +28,11 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.utils.flop_counter import flop_registry
 
-from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
-from torchdelegate.lowering.partitions import Partition, find_partitions
-from torchdelegate.partition.capability import PartitionPlan
+from torchdelegate.lowering.partitions import Partition
 from torchdelegate.partition.contract import is_tuple_item
 from torchdelegate.partition.modules import module_calls
-from torchdelegate.partition.tagging import constant_data_tags
+from torchdelegate.partition.plan import PartitionPlan
 
 REPORT_VERSION = 1
 NOT_DELEGATED = "not delegated"
@@ -151,6 +150,22 @@ class LoweringReport:
         }
         return replace(self, methods=methods)
 
+    def then(self, later: LoweringReport) -> LoweringReport:
+        """This report followed by a later stage's, which lowered what this one left: a computation
+        this stage left takes the later decision (both stages' reasons kept), partitions add up, and
+        the state is this stage's (the programs as the user gave them)."""
+        backends = [*self.backends, *(b for b in later.backends if b not in self.backends)]
+        methods = dict(self.methods)
+        for name, method in later.methods.items():
+            methods[name] = _then(methods[name], method) if name in methods else method
+        return replace(self, backends=backends, methods=methods)
+
+    def restricted(self, methods: Collection[str]) -> LoweringReport:
+        """The report of ``methods`` only."""
+        kept = {name: report for name, report in self.methods.items() if name in methods}
+        state = {name: size for name, size in self.state_bytes.items() if name in methods}
+        return replace(self, methods=kept, state_bytes=state)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "version": REPORT_VERSION,
@@ -178,6 +193,39 @@ class LoweringReport:
             return cls(backends, methods, state, _typed(value.get("unique_state_bytes", 0), int))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"partition report: malformed entry ({error})") from error
+
+
+def _then(first: MethodReport, later: MethodReport) -> MethodReport:
+    """``first`` with what a later stage did to the computations it left."""
+    later_rows = {row.name: row for row in later.nodes}
+    rows = []
+    for row in first.nodes:
+        after = later_rows.get(row.name)
+        if row.tag is None and after is not None:
+            row = replace(row, backend_id=after.backend_id, tag=after.tag, reasons={**row.reasons, **after.reasons})
+        rows.append(row)
+    types = {**first.module_types, **later.module_types}
+    return replace(first, nodes=rows, partitions=[*first.partitions, *later.partitions], module_types=types)
+
+
+_REPORTS: weakref.WeakKeyDictionary[ExportedProgram, LoweringReport] = weakref.WeakKeyDictionary()
+
+
+def attach_report(program: ExportedProgram, report: LoweringReport) -> None:
+    """Remember that lowering made ``program`` and what its report said (no reference keeps it alive)."""
+    _REPORTS[program] = report
+
+
+def lowering_report(lowered: ExportedProgram) -> LoweringReport | None:
+    """The report of the lowering that returned ``lowered`` (``to_backend(program, partitioner)``, or
+    each program of the mapping form), the methods lowered in that one call included; None for a
+    program no lowering returned. A manager has its own: ``EdgeProgramManager.report``."""
+    if not isinstance(lowered, ExportedProgram):
+        raise TypeError(
+            f"lowering_report takes an ExportedProgram that to_backend returned, got {type(lowered).__name__}; "
+            "a manager carries its report as EdgeProgramManager.report"
+        )
+    return _REPORTS.get(lowered)
 
 
 _METHOD_FIELDS = (("method", str), ("user_inputs", list[str]), ("user_outputs", list[str]))
@@ -235,8 +283,11 @@ def _memory(tensor: torch.Tensor) -> tuple[int, int, torch.dtype, tuple[int, ...
     return tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tensor.dtype, tuple(tensor.shape)
 
 
-def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) -> MethodReport:
-    """The report of ``program`` partitioned as ``plan`` says (the program is only read)."""
+def method_report(
+    method: str, program: ExportedProgram, plan: PartitionPlan, found: Mapping[str, Partition]
+) -> MethodReport:
+    """The report of ``program`` partitioned as ``plan`` says, with each partition's boundary as
+    lowering found it (``found``: tag -> partition); the program is only read."""
     graph_nodes = {node.name: node for node in program.graph.nodes}
     user_inputs = _user_inputs(program)
     rows: list[NodeRow] = []
@@ -260,7 +311,6 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
         )
     flops = {row.name: row.flops for row in rows}
     weights = _weight_bytes(program)
-    found = _partitions(method, program, plan)
     partitions = []
     for planned in plan.partitions:
         members = [graph_nodes[name] for name in planned.nodes]
@@ -282,18 +332,6 @@ def method_report(method: str, program: ExportedProgram, plan: PartitionPlan) ->
     outputs = [n.name for n in _sources(program.graph.output_node())]
     ordered_inputs = sorted(user_inputs, key=list(graph_nodes).index)
     return MethodReport(method, rows, partitions, ordered_inputs, outputs, module_types)
-
-
-def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> dict[str, Partition]:
-    """Each planned partition's boundary by lowering's own rules (inputs, weights carried inside,
-    outputs), found over ``program`` with the plan's tags, nothing tagged; a plan lowering would
-    refuse (an in-place write into a partition's input) raises the same PartitionError here."""
-    nodes = {node.name: node for node in program.graph.nodes}
-    tags = {nodes[name]: p.tag for p in plan.partitions for name in p.nodes}
-    tags.update(constant_data_tags(program, tags))
-    specs = {p.tag: DelegationSpec(p.backend_id) for p in plan.partitions}
-    found = find_partitions(program.graph_module, program.graph_signature, specs, f"method {method!r}", tags=tags)
-    return {partition.tag: partition for partition in found.partitions}
 
 
 def _in_first_use_order(members: list[Node], names: set[str]) -> list[str]:
