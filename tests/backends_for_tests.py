@@ -267,9 +267,7 @@ class DyingReference(ReferenceBackend):
     compile_cache_version = None
 
     @classmethod
-    def compile_partition(
-        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
-    ) -> bytes:
+    def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
         how = next((s.value.decode() for s in compile_specs if s.key == "die"), "")
         if how == "raise":
             raise ValueError("this partition cannot be compiled")
@@ -277,4 +275,4 @@ class DyingReference(ReferenceBackend):
             if how.startswith("once:"):
                 open(how[5:], "w").close()
             os._exit(3)
-        return super().compile_partition(program, [s for s in compile_specs if s.key != "die"], store, where)
+        return super().preprocess(edge_program, [s for s in compile_specs if s.key != "die"])

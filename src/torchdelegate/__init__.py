@@ -23,7 +23,9 @@ if TYPE_CHECKING:
         get_backend,
         register_backend,
         registered_backend_ids,
+        shared_named_data,
     )
+    from torchdelegate.delegate.compile_units import current_partition
     from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
     from torchdelegate.delegate.named_data import (
         DataEntry,
@@ -151,6 +153,8 @@ _EXPORTS = {
     "same_graph_structure": "torchdelegate.report.structure",
     "SerializationError": "torchdelegate.errors",
     "SharedDataBackend": "torchdelegate.delegate.backend_details",
+    "shared_named_data": "torchdelegate.delegate.backend_details",
+    "current_partition": "torchdelegate.delegate.compile_units",
     "tag_constant_data": "torchdelegate.partition",
     "tag_mutated_buffers": "torchdelegate.partition",
     "to_backend": "torchdelegate.lowering.to_backend",
@@ -195,7 +199,8 @@ _MOVED_MODULES = {
     "torchdelegate.edge_program_manager": "torchdelegate.lowering.edge_program_manager",
     "torchdelegate.inspection": "torchdelegate.report.inspection",
     "torchdelegate.lowered_module": "torchdelegate.delegate.lowered_module",
-    "torchdelegate.lowering.compile_units": "torchdelegate.compile.units",
+    "torchdelegate.lowering.compile_units": "torchdelegate.delegate.compile_units",
+    "torchdelegate.compile.units": "torchdelegate.delegate.compile_units",
     "torchdelegate.lowering.exported_programs": "torchdelegate.exported.programs",
     "torchdelegate.lowering.structural_copy": "torchdelegate.exported.structural_copy",
     "torchdelegate.machine_cache": "torchdelegate.cache.machine_cache",
@@ -286,6 +291,8 @@ __all__ = [
     "ProgramInputError",
     "SerializationError",
     "SharedDataBackend",
+    "shared_named_data",
+    "current_partition",
     "TorchDelegateError",
     "TRUSTED_BACKENDS_VARIABLE",
     "UntrustedCodeError",

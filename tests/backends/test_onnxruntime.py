@@ -23,6 +23,7 @@ pytest.importorskip("onnxruntime")
 from torchdelegate.backends import onnxruntime as ort_backend  # noqa: E402
 from torchdelegate.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartitioner, onnx_export  # noqa: E402
 from torchdelegate.backends.onnxruntime.blob_header import model_blob, unpacked  # noqa: E402
+from torchdelegate.backends.onnxruntime.linking import link_partitions  # noqa: E402
 
 
 def test_two_methods_share_each_weight_in_the_file_and_in_memory(tmp_path: Path) -> None:
@@ -277,7 +278,7 @@ def test_partitions_that_cannot_be_branches_of_one_model_keep_a_session_each() -
             opset.version -= 1
     blobs[1] = model_blob(header, older.SerializeToString())
     with pytest.warns(UserWarning, match="2 partitions keep one session each: the partitions import operator domain"):
-        assert OnnxRuntimeBackend.link_partitions(blobs, [[], []], store) == blobs
+        assert link_partitions(blobs, [[], []], store) == blobs
 
 
 def test_min_partition_size_leaves_small_groups_to_the_next_partitioner() -> None:

@@ -32,7 +32,8 @@ from torch.fx import Node
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
 from torchdelegate.backends.reference import reference_support
 from torchdelegate.cache.machine_cache import machine_identity
-from torchdelegate.delegate.backend_details import SharedDataBackend
+from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data
+from torchdelegate.delegate.compile_units import current_partition
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.errors import FormatError, PreprocessError
@@ -50,7 +51,7 @@ def _threads() -> int:
     return os.cpu_count() or 1
 
 
-class InductorBackend(SharedDataBackend):
+class InductorBackend(BackendDetails):
     """Runs partitions compiled by AOTInductor; weights are shared named data."""
 
     backend_id = "inductor"
@@ -96,28 +97,17 @@ class InductorBackend(SharedDataBackend):
         return shutil.which(compiler) is not None
 
     @classmethod
-    def compile_partition(
-        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
-    ) -> bytes:
-        if any(s.kind == OutputKind.BUFFER_MUTATION for s in program.graph_signature.output_specs):
-            raise PreprocessError(
-                f"inductor: {where} writes a buffer it owns; leave mutable buffers with the program "
-                "(do not tag them) so that the runtime keeps them"
-            )
-        # A copy (the sub-program stays as it was given), its state named as AOTInductor can read it.
-        compilable, _ = with_identifier_state_names(copy_program(program))
-        tensors = weight_table(compilable, store, where)
-        with tempfile.TemporaryDirectory() as directory:
-            package = Path(directory) / "partition.pt2"
-            try:
-                compilable.example_inputs = (_example_inputs(program), {})
-                torch._inductor.aoti_compile_and_package(
-                    compilable, package_path=str(package), inductor_configs={**_CONFIG, "cpp.threads": _threads()}
-                )
-            except Exception as e:
-                raise PreprocessError(f"inductor: {where}: AOTInductor failed to compile: {e}") from e
-            compiled = _compact_package(package, Path(directory))
-        return pack({"version": BLOB_VERSION, "tensors": tensors}, compiled)
+    def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
+        """An AOTInductor package of the sub-program; its weights as named data."""
+        store = NamedDataStore()
+        blob = _package(edge_program, store, current_partition())
+        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+
+    @classmethod
+    def link_results(
+        cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
+    ) -> list[PreprocessResult]:
+        return shared_named_data(results)
 
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
@@ -142,6 +132,29 @@ class InductorBackend(SharedDataBackend):
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         return handle(inputs)
+
+
+def _package(program: ExportedProgram, store: NamedDataStore, where: str) -> bytes:
+    """The sub-program compiled by AOTInductor, packed with its weight table (the weights go to ``store``)."""
+    if any(s.kind == OutputKind.BUFFER_MUTATION for s in program.graph_signature.output_specs):
+        raise PreprocessError(
+            f"inductor: {where} writes a buffer it owns; leave mutable buffers with the program "
+            "(do not tag them) so that the runtime keeps them"
+        )
+    # A copy (the sub-program stays as it was given), its state named as AOTInductor can read it.
+    compilable, _ = with_identifier_state_names(copy_program(program))
+    tensors = weight_table(compilable, store, where)
+    with tempfile.TemporaryDirectory() as directory:
+        package = Path(directory) / "partition.pt2"
+        try:
+            compilable.example_inputs = (_example_inputs(program), {})
+            torch._inductor.aoti_compile_and_package(
+                compilable, package_path=str(package), inductor_configs={**_CONFIG, "cpp.threads": _threads()}
+            )
+        except Exception as e:
+            raise PreprocessError(f"inductor: {where}: AOTInductor failed to compile: {e}") from e
+        compiled = _compact_package(package, Path(directory))
+    return pack({"version": BLOB_VERSION, "tensors": tensors}, compiled)
 
 
 def _compact_package(package: Path, scratch: Path) -> bytes:

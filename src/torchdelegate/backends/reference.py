@@ -22,7 +22,8 @@ import torch
 from torch.fx import Node
 
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
-from torchdelegate.delegate.backend_details import SharedDataBackend, get_backend
+from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, get_backend, shared_named_data
+from torchdelegate.delegate.compile_units import current_partition
 from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
@@ -44,7 +45,7 @@ _MAX_BLOB_JSON = 1 << 28  # bytes a blob may inflate to
 _CONTROL_FLOW = frozenset({torch.ops.higher_order.cond, torch.ops.higher_order.while_loop})
 
 
-class ReferenceBackend(SharedDataBackend):
+class ReferenceBackend(BackendDetails):
     """Runs sub-programs with torch; weights are named data shared by content."""
 
     backend_id = "reference"
@@ -60,10 +61,17 @@ class ReferenceBackend(SharedDataBackend):
     weights_by_reference = True  # a weight is its table's key, nothing else
 
     @classmethod
-    def compile_partition(
-        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
-    ) -> bytes:
-        return _blob(program, store, where)
+    def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
+        """The sub-program's graph, its weights as named data (shared by content with every partition's)."""
+        store = NamedDataStore()
+        blob = _blob(edge_program, store, current_partition())
+        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+
+    @classmethod
+    def link_results(
+        cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
+    ) -> list[PreprocessResult]:
+        return shared_named_data(results)
 
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:

@@ -22,9 +22,9 @@ import torch
 from torchdelegate.cache.compile_cache import ENTRIES, CompileCache
 from torchdelegate.cache.compiled_entry import Entry, decode, passed_through, refit, template
 from torchdelegate.compile.unit_form import UnitForm, document_key, structure_key, unit_document, unit_form
-from torchdelegate.compile.units import CompiledUnit, CompileUnit, compile_in_process
 from torchdelegate.compile.worker import compile_request, request
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult
+from torchdelegate.delegate.compile_units import CompiledUnit, CompileUnit, compile_in_process
 from torchdelegate.delegate.progress import partition_compiled
 from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE, trusted_backends
 from torchdelegate.errors import PreprocessError

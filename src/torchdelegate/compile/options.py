@@ -28,8 +28,8 @@ import torch
 from torchdelegate.cache.compile_cache import CompileCache
 from torchdelegate.cache.store import cache_location
 from torchdelegate.compile.compiler import UnitCompiler
-from torchdelegate.compile.units import compiling_with
 from torchdelegate.compile.worker import warm_up
+from torchdelegate.delegate.compile_units import compiling_with
 
 
 def environment_cache() -> CompileCache | None:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from torchdelegate.compile.key_form import Unkeyable, key_form
-from torchdelegate.compile.units import CompileUnit
 from torchdelegate.delegate.backend_details import BackendDetails
+from torchdelegate.delegate.compile_units import CompileUnit
 from torchdelegate.delegate.named_data import content_key
 from torchdelegate.errors import SerializationError
 from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value

@@ -3,7 +3,7 @@
 A request is a unit's form as bytes: a canonical JSON header (backend id and the module that
 defines it, compile specs, the sub-program's torch.export JSON, each state tensor's dtype,
 shape and place, their digests) and the tensors' bytes. The worker rebuilds the sub-program
-over those bytes, compiles it with the backend's ``preprocess_partition`` and answers with the
+over those bytes, compiles it with the backend's ``preprocess`` and answers with the
 result as a compile cache entry (``cache/compiled_entry.py``), so weights the backend stored unchanged do not
 travel back. Nothing in either direction is pickled but ``bytes``.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 from torchdelegate.cache.compiled_entry import encode, template
 from torchdelegate.compile.unit_form import UnitForm
-from torchdelegate.compile.units import CompileUnit
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, get_backend, registered_backend_ids
+from torchdelegate.delegate.compile_units import CompileUnit, preprocess_unit
 from torchdelegate.delegate.named_data import tensor_bytes
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.serialize.container import FramePayload, framed, span_of, unframed
@@ -66,11 +66,11 @@ def compile_request(data: bytes) -> bytes:
     program = program_from_json(header["document"], tensors, where)
     specs = [CompileSpec(key, bytes.fromhex(value)) for key, value in header["compile_specs"]]
     try:
-        result = backend.preprocess_partition(program, specs, where)
+        result = preprocess_unit(backend, program, specs, where)
     except Exception as e:
         raise WorkerError(f"{type(e).__name__}: {e} (on {worker_name()})") from None
     if not isinstance(result, PreprocessResult):
-        raise WorkerError(f"preprocess_partition returned {type(result).__name__}; expected a PreprocessResult")
+        raise WorkerError(f"preprocess returned {type(result).__name__}; expected a PreprocessResult")
     entry = template(result, header["digests"])
     if isinstance(entry, str):
         raise WorkerError(f"its result cannot travel back: {entry}")

@@ -1,7 +1,10 @@
 """The backend contract and the registry of backends.
 
 One :class:`BackendDetails` subclass is one backend, both halves: ``preprocess`` compiles a
-sub-program ahead of time into bytes; ``init``/``execute``/``destroy`` run those bytes.
+sub-program ahead of time into bytes; ``init``/``execute``/``destroy`` run those bytes. The
+compile hooks form one ladder: ``preprocess_multimethod`` sees every partition of every method;
+its default compiles each partition's ``preprocess`` as a unit (``compile_units.py``: perhaps on
+workers, perhaps from the compile cache), then hands all results to ``link_results``.
 Every concrete subclass registers itself under its ``backend_id`` when it is defined;
 installed packages add backends through the entry-point group ``torchdelegate.backends``
 (name = backend id, value = ``module:Class``), so a program loads without importing its
@@ -13,7 +16,9 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any, ClassVar
@@ -21,8 +26,8 @@ from typing import Any, ClassVar
 import torch
 from torch.export import ExportedProgram
 
+from torchdelegate.delegate.compile_units import compile_partitions, current_partition
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
-from torchdelegate.delegate.progress import partition_compiled
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import (
     BackendNotFoundError,
@@ -141,6 +146,13 @@ class BackendDetails(ABC):
             raise BackendRegistrationError(
                 f"{_qualified_name(cls)}.backend_id must be a non-empty str, got {cls.backend_id!r}"
             )
+        if "preprocess_partition" in cls.__dict__:
+            warnings.warn(
+                f"{cls.__qualname__}.preprocess_partition is deprecated (it goes in the next release): implement "
+                "preprocess; current_partition() names the partition it compiles",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if not inspect.isabstract(cls):
             register_backend(cls)
 
@@ -157,44 +169,41 @@ class BackendDetails(ABC):
     ) -> dict[str, list[PreprocessResult]]:
         """Compile every partition of every method at once.
 
-        The default compiles each partition alone (:meth:`preprocess_partition`), then hands
-        all results to :meth:`link_results`. A backend that keeps this default compiles its
-        partitions independently, so lowering may run them in parallel (on worker processes or
-        a cluster) and answer them from its compile cache; a backend that overrides this method
-        is always called once, in the lowering process.
+        The default compiles each partition on its own with :meth:`preprocess`, as a compile unit
+        that lowering may run on worker processes or a cluster and answer from its compile cache,
+        then hands all results to :meth:`link_results`. A backend that overrides this method and
+        calls ``super()`` keeps all of that; one that does not is called once, in the lowering
+        process, and compiles as it likes.
         """
-        results, flat_specs = [], []
-        for method, programs in edge_programs.items():
-            for index, (program, specs) in enumerate(zip(programs, compile_specs[method], strict=True)):
-                where = f"method {method!r}, partition {index}"
-                results.append(cls.preprocess_partition(program, specs, where))
-                flat_specs.append(specs)
-                partition_compiled(cls.backend_id, where)
-        linked = iter(cls.link_results(results, flat_specs))
-        return {method: [next(linked) for _ in programs] for method, programs in edge_programs.items()}
-
-    @classmethod
-    def preprocess_partition(
-        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec], where: str = "sub-program"
-    ) -> PreprocessResult:
-        """One partition compiled on its own, perhaps in another process or on another machine
-        (default: :meth:`preprocess`); ``where`` names it in messages. What it returns depends on
-        nothing but the sub-program, the compile specs and the versions :meth:`compile_cache_identity`
-        names."""
-        del where
-        return cls.preprocess(edge_program, compile_specs)
+        compiled = compile_partitions(cls, edge_programs, compile_specs)
+        results = [checked_result(result, cls.backend_id, method) for method, result in compiled]
+        flat_specs = [list(specs) for method in edge_programs for specs in compile_specs[method]]
+        try:
+            linked = cls.link_results(results, flat_specs)
+        except Exception as e:
+            raise PreprocessError(
+                f"backend {cls.backend_id!r} failed to link its {len(results)} partition(s): {type(e).__name__}: {e}"
+            ) from e
+        if not isinstance(linked, (list, tuple)) or len(linked) != len(results):
+            raise PreprocessError(
+                f"backend {cls.backend_id!r}: link_results returned {type(linked).__name__}; expected a list "
+                f"of {len(results)} PreprocessResult, one per partition in the order given"
+            )
+        joined = iter(linked)
+        return {method: [next(joined) for _ in programs] for method, programs in edge_programs.items()}
 
     @classmethod
     def link_results(
         cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
     ) -> list[PreprocessResult]:
         """Every partition's result of one lowering (all methods, in order), once all are compiled:
-        a backend may join them here (the default keeps them). Runs in the lowering process."""
+        a backend may join them here (the default keeps them; :func:`shared_named_data` puts their
+        named data in one store). Runs in the lowering process."""
         del compile_specs
         return results
 
     compile_cache_version: ClassVar[str | None] = None
-    """Names the backend's compiler: change it whenever :meth:`preprocess_partition` may return other
+    """Names the backend's compiler: change it whenever :meth:`preprocess` may return other
     bytes for the same input. None (the default): results are never taken from the compile cache."""
     weights_by_reference: ClassVar[bool] = False
     """True when a state tensor whose exact bytes a result stores as named data reaches nothing
@@ -288,14 +297,66 @@ class BackendDetails(ABC):
         del handle
 
 
-class SharedDataBackend(BackendDetails):
-    """A backend whose blobs keep their weights in named data that all its partitions share.
+def shared_named_data(
+    results: list[PreprocessResult], rewrite: Callable[[list[bytes], NamedDataStore], list[bytes]] | None = None
+) -> list[PreprocessResult]:
+    """Every result's named data merged, in order, into one store that all the results then hold,
+    so a weight several partitions or methods use is stored once: a ``link_results`` for backends
+    whose blobs keep their weights in named data. ``rewrite(blobs, store)`` may then change the
+    blobs knowing that store (ONNX Runtime's makes partitions that share weights one model)."""
+    store = NamedDataStore()
+    for result in results:
+        if result.data_store_output is not None:
+            store.merge(result.data_store_output)
+    blobs = [result.processed_bytes for result in results]
+    if rewrite is not None:
+        blobs = rewrite(blobs, store)
+    output = store.get_named_data_store_output()
+    # one store: the lowering merges it once
+    return [
+        replace(result, processed_bytes=blob, data_store_output=output)
+        for result, blob in zip(results, blobs, strict=True)
+    ]
 
-    Implement :meth:`compile_partition`; each partition is compiled into a store of its own,
-    and :meth:`link_results` merges them in order into one :class:`NamedDataStore` for every
-    partition of every method of the lowering, so a weight that several partitions or methods
-    use is stored once.
+
+def checked_result(result: Any, backend_id: str, method: str) -> PreprocessResult:
+    """``result`` if it is a ``PreprocessResult`` of bytes and named data; else a ``PreprocessError`` saying why."""
+    if not isinstance(result, PreprocessResult):
+        raise PreprocessError(
+            f"backend {backend_id!r} returned {type(result).__name__} for method {method!r}; "
+            "expected a PreprocessResult"
+        )
+    if not isinstance(result.processed_bytes, bytes):
+        raise PreprocessError(
+            f"backend {backend_id!r}: PreprocessResult.processed_bytes for method {method!r} is a "
+            f"{type(result.processed_bytes).__name__}; expected bytes"
+        )
+    if result.data_store_output is not None and not isinstance(result.data_store_output, NamedDataStoreOutput):
+        raise PreprocessError(
+            f"backend {backend_id!r}: PreprocessResult.data_store_output for method {method!r} is a "
+            f"{type(result.data_store_output).__name__}; use NamedDataStore.get_named_data_store_output()"
+        )
+    return result
+
+
+class SharedDataBackend(BackendDetails):
+    """Deprecated (it goes in the next release): subclass :class:`BackendDetails`, implement
+    ``preprocess`` returning the blob with its named data, and ``link_results`` as
+    ``shared_named_data(results)``.
+
+    Kept for backends written against it: ``compile_partition`` makes each partition's blob, its
+    weights put in a store of its own, and ``link_partitions`` sees every blob over one store.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        warnings.warn(
+            f"{cls.__qualname__}: SharedDataBackend is deprecated (it goes in the next release); subclass "
+            "BackendDetails, implement preprocess (its PreprocessResult carries the named data) and "
+            "link_results as shared_named_data(results)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init_subclass__(**kwargs)
 
     @classmethod
     @abstractmethod
@@ -308,43 +369,21 @@ class SharedDataBackend(BackendDetails):
     def link_partitions(
         cls, blobs: list[bytes], compile_specs: list[list[CompileSpec]], store: NamedDataStore
     ) -> list[bytes]:
-        """The blobs of every partition of every method of one lowering, once all are compiled: a
-        backend may rewrite them to share more than weights through ``store`` (the default keeps them).
-
-        ONNX Runtime's, say, makes the partitions that run with the same options branches of one
-        model, so one session packs each weight once for every method.
-        """
+        """The blobs of every partition of one lowering over their one store (the default keeps them)."""
         del compile_specs, store
         return blobs
 
     @classmethod
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
-        return cls.preprocess_partition(edge_program, compile_specs)
-
-    @classmethod
-    def preprocess_partition(
-        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec], where: str = "sub-program"
-    ) -> PreprocessResult:
         store = NamedDataStore()
-        blob = cls.compile_partition(edge_program, compile_specs, store, where)
+        blob = cls.compile_partition(edge_program, compile_specs, store, current_partition())
         return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
 
     @classmethod
     def link_results(
         cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
     ) -> list[PreprocessResult]:
-        """Every result's named data in one store (in order), then :meth:`link_partitions`."""
-        store = NamedDataStore()
-        for result in results:
-            if result.data_store_output is not None:
-                store.merge(result.data_store_output)
-        blobs = cls.link_partitions([result.processed_bytes for result in results], compile_specs, store)
-        output = store.get_named_data_store_output()
-        # one store: the lowering merges it once
-        return [
-            replace(result, processed_bytes=blob, data_store_output=output)
-            for result, blob in zip(results, blobs, strict=True)
-        ]
+        return shared_named_data(results, lambda blobs, store: cls.link_partitions(blobs, compile_specs, store))
 
 
 def register_backend(cls: type[BackendDetails]) -> None:

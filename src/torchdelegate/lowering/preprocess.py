@@ -1,9 +1,9 @@
 """Preprocess: each partition's sub-program handed to its backend, and what comes back checked.
 
 Partitions are grouped by backend id in order of first appearance: one
-``preprocess_multimethod`` call per backend that overrides it; else each partition is a unit
-compiled on its own (``compile/units.py``: perhaps in parallel, perhaps from the compile
-cache) and the backend's ``link_results`` sees them all. Results are checked (type, count, bytes,
+``preprocess_multimethod`` call per backend, inside a compile run that says who compiles its
+units (a ``preprocessing`` block's compiler, else the environment's compile cache) and names
+each by its tag (``delegate/compile_units.py``). Results are checked (type, count, bytes,
 ``delegate_info``), and so is each sub-program, which stays the delegate's
 ``original_module``. Named data from every result merges into one store.
 """
@@ -16,10 +16,22 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from torchdelegate.compile.units import CompileUnit, compile_units, failures_named
-from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, checked_delegate_info, get_backend
+from torchdelegate.delegate.backend_details import (
+    BackendDetails,
+    PreprocessResult,
+    checked_delegate_info,
+    checked_result,
+    get_backend,
+)
+from torchdelegate.delegate.compile_units import (
+    CompileRun,
+    PartitionCompiler,
+    compile_run,
+    current_compiler,
+    failures_named,
+)
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
-from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.named_data import NamedDataStore
 from torchdelegate.delegate.progress import expect_partitions, partitions_compiled_until, steps_done
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import BackendNotFoundError, NamedDataConflictError, PreprocessError
@@ -45,6 +57,7 @@ def preprocess_jobs(jobs: list[PartitionJob]) -> None:
     for job in jobs:
         by_backend.setdefault(job.partition.spec.backend_id, []).append(job)
     expect_partitions(len(jobs))
+    compiler = _compiler() if jobs else None
     for backend_id, backend_jobs in by_backend.items():
         until = steps_done() + len(backend_jobs)
         try:
@@ -53,17 +66,20 @@ def preprocess_jobs(jobs: list[PartitionJob]) -> None:
             job = backend_jobs[0]
             raise BackendNotFoundError(f"partition {job.partition.tag!r} of method {job.method!r}: {e}") from e
         before = [program_fingerprint(job.subprogram) for job in backend_jobs]
-        if _overrides_multimethod(backend):
-            _preprocess_multimethod(backend, backend_jobs)
-            partitions_compiled_until(until, backend_id, f"{len(backend_jobs)} partition(s)")
-        else:
-            _preprocess_units(backend, backend_jobs)
+        _preprocess_multimethod(backend, backend_jobs, compiler)
+        partitions_compiled_until(until, backend_id, f"{len(backend_jobs)} partition(s)")
         for job, fingerprint in zip(backend_jobs, before, strict=True):
             check_unchanged(job.subprogram, fingerprint, backend_id, f"partition {job.partition.tag!r}", job.method)
 
 
-def _overrides_multimethod(backend: type[BackendDetails]) -> bool:
-    return backend.preprocess_multimethod.__func__ is not BackendDetails.preprocess_multimethod.__func__  # type: ignore[attr-defined]
+def _compiler() -> PartitionCompiler | None:
+    """Who compiles units: a ``preprocessing`` block's compiler, else the environment's (its compile cache)."""
+    compiler = current_compiler()
+    if compiler is None:
+        from torchdelegate.compile.options import environment_compiler  # it starts pools: imported when needed
+
+        compiler = environment_compiler()
+    return compiler
 
 
 def check_unchanged(program: ExportedProgram, before: object, backend_id: str, what: str, method: str) -> None:
@@ -82,37 +98,22 @@ def preprocess_one(
         return backend.preprocess(program, specs)
 
 
-def _preprocess_units(backend: type[BackendDetails], jobs: list[PartitionJob]) -> None:
-    units = [CompileUnit(j.method, j.partition.tag, j.subprogram, tuple(j.partition.spec.compile_specs)) for j in jobs]
-    compiled = compile_units(backend, units)
-    for job, unit in zip(jobs, compiled, strict=True):
-        checked_result(unit.result, backend.backend_id, job.method)
-        job.cache = unit.cache
-    specs = [list(unit.compile_specs) for unit in units]
-    try:
-        linked = backend.link_results([unit.result for unit in compiled], specs)
-    except Exception as e:
-        raise PreprocessError(
-            f"backend {backend.backend_id!r} failed to link its {len(jobs)} partition(s): {type(e).__name__}: {e}"
-        ) from e
-    if not isinstance(linked, (list, tuple)) or len(linked) != len(jobs):
-        raise PreprocessError(
-            f"backend {backend.backend_id!r}: link_results returned {type(linked).__name__}; expected a list "
-            f"of {len(jobs)} PreprocessResult, one per partition in the order given"
-        )
-    for job, result in zip(jobs, linked, strict=True):
-        job.result = checked_result(result, backend.backend_id, job.method)
-
-
-def _preprocess_multimethod(backend: type[BackendDetails], jobs: list[PartitionJob]) -> None:
+def _preprocess_multimethod(
+    backend: type[BackendDetails], jobs: list[PartitionJob], compiler: PartitionCompiler | None
+) -> None:
     programs: dict[str, list[ExportedProgram]] = {}
     specs: dict[str, list[list[CompileSpec]]] = {}
+    tags: dict[str, list[str]] = {}
     for job in jobs:
         programs.setdefault(job.method, []).append(job.subprogram)
         specs.setdefault(job.method, []).append(list(job.partition.spec.compile_specs))
+        tags.setdefault(job.method, []).append(job.partition.tag)
     backend_id = backend.backend_id
     try:
-        results = backend.preprocess_multimethod(programs, specs)
+        with compile_run(CompileRun(compiler, tags)) as run:
+            results = backend.preprocess_multimethod(programs, specs)
+    except PreprocessError:
+        raise  # the compile units' and the default linking's own, which name the partition
     except Exception as e:
         raise PreprocessError(
             f"backend {backend_id!r} failed in preprocess_multimethod for method(s) "
@@ -139,26 +140,8 @@ def _preprocess_multimethod(backend: type[BackendDetails], jobs: list[PartitionJ
                 f"{job.method!r}; expected a list of {expected} PreprocessResult, one per partition"
             )
         job.result = checked_result(method_results[position[job.method]], backend_id, job.method)
+        job.cache = run.answers.get((job.method, position[job.method]))
         position[job.method] += 1
-
-
-def checked_result(result: Any, backend_id: str, method: str) -> PreprocessResult:
-    if not isinstance(result, PreprocessResult):
-        raise PreprocessError(
-            f"backend {backend_id!r} returned {type(result).__name__} for method {method!r}; "
-            "expected a PreprocessResult"
-        )
-    if not isinstance(result.processed_bytes, bytes):
-        raise PreprocessError(
-            f"backend {backend_id!r}: PreprocessResult.processed_bytes for method {method!r} is a "
-            f"{type(result.processed_bytes).__name__}; expected bytes"
-        )
-    if result.data_store_output is not None and not isinstance(result.data_store_output, NamedDataStoreOutput):
-        raise PreprocessError(
-            f"backend {backend_id!r}: PreprocessResult.data_store_output for method {method!r} is a "
-            f"{type(result.data_store_output).__name__}; use NamedDataStore.get_named_data_store_output()"
-        )
-    return result
 
 
 def merge_named_data(store: NamedDataStore, jobs: list[PartitionJob], stage: int) -> None:

@@ -8,13 +8,13 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from torchdelegate.delegate.backend_details import get_backend
+from torchdelegate.delegate.backend_details import checked_result, get_backend
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.lowering.batch import Lowering, checked_program, lower
 from torchdelegate.lowering.lowering_report import attach_report
-from torchdelegate.lowering.preprocess import check_unchanged, checked_result, delegate_meta, preprocess_one
+from torchdelegate.lowering.preprocess import check_unchanged, delegate_meta, preprocess_one
 from torchdelegate.lowering.run_partitioner import WHOLE_PROGRAM_TAG, PartitionerLike
 from torchdelegate.lowering.validation import program_fingerprint
 

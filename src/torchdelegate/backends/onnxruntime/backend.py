@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import replace
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +11,8 @@ import torch
 from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys
 from torchdelegate.backends.onnxruntime.session import delegate_handle, prepare_model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
-from torchdelegate.delegate.backend_details import PreprocessResult, SharedDataBackend
+from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data
+from torchdelegate.delegate.compile_units import current_partition
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.specs import CompileSpec
 
@@ -29,7 +29,7 @@ def _version(distribution: str) -> str:
         return "absent"
 
 
-class OnnxRuntimeBackend(SharedDataBackend):
+class OnnxRuntimeBackend(BackendDetails):
     """Runs partitions with ONNX Runtime (CPU provider); weights are shared named data."""
 
     backend_id = "onnxruntime"
@@ -72,32 +72,30 @@ class OnnxRuntimeBackend(SharedDataBackend):
         warm_up_exporter()
 
     @classmethod
-    def compile_partition(
-        cls, program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
-    ) -> bytes:
-        # Imported here, as in link_partitions: a process that only runs files needs no exporter.
+    def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
+        """The partition's blob, its weights as named data, and as its ``delegate_info`` the fusions its
+        model got and why any layer's attention was left unfused (the lowering's report shows them;
+        ``inspect`` prints them from a file)."""
+        # Imported here, as in link_results: a process that only runs files needs no exporter.
         from torchdelegate.backends.onnxruntime.onnx_export import export_partition
 
-        return export_partition(program, compile_specs, store, where)
+        store = NamedDataStore()
+        blob = export_partition(edge_program, compile_specs, store, current_partition())
+        return PreprocessResult(
+            blob,
+            data_store_output=store.get_named_data_store_output(),
+            delegate_info=blob_description(memoryview(blob)),
+        )
 
     @classmethod
-    def preprocess_partition(
-        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec], where: str = "sub-program"
-    ) -> PreprocessResult:
-        """The partition's blob, and as its ``delegate_info`` the fusions its model got and why any layer's
-        attention was left unfused (the lowering's report shows them; ``inspect`` prints them from a file)."""
-        result = super().preprocess_partition(edge_program, compile_specs, where)
-        return replace(result, delegate_info=blob_description(memoryview(result.processed_bytes)))
-
-    @classmethod
-    def link_partitions(
-        cls, blobs: list[bytes], compile_specs: list[list[CompileSpec]], store: NamedDataStore
-    ) -> list[bytes]:
-        """Partitions that run with the same session settings and read weights in common become
-        branches of one model, run by one session."""
+    def link_results(
+        cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
+    ) -> list[PreprocessResult]:
+        """Every partition's weights in one store; partitions that run with the same session settings and
+        read weights in common become branches of one model, run by one session."""
         from torchdelegate.backends.onnxruntime.linking import link_partitions
 
-        return link_partitions(blobs, compile_specs, store)
+        return shared_named_data(results, lambda blobs, store: link_partitions(blobs, compile_specs, store))
 
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
