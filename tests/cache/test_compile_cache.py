@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -225,3 +228,59 @@ print(lowered.delegates()["forward"][0].meta["compile_cache"])
     runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     answers = sorted(run.communicate(timeout=300)[0].strip() for run in runs)
     assert answers == ["hit", "miss"]
+
+
+def _crafted_reference(entry: bytes) -> bytes:
+    """A reference entry whose graph reads a file (aten.from_file), as a writer of a shared cache could craft it."""
+    from dataclasses import replace
+
+    from torchdelegate.backends.blob import pack, unpack
+    from torchdelegate.backends.reference import BLOB_VERSION
+    from torchdelegate.cache.compiled_entry import decode, encode
+    from torchdelegate.serialize.container import canonical_json
+
+    decoded = decode(entry)
+    header, payload = unpack(memoryview(decoded.blob), BLOB_VERSION, "reference")
+    program = json.loads(zlib.decompress(payload))
+    node = program["graph"]["graph_module"]["graph"]["nodes"][0]
+    node["target"] = "torch.ops.aten.from_file.default"
+    return encode(replace(decoded, blob=pack(header, zlib.compress(canonical_json(program)))))
+
+
+def _crafted_onnx(entry: bytes) -> bytes:
+    """An onnxruntime entry whose model imports a custom operator domain (served by a custom-op library)."""
+    from dataclasses import replace
+
+    import onnx
+
+    from torchdelegate.backends.onnxruntime.blob_header import model_blob, unpacked
+    from torchdelegate.cache.compiled_entry import decode, encode
+
+    decoded = decode(entry)
+    header, payload = unpacked(memoryview(decoded.blob))
+    model = onnx.ModelProto.FromString(bytes(payload))
+    model.opset_import.add(domain="com.example.custom", version=1)
+    return encode(replace(decoded, blob=model_blob(header, model.SerializeToString())))
+
+
+@pytest.mark.parametrize(
+    ("partitioner", "craft", "refusal"),
+    [
+        (ReferencePartitioner, _crafted_reference, "from_file"),
+        (OnnxRuntimePartitioner, _crafted_onnx, "operator domain 'com.example.custom'"),
+    ],
+    ids=["reference", "onnxruntime"],
+)
+def test_a_crafted_entry_in_a_shared_cache_fails_its_backends_load_checks_and_is_compiled_here(
+    tmp_path: Path, partitioner: type, craft: Any, refusal: str
+) -> None:
+    cache = td.CompileCache(tmp_path / "shared")
+    assert _lower(0, tmp_path / "honest.tdp", [partitioner()], cache=cache)[0] == "miss"
+    for entry in cache.store.entries(ENTRIES):
+        honest = cache.store.read(ENTRIES, entry.key, "entry")
+        assert honest is not None
+        cache.store.publish(ENTRIES, entry.key, {"entry": craft(honest)})  # whole, checksummed: as any writer could
+    with pytest.warns(UserWarning, match=rf"fails the load-time checks of backend '\w+' \(FormatError: .*{refusal}"):
+        assert _lower(0, tmp_path / "crafted.tdp", [partitioner()], cache=cache)[0] == "miss"
+    assert _digest(tmp_path / "crafted.tdp") == _digest(tmp_path / "honest.tdp")
+    assert _lower(0, tmp_path / "again.tdp", [partitioner()], cache=cache)[0] == "hit"  # the honest entry is back

@@ -16,6 +16,7 @@ import binascii
 import json
 import threading
 import zlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +33,7 @@ from torchdelegate.errors import FormatError
 from torchdelegate.exported.generated_source import GeneratedSource
 from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value
 from torchdelegate.runtime.method import Method
+from torchdelegate.serialize.allow_list import check_graph_document
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.residual_graph import residual_graph
@@ -81,6 +83,18 @@ class ReferenceBackend(BackendDetails):
             return None  # init reports a damaged blob
 
     @classmethod
+    def check_blob(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
+        """What ``init`` checks before it builds: the blob's form, its graph against the allow-list, its
+        weights against the named data, and each nested delegate by its own backend."""
+        blob = _read_blob(processed)
+        if "graph" not in blob or "tensors" not in blob:
+            raise FormatError("reference blob: not a reference backend blob")
+        check_graph_document(blob["graph"], "reference blob")
+        weights(blob["tensors"], named_data, "reference")
+        for nested in _nested(blob.get("delegates", [])):
+            nested.backend.check_blob(memoryview(nested.blob), nested.compile_specs, named_data)
+
+    @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
         return _ReferenceHandle(processed, named_data)
 
@@ -126,20 +140,53 @@ def _inner_delegate(call: DelegateCall, store: NamedDataStore) -> dict[str, Any]
     }
 
 
-def _inner_delegates(entries: Any, named_data: NamedDataMap) -> tuple[dict[int, DelegateInstance], dict[int, str]]:
-    """The nested delegates a blob lists, bound to their backends, and the kinds of their inputs."""
-    instances: dict[int, DelegateInstance] = {}
-    kinds: dict[int, str] = {}
+@dataclass(frozen=True)
+class _Nested:
+    """A nested delegate as its blob lists it."""
+
+    backend: type[BackendDetails]
+    blob: bytes
+    compile_specs: list[CompileSpec]
+    inputs: str
+    outputs: int
+    name: str
+
+
+def _nested(entries: Any) -> list[_Nested]:
+    """The nested delegates a blob lists; a ``FormatError`` naming the first malformed one."""
+    found = []
     for index, entry in enumerate(entries if isinstance(entries, list) else [None]):
         try:
             blob = base64.b64decode(entry["blob"], validate=True)
             specs = [CompileSpec(key, base64.b64decode(value, validate=True)) for key, value in entry["compile_specs"]]
-            backend = get_backend(entry["backend_id"])
-            kinds[index], outputs, name = entry["inputs"], int(entry["outputs"]), str(entry["name"])
+            found.append(
+                _Nested(
+                    get_backend(entry["backend_id"]),
+                    blob,
+                    specs,
+                    entry["inputs"],
+                    int(entry["outputs"]),
+                    str(entry["name"]),
+                )
+            )
         except (KeyError, TypeError, ValueError, binascii.Error) as e:
             raise FormatError(f"reference blob: nested delegate {index} is malformed ({e})") from None
+    return found
+
+
+def _inner_delegates(entries: Any, named_data: NamedDataMap) -> tuple[dict[int, DelegateInstance], dict[int, str]]:
+    """The nested delegates a blob lists, bound to their backends, and the kinds of their inputs."""
+    instances: dict[int, DelegateInstance] = {}
+    kinds: dict[int, str] = {}
+    for index, nested in enumerate(_nested(entries)):
+        kinds[index] = nested.inputs
         instances[index] = DelegateInstance(
-            backend, blob, specs, lambda: named_data, name=f"{name} (nested)", output_count=outputs
+            nested.backend,
+            nested.blob,
+            nested.compile_specs,
+            lambda: named_data,
+            name=f"{nested.name} (nested)",
+            output_count=nested.outputs,
         )
     return instances, kinds
 

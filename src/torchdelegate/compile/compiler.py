@@ -25,6 +25,7 @@ from torchdelegate.compile.unit_form import UnitForm, document_key, structure_ke
 from torchdelegate.compile.worker import compile_request, request
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult
 from torchdelegate.delegate.compile_units import CompiledUnit, CompileUnit, compile_in_process
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.progress import partition_compiled
 from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE, trusted_backends
 from torchdelegate.errors import PreprocessError
@@ -39,6 +40,7 @@ class _Unit:
     compiled: CompiledUnit | None = None
     attempts: int = 0
     executor: Executor | None = None
+    refused: bool = False  # its cache entry failed the backend's load-time checks
 
 
 class UnitCompiler:
@@ -96,6 +98,8 @@ class UnitCompiler:
 
     def _look_up(self, backend: type[BackendDetails], item: _Unit) -> None:
         assert self.cache is not None and item.form is not None and item.structure is not None
+        if item.refused:
+            return
         digests = item.form.digests
         for bound in self._bindings(backend, item):
             if not set(bound) <= set(digests):
@@ -105,7 +109,11 @@ class UnitCompiler:
                 continue
             if not self._may_take(backend, item.unit.where):
                 return
-            self._done(backend, item, CompiledUnit(refit(entry, item.form.state, digests), "hit"))
+            result = refit(entry, item.form.state, digests)
+            if not self._passes_load_checks(backend, item, result):
+                item.refused = True
+                return
+            self._done(backend, item, CompiledUnit(result, "hit"))
             return
 
     @contextlib.contextmanager
@@ -119,6 +127,22 @@ class UnitCompiler:
             if self._trusts(backend):
                 self._look_up(backend, item)  # made while this process waited?
             yield
+
+    def _passes_load_checks(self, backend: type[BackendDetails], item: _Unit, result: PreprocessResult) -> bool:
+        """Whether a cached result passes its backend's load-time checks (``check_blob``): an entry is
+        what whoever can write the cache put there; one that fails is compiled here instead, with a warning."""
+        output = result.data_store_output or NamedDataStore().get_named_data_store_output()
+        try:
+            backend.check_blob(memoryview(result.processed_bytes), list(item.unit.compile_specs), NamedDataMap(output))
+        except Exception as e:  # noqa: BLE001 - whatever the check raised, the entry is not used
+            assert self.cache is not None
+            warnings.warn(
+                f"compile cache: the entry for {item.unit.where} in {self.cache.location} fails the load-time "
+                f"checks of backend {backend.backend_id!r} ({type(e).__name__}: {e}); it is compiled here instead",
+                stacklevel=2,
+            )
+            return False
+        return True
 
     def _trusts(self, backend: type[BackendDetails]) -> bool:
         """Whether entries of ``backend`` may come from the cache: its blobs are no native code, or it is trusted."""

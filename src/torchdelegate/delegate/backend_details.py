@@ -226,6 +226,15 @@ class BackendDetails(ABC):
         """
         return None
 
+    @classmethod
+    def check_blob(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
+        """Raise a ``FormatError`` if ``init`` would refuse this blob, without building what ``init``
+        builds: the checks a blob made elsewhere passes before a lowering uses it (an entry of a
+        shared compile cache is written by whoever can write there). The default checks nothing; a
+        backend whose blobs are untrusted input at load should check here what it checks there.
+        """
+        del processed, compile_specs, named_data
+
     needs: ClassVar[str] = "what it needs is not installed"
     """What this machine lacks when ``is_available()`` is False, and how to get it (shown in errors)."""
 

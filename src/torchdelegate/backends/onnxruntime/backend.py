@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys
-from torchdelegate.backends.onnxruntime.session import delegate_handle, prepare_model
+from torchdelegate.backends.onnxruntime.session import check_blob, delegate_handle, prepare_model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data
 from torchdelegate.delegate.compile_units import current_partition
@@ -100,6 +100,10 @@ class OnnxRuntimeBackend(BackendDetails):
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
         return named_data_keys(processed)
+
+    @classmethod
+    def check_blob(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
+        check_blob(processed, named_data)
 
     @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:

@@ -49,6 +49,22 @@ def delegate_handle(processed: memoryview, compile_specs: list[CompileSpec], nam
     return _Delegate(model, branch)
 
 
+def check_blob(processed: memoryview, named_data: NamedDataMap) -> None:
+    """What making a session checks before ONNX Runtime sees the model, without making one: the
+    header's branches and selector, the named data of every initializer it supplies, and the model
+    confined (``confinement.py``)."""
+    header, model = model_of(processed, named_data)
+    branches, selector = branch_names(header.get("branches")), header.get("selector")
+    if not (selector is None and len(branches) == 1 or isinstance(selector, str)):
+        raise FormatError(f"onnxruntime blob: {len(branches)} branches and the selector {selector!r:.80}")
+    initializers = initializer_table(header)
+    missing = [key for key in external_keys(initializers) if key not in named_data]
+    if missing:
+        raise FormatError(f"onnxruntime blob: initializer data {missing[0]!r:.80} is not in the program")
+    supplied = {name: (e["key"], len(named_data.get_data(e["key"]))) for name, e in initializers.items()}
+    confined_model(require("onnx"), bytes(model), supplied, "onnxruntime blob")
+
+
 class _ProgramModels:
     """The models of one loaded program's named data: each one's session while a delegate uses it,
     and a lock per model, so two delegates never build one session twice and other models need not wait."""
