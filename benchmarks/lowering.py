@@ -15,8 +15,13 @@ result, and at its peak (tracemalloc; tensor data is not Python objects).
 
     python benchmarks/lowering.py [--layers 2 8 32 128] [--width 64] [--repeats 5] [--two-methods 32]
 
-Last, prefill (seq 8) and decode (seq 1) of the L=32 stack, same weights, are lowered
+Then prefill (seq 8) and decode (seq 1) of the L=32 stack, same weights, are lowered
 together (one to_backend call) and compared with lowering prefill alone.
+
+Last, lowering with a report, as ``torchdelegate lower`` does (``--report-layers L``): the L-block
+stack through ``to_edge`` and a capability partitioner of the same ops, timed with its report
+(``lower_with_report``: before the report was emitted by lowering, it planned the partitions
+twice and found their boundaries again; that function now reads the manager's own report).
 """
 
 from __future__ import annotations
@@ -199,6 +204,28 @@ def measure_two_methods(layers: int, width: int, repeats: int) -> dict[str, floa
     return {"one": statistics.median(one), "both": statistics.median(both)}
 
 
+def measure_with_report(layers: int, width: int, repeats: int) -> float:
+    """Median seconds of lowering the stack with its partition report (a capability partitioner)."""
+    import warnings
+
+    from torchdelegate import CapabilityPartitioner, to_edge
+    from torchdelegate.report import lower_with_report
+
+    torch.manual_seed(0)
+    model = Stack(layers, width).eval()
+    edge = to_edge(torch.export.export(model, (torch.randn(1, 8, width),)))
+    partitioner = CapabilityPartitioner(SUPPORTED, DelegationSpec(BenchmarkBackend.backend_id))
+    times = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for _ in range(repeats):
+            gc.collect()
+            start = time.perf_counter()
+            lower_with_report(edge, partitioner)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32, 128])
@@ -207,6 +234,9 @@ def main() -> None:
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
         "--two-methods", type=int, default=32, metavar="L", help="L of the prefill+decode run (0: skip)"
+    )
+    parser.add_argument(
+        "--report-layers", type=int, default=32, metavar="L", help="L of the lowering with a report (0: skip)"
     )
     args = parser.parse_args()
     if args.child is not None:
@@ -239,6 +269,9 @@ def main() -> None:
             f"two methods, L={args.two_methods}: prefill alone {two['one']:.3f} s, prefill + decode together "
             f"{two['both']:.3f} s, ratio {two['both'] / two['one']:.2f}"
         )
+    if args.report_layers:
+        seconds = measure_with_report(args.report_layers, args.width, args.repeats)
+        print(f"with its report (capability partitioner, to_edge'd), L={args.report_layers}: {seconds:.3f} s")
 
 
 if __name__ == "__main__":

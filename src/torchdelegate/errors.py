@@ -8,6 +8,8 @@ built-in exception a caller would naturally catch (``ValueError``, ``RuntimeErro
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _TERMINAL_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -98,3 +100,16 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     lines = _TERMINAL_COLOURS.sub("", str(error)).strip().splitlines()
     line = lines[0] if lines else type(error).__name__
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+@contextmanager
+def located(where: str) -> Iterator[None]:
+    """A ``FormatError`` raised inside the block gets ``where`` before its message (``"<where>: ..."``)
+    and goes on, the same exception: where in a file a problem is, said once at the boundary that
+    knows it rather than passed down to every check."""
+    try:
+        yield
+    except FormatError as error:
+        if error.args and isinstance(error.args[0], str):
+            error.args = (f"{where}: {error.args[0]}", *error.args[1:])
+        raise

@@ -2,8 +2,8 @@
 
 Exit codes: 0 success; 1 the work failed (a bad file, a backend error, outputs that differ
 from eager in the demo); 2 the command line was wrong. Errors go to stderr as one line,
-``torchdelegate: error: ...``; ``--verbose`` adds the traceback. One module per command;
-``command.py`` holds what they share, ``parser.py`` the command line.
+``torchdelegate: error: ...``; ``--verbose`` adds the traceback. One module per command, which
+defines its flags and runs it; ``command.py`` holds what they share, ``main.py`` puts them together.
 """
 
 from torchdelegate.cli.command import CommandError, UsageError, printable

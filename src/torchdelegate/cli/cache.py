@@ -7,6 +7,22 @@ from typing import TextIO
 
 from torchdelegate.cli.command import EXIT_OK, CommandError
 
+HELP = "show or empty the cache (compiled partitions and prepared programs)"
+DESCRIPTION = (
+    "The one cache both kinds of entries live in: compiled partitions (lower, llm export) and "
+    "what prepare keeps for this machine. It is TORCHDELEGATE_CACHE (a directory or an fsspec URL; 'off': "
+    "none), by default ~/.cache/torchdelegate, bounded by TORCHDELEGATE_CACHE_MAX_BYTES (16 GiB), least "
+    "recently used first."
+)
+
+
+def define(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action", choices=["info", "clear"], help="info: where it is and what it holds; clear: empty it"
+    )
+    parser.add_argument("--kind", choices=["compile", "machine"], help="only this kind of entry")
+    parser.set_defaults(handler=cache_command)
+
 
 def cache_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.cache.compile_cache import BINDINGS, ENTRIES

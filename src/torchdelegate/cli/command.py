@@ -1,15 +1,22 @@
-"""What every command shares: its errors and exit codes, text quoted from files made printable,
-``--import``, and loading a program file."""
+"""What every command shares: its errors and exit codes, its parser, the flags several commands take,
+text quoted from files made printable, ``--import``, and loading a program file.
+
+A command is one module of this package: ``HELP`` and ``DESCRIPTION``, ``define(parser)``, which adds
+its flags and sets its handler (``parser.set_defaults(handler=...)``), and the handler itself,
+``(args, out) -> exit code``. A command module imports neither torch nor numpy at its top, so that
+the command line is read, and ``--help`` answered, in a moment.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import io
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from torchdelegate.errors import first_line
 
@@ -22,6 +29,55 @@ class CommandError(Exception):
 
 class UsageError(CommandError):
     """A command line argparse accepted whose values are wrong: one line, exit code 2, as argparse's own."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors exit with ``EXIT_USAGE``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
+
+
+def add_imports(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        action="append",
+        default=[],
+        dest="imports",
+        metavar="MODULE",
+        help="import this module before reading the files (repeat; the current directory is searched last): "
+        "the one that registers the programs' output types or custom operators, e.g. "
+        "transformers.modeling_outputs",
+    )
+
+
+TRUST_HELP = (
+    "run this backend's native code from the file (AOTInductor's compiled libraries: --trust inductor); "
+    "without it such delegates are refused. Repeatable; or set TORCHDELEGATE_TRUSTED_BACKENDS to "
+    "comma-separated ids"
+)
+
+
+def add_file_options(parser: argparse.ArgumentParser, trust_help: str = TRUST_HELP) -> None:
+    """--external-data and --trust: how a command that loads a program file finds and trusts it."""
+    parser.add_argument("--external-data", type=Path, metavar="FILE", help="where the data file is, if moved")
+    parser.add_argument("--trust", action="append", default=[], metavar="BACKEND", help=trust_help)
+
+
+def add_backend_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend-option",
+        action="append",
+        default=[],
+        dest="backend_options",
+        metavar="ID.KEY=VALUE",
+        help="a load-time option of a backend, for this machine (repeat), e.g. onnxruntime.intra_op_num_threads=4",
+    )
 
 
 def printable(text: str) -> str:

@@ -6,7 +6,29 @@ import argparse
 from pathlib import Path
 from typing import TextIO
 
-from torchdelegate.cli.command import EXIT_FAILED, EXIT_OK, CommandError, UsageError
+from torchdelegate.cli.command import EXIT_FAILED, EXIT_OK, CommandError, UsageError, add_verbose
+
+HELP = "lower, save, load and run a small language model, checked against eager"
+DESCRIPTION = (
+    "A small decoder-only language model (built in, trained on a public-domain novel) as prefill + "
+    "decode with a KV cache: lowered to ONNX Runtime with reference as fallback, saved, loaded, generating "
+    "tokens checked against eager torch."
+)
+
+
+def define(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokens", type=int, default=80, metavar="N", help="tokens to generate (default 80)")
+    parser.add_argument("--output-dir", type=Path, metavar="DIR", help="keep the program file and report here")
+    parser.add_argument("--rounds", type=int, default=3, metavar="R", help="timing rounds, median taken (default 3)")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="instead, write the demo model as a transformers checkpoint (GPT-2, byte-level tokenizer) in DIR, "
+        "for torchdelegate llm export",
+    )
+    add_verbose(parser)
+    parser.set_defaults(handler=demo_command)
 
 
 def demo_command(args: argparse.Namespace, out: TextIO) -> int:

@@ -5,14 +5,51 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, loaded
-from torchdelegate.cli.outputs import named_output_type
+from torchdelegate.cli.command import (
+    EXIT_OK,
+    CommandError,
+    UsageError,
+    add_file_options,
+    add_imports,
+    add_verbose,
+    loaded,
+)
 from torchdelegate.report.terminal import coverage_line, human_bytes
 
 if TYPE_CHECKING:
     from torchdelegate.report import LoweringReport
+
+HELP = "describe a program file"
+DESCRIPTION = "Describe a program file written by torchdelegate."
+
+
+def define(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--html", type=Path, metavar="FILE.html", help="write the saved partition report as HTML")
+    parser.add_argument("--report", action="store_true", help="print the saved partition report in full")
+    parser.add_argument(
+        "--model-explorer",
+        type=Path,
+        metavar="DIR",
+        help="write the saved report for Google's Model Explorer: the graphs (FILE.json) and node-data "
+        "overlays by backend and by partition",
+    )
+    parser.add_argument(
+        "--open",
+        action="store_true",
+        help="with --model-explorer: start Model Explorer on loopback with them loaded, until Ctrl-C "
+        "(needs torchdelegate[viz])",
+    )
+    parser.add_argument(
+        "--port", type=int, metavar="N", help="with --open: Model Explorer's port (default: a free one)"
+    )
+    add_file_options(parser, "accepted for symmetry with run: inspect never runs a delegate, so needs no trust")
+    add_imports(parser)
+    add_verbose(parser)
+    parser.set_defaults(handler=inspect_command)
 
 
 def _native_backends() -> list[str]:
@@ -30,6 +67,7 @@ def _native_backends() -> list[str]:
 
 
 def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
+    from torchdelegate.cli.outputs import named_output_type
     from torchdelegate.report import LoweringReport, render_html, render_text
     from torchdelegate.serialize.container import FORMAT_VERSION
 

@@ -12,7 +12,98 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, loaded
+from torchdelegate.cli.command import (
+    EXIT_OK,
+    CommandError,
+    CommandParser,
+    UsageError,
+    add_backend_options,
+    add_verbose,
+    loaded,
+)
+from torchdelegate.cli.lower import add_lowering_options
+
+HELP = "a transformers checkpoint to one program file, and text generated from it"
+DESCRIPTION = (
+    "Deploy a decoder-only language model: export a local transformers checkpoint (nothing is "
+    "downloaded) as prefill + decode over a static KV cache, lower it and save one file that carries its "
+    "tokenizer; then generate text from that file."
+)
+
+
+def define(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="llm_command", required=True, metavar="COMMAND", parser_class=CommandParser)
+    export = commands.add_parser(
+        "export",
+        help="a checkpoint directory to one program file",
+        description="Load the checkpoint in DIR (config.json, safetensors weights, tokenizer.json), export prefill "
+        "(the prompt) and decode (one token) over a static KV cache, lower them to the backends in "
+        "priority order, and save one file with the tokenizer and generation settings.",
+    )
+    export.add_argument("directory", type=Path, metavar="DIR", help="the checkpoint directory save_pretrained wrote")
+    export.add_argument("-o", "--output", required=True, type=Path, help="the program file to write")
+    export.add_argument(
+        "--backend",
+        "-b",
+        action="append",
+        dest="backends",
+        metavar="ID",
+        help="a backend, highest priority first (repeat; default: onnxruntime, then reference)",
+    )
+    export.add_argument(
+        "--max-cache",
+        type=int,
+        metavar="N",
+        help="KV cache positions: prompt and generated tokens (default 256, or fewer if the model has fewer positions)",
+    )
+    export.add_argument(
+        "--prefill-chunk",
+        type=int,
+        metavar="N",
+        help="export prefill for exactly N tokens, read a prompt N at a time (for backends that need static "
+        "shapes); default: prefill takes a prompt of any length up to the cache",
+    )
+    add_lowering_options(export)
+    add_verbose(export)
+    export.set_defaults(handler=llm_export_command)
+    generate = commands.add_parser(
+        "generate",
+        help="generate text from a program llm export wrote",
+        description="Generate text after a prompt, printing it as it comes, then the time to first token and the "
+        "speeds.",
+    )
+    generate.add_argument("file", type=Path)
+    generate.add_argument("--prompt", "-p", required=True, help="the text to continue")
+    generate.add_argument(
+        "--chat", action="store_true", help="the prompt is a user's message: apply the checkpoint's chat template"
+    )
+    _add_sampling(generate, 64)
+    generate.set_defaults(handler=llm_generate_command)
+    chat = commands.add_parser(
+        "chat",
+        help="talk with a program llm export wrote",
+        description="An interactive conversation: each line read is a user's message, answered through the "
+        "checkpoint's chat template. The conversation stays in the KV cache; earlier turns are dropped when it "
+        "outgrows it. /reset starts over; /exit or the end of input ends.",
+    )
+    chat.add_argument("file", type=Path)
+    chat.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
+    _add_sampling(chat, 256)
+    chat.set_defaults(handler=llm_chat_command)
+
+
+def _add_sampling(parser: argparse.ArgumentParser, tokens: int) -> None:
+    """What generate and chat share: how many tokens, how they are sampled, and the file's load options."""
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=tokens, metavar="N", help=f"at most N tokens (default {tokens})"
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
+    parser.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
+    parser.add_argument("--top-p", type=float, metavar="P", help="sample among the most likely tokens up to P")
+    parser.add_argument("--seed", type=int, metavar="S", help="the seed of the sampling")
+    parser.add_argument("--ids", action="store_true", help="also print the generated token ids")
+    add_verbose(parser)
+    add_backend_options(parser)
 
 
 def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:

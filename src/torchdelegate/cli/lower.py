@@ -14,16 +14,78 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import torch
-
-from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError
+from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, add_imports, add_verbose
 from torchdelegate.delegate.progress import PreprocessProgress
 from torchdelegate.errors import BackendNotFoundError, FormatError
 from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.report.terminal import human_bytes
 
 if TYPE_CHECKING:
+    import torch
+
     from torchdelegate.cache.compile_cache import CompileCache
+
+HELP = "lower torch.export files (one per method) and save one program file"
+DESCRIPTION = "Lower torch.export.save files, one per method, to backends in priority order; save one file."
+
+
+def define(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("methods", nargs="+", metavar="METHOD=FILE.pt2", help="a method name and its exported program")
+    parser.add_argument(
+        "--backend",
+        "-b",
+        action="append",
+        required=True,
+        dest="backends",
+        metavar="ID",
+        help="a backend, highest priority first (repeat): onnxruntime, inductor, reference, or any installed "
+        "backend that proposes a partitioner",
+    )
+    parser.add_argument("-o", "--output", required=True, type=Path, help="the program file to write")
+    parser.add_argument(
+        "--compile-spec",
+        action="append",
+        default=[],
+        metavar="ID:KEY=VALUE",
+        help="a compile spec for one backend, e.g. onnxruntime:intra_op_num_threads=2 (repeat)",
+    )
+    parser.add_argument("--min-partition-size", type=int, default=1, metavar="N", help="smallest partition (default 1)")
+    parser.add_argument("--html", type=Path, metavar="FILE.html", help="also write the partition report as HTML")
+    parser.add_argument("--external-data", type=Path, metavar="FILE", help="put weights in this separate data file")
+    add_lowering_options(parser)
+    add_imports(parser)
+    add_verbose(parser)
+    parser.set_defaults(handler=lower_command)
+
+
+def add_lowering_options(parser: argparse.ArgumentParser) -> None:
+    """--cache, --quantize (--group-size, --keep-float), --jobs and --cluster: for lower and llm export."""
+    parser.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep compiled partitions in this compile cache (a directory or fsspec URL; 'off': none); "
+        "default: TORCHDELEGATE_CACHE, else ~/.cache/torchdelegate",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=["8da4w", "int4", "int8"],
+        help="quantize linear layers with torchao first: 8da4w (int8 dynamic activations, int4 weights in groups), "
+        "int4 or int8 (weights only); needs torchao",
+    )
+    parser.add_argument(
+        "--group-size", type=int, metavar="N", help="--quantize: inputs per scale (default 32; int8: one per row)"
+    )
+    parser.add_argument(
+        "--keep-float",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="--quantize: leave in float the layers whose weight or module path matches (fnmatch), e.g. lm_head",
+    )
+    parser.add_argument("--jobs", "-j", type=int, metavar="N", help="compile partitions on N worker processes")
+    parser.add_argument(
+        "--cluster", metavar="tcp://HOST:PORT", help="compile partitions on the Dask cluster with this scheduler"
+    )
 
 
 def lower_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -172,6 +234,8 @@ def _method_files(pairs: Sequence[str]) -> list[tuple[str, Path]]:
 
 
 def _load_export(method: str, path: Path) -> torch.export.ExportedProgram:
+    import torch
+
     from torchdelegate.serialize.tree_specs import check_tree_specs
 
     if not path.is_file():

@@ -16,46 +16,43 @@ from torchdelegate.cli.command import (
     EXIT_FAILED,
     EXIT_USAGE,
     CommandError,
+    CommandParser,
     PrintableText,
     UsageError,
     import_module,
     printable,
 )
-from torchdelegate.cli.parser import build_parser
 from torchdelegate.errors import TorchDelegateError
 from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
+from torchdelegate.version import __version__
 
-# Each command's module and function, imported only to run it: the command line is read, and a
-# usage error or --help answered, without importing torch.
-_COMMANDS = {
-    "lower": ("lower", "lower_command"),
-    "inspect": ("inspect", "inspect_command"),
-    "run": ("run", "run_command"),
-    "prepare": ("prepare", "prepare_command"),
-    "cache": ("cache", "cache_command"),
-    "demo": ("demo", "demo_command"),
-    "llm export": ("llm", "llm_export_command"),
-    "llm generate": ("llm", "llm_generate_command"),
-    "llm chat": ("llm", "llm_chat_command"),
-}
+COMMANDS = ("lower", "inspect", "run", "prepare", "cache", "demo", "llm")
+"""The commands, in the order ``--help`` lists them: each the module of this package that defines it."""
 
 
-def _command(name: str) -> Callable[[argparse.Namespace, TextIO], int]:
-    module, function = _COMMANDS[name]
-    found = getattr(importlib.import_module(f"torchdelegate.cli.{module}"), function)
-    return cast(Callable[[argparse.Namespace, TextIO], int], found)
+def command_line() -> argparse.ArgumentParser:
+    """The parser of every command, each command's flags as its module defines them."""
+    parser = CommandParser(
+        prog="torchdelegate",
+        description="Lower torch.export programs to backends, inspect and run the files, or try the demo.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchdelegate {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
+    for name in COMMANDS:
+        module = importlib.import_module(f"torchdelegate.cli.{name}")
+        module.define(commands.add_parser(name, help=module.HELP, description=module.DESCRIPTION))
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = command_line().parse_args(argv)
     out = sys.stdout if args.command in ("lower", "demo", "llm") else cast(TextIO, PrintableText(sys.stdout))
     try:
         for module in getattr(args, "imports", ()):
             import_module(module)
         with torch_internal_warnings_silenced(), _warnings_as_lines():
-            command = f"llm {args.llm_command}" if args.command == "llm" else args.command
-            return _command(command)(args, out)
+            handler = cast(Callable[[argparse.Namespace, TextIO], int], args.handler)
+            return handler(args, out)
     except KeyboardInterrupt:
         print("torchdelegate: interrupted", file=sys.stderr)
         return 130
@@ -63,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     except (CommandError, TorchDelegateError, ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
-        if args.verbose:
+        if getattr(args, "verbose", False):
             traceback.print_exc()
         message = str(error.args[0] if isinstance(error, KeyError) and error.args else error)
         notes = "; ".join(getattr(error, "__notes__", ()))  # where torch failed, added by torchdelegate

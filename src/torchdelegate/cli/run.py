@@ -8,14 +8,47 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
-import torch
+from torchdelegate.cli.command import (
+    EXIT_OK,
+    CommandError,
+    UsageError,
+    add_backend_options,
+    add_file_options,
+    add_imports,
+    add_verbose,
+    loaded,
+)
 
-from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, loaded
-from torchdelegate.cli.outputs import as_array, container_phrase, describe_value, output_names
+HELP = "run one method of a program file"
+DESCRIPTION = "Run one method of a program file on inputs from .npy files (or numbers), in call order."
+
+
+def define(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--method", "-m", default=None, help="the method (default: the only one, or 'forward')")
+    parser.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        default=[],
+        dest="inputs",
+        metavar="[NAME=]X.npy|NUMBER",
+        help="one input, in call order (repeat); NAME= passes it by keyword",
+    )
+    parser.add_argument("--save", type=Path, metavar="OUT.npz", help="save the outputs as output_0, output_1, ...")
+    add_file_options(parser)
+    add_backend_options(parser)
+    add_imports(parser)
+    add_verbose(parser)
+    parser.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace, out: TextIO) -> int:
+    import numpy as np
+    import torch
+
+    from torchdelegate.cli.outputs import as_array, container_phrase, describe_value, output_names
+
     args_in, kwargs_in = _inputs(args.inputs)
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)  # as lower does for -o: known before the run
@@ -68,6 +101,9 @@ def _inputs(values: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
 def _input(value: str) -> Any:
     """A .npy file as a tensor; otherwise an int, a float, or true/false."""
     if value.endswith(".npy"):
+        import numpy as np
+        import torch
+
         path = Path(value)
         if not path.is_file():
             raise CommandError(f"no input file {value!r}")

@@ -240,7 +240,7 @@ class EdgeProgramManager:
         *,
         external_data_path: str | os.PathLike[str] | None = None,
         debug_info: bool = False,
-        report: bool | LoweringReport | Mapping[str, Any] = True,
+        report: bool | LoweringReport | Mapping[str, Any] | None = True,
         assets: Mapping[str, bytes] | None = None,
     ) -> None:
         """Write the program to one file (docs/FORMAT.md): residual graphs, delegate blobs, state and
@@ -263,7 +263,9 @@ class EdgeProgramManager:
             assets=assets,
         )
 
-    def _report_to_save(self, report: bool | LoweringReport | Mapping[str, Any]) -> Mapping[str, Any] | None:
+    def _report_to_save(self, report: bool | LoweringReport | Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        if report is None:  # what 0.1.0 took for "no report"
+            return None
         if report is True:
             report = self._report if self._report is not None else False
         if report is False:

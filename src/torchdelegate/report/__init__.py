@@ -1,16 +1,47 @@
-"""Partition reports: what went where and why, as data, a terminal table and an HTML page."""
+"""Partition reports: what went where and why, as data, a terminal table and an HTML page.
 
-from torchdelegate.lowering.lowering_report import (
-    LoweringReport,
-    MethodReport,
-    NodeRow,
-    PartitionRow,
-    lowering_report,
-    method_report,
-)
-from torchdelegate.report.html import render_html
-from torchdelegate.report.lowering import lower_with_report, plan_report
-from torchdelegate.report.terminal import render_text
+Names are imported when first asked for: ``torchdelegate.report.terminal`` (what the command line
+prints sizes with) does not import torch.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchdelegate.lowering.lowering_report import (
+        LoweringReport,
+        MethodReport,
+        NodeRow,
+        PartitionRow,
+        lowering_report,
+        method_report,
+    )
+    from torchdelegate.report.html import render_html
+    from torchdelegate.report.lowering import lower_with_report, plan_report
+    from torchdelegate.report.terminal import render_text
+
+_EXPORTS = {
+    "LoweringReport": "torchdelegate.lowering.lowering_report",
+    "MethodReport": "torchdelegate.lowering.lowering_report",
+    "NodeRow": "torchdelegate.lowering.lowering_report",
+    "PartitionRow": "torchdelegate.lowering.lowering_report",
+    "lower_with_report": "torchdelegate.report.lowering",
+    "lowering_report": "torchdelegate.lowering.lowering_report",
+    "method_report": "torchdelegate.lowering.lowering_report",
+    "plan_report": "torchdelegate.report.lowering",
+    "render_html": "torchdelegate.report.html",
+    "render_text": "torchdelegate.report.terminal",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchdelegate.report' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "LoweringReport",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, PartitionRow
+if TYPE_CHECKING:
+    from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, PartitionRow
 
 
 def human_bytes(count: int | None) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from torchdelegate.delegate.specs import CompileSpec
-from torchdelegate.errors import FormatError
+from torchdelegate.errors import FormatError, located
 
 PROGRAM_MAGIC = b"\x89TDP\r\n\x1a\n"
 DATA_MAGIC = b"\x89TDD\r\n\x1a\n"
@@ -31,24 +31,24 @@ T = TypeVar("T")
 class Fields:
     """Typed access to one JSON object of the manifest; anything missing or mistyped is a FormatError."""
 
-    def __init__(self, value: Any, where: str, path: Path) -> None:
+    def __init__(self, value: Any, where: str) -> None:
         if not isinstance(value, dict):
-            raise FormatError(f"{path}: {where} must be a JSON object")
-        self.value, self.where, self.path = value, where, path
+            raise FormatError(f"{where} must be a JSON object")
+        self.value, self.where = value, where
 
     def get(self, key: str, kind: type[T], check: Callable[[T], bool] = lambda _: True) -> T:
         value = self.value.get(key)
         if type(value) is not kind or not check(value):
-            raise FormatError(f"{self.path}: {self.where}: field {key!r} is missing or invalid ({value!r:.80})")
+            raise FormatError(f"{self.where}: field {key!r} is missing or invalid ({value!r:.80})")
         return value
 
-    def records(self, key: str, read: Callable[[Any, str, Path], T]) -> list[T]:
-        """The list under ``key``, each item read by ``read(value, where, path)``."""
+    def records(self, key: str, read: Callable[[Any, str], T]) -> list[T]:
+        """The list under ``key``, each item read by ``read(value, where)``."""
         values = self.value.get(key)
         where = key if self.where == "manifest" else f"{self.where}.{key}"
         if not isinstance(values, list):
-            raise FormatError(f"{self.path}: {where} must be a JSON list")
-        return [read(value, f"{where}[{index}]", self.path) for index, value in enumerate(values)]
+            raise FormatError(f"{where} must be a JSON list")
+        return [read(value, f"{where}[{index}]") for index, value in enumerate(values)]
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,11 @@ class MethodRecord:
         return {"name": self.name, "graph": self.graph, "delegates": self.delegates}
 
     @classmethod
-    def from_json(cls, value: Any, where: str, path: Path) -> MethodRecord:
-        fields = Fields(value, where, path)
+    def from_json(cls, value: Any, where: str) -> MethodRecord:
+        fields = Fields(value, where)
         delegates = fields.get("delegates", list)
         if any(type(d) is not int for d in delegates):
-            raise FormatError(f"{path}: {where}.delegates must be integers")
+            raise FormatError(f"{where}.delegates must be integers")
         return cls(fields.get("name", str, bool), fields.get("graph", dict), delegates)
 
 
@@ -101,22 +101,22 @@ class DelegateRecord:
         return entry if self.delegate_info is None else {**entry, "delegate_info": self.delegate_info}
 
     @classmethod
-    def from_json(cls, value: Any, where: str, path: Path) -> DelegateRecord:
-        fields = Fields(value, where, path)
+    def from_json(cls, value: Any, where: str) -> DelegateRecord:
+        fields = Fields(value, where)
         specs = []
         for number, spec in enumerate(fields.get("compile_specs", list)):
-            spec_fields = Fields(spec, f"{where}.compile_specs[{number}]", path)
+            spec_fields = Fields(spec, f"{where}.compile_specs[{number}]")
             try:
                 raw = base64.b64decode(spec_fields.get("value", str), validate=True)
             except (binascii.Error, ValueError):
-                raise FormatError(f"{path}: {where}.compile_specs[{number}] is not base64") from None
+                raise FormatError(f"{where}.compile_specs[{number}] is not base64") from None
             specs.append(CompileSpec(spec_fields.get("key", str), raw))
         handles = value.get("debug_handle_map")
         if handles is not None and not isinstance(handles, list):
-            raise FormatError(f"{path}: {where}.debug_handle_map must be a list or null")
+            raise FormatError(f"{where}.debug_handle_map must be a list or null")
         info = value.get("delegate_info")  # optional: files of backends that return none lack it
         if info is not None and not isinstance(info, dict):
-            raise FormatError(f"{path}: {where}.delegate_info must be an object or absent")
+            raise FormatError(f"{where}.delegate_info must be an object or absent")
         return cls(
             name=fields.get("name", str),
             method=fields.get("method", str),
@@ -143,8 +143,8 @@ class StateRecord:
         return {"name": self.name, "dtype": self.dtype, "shape": self.shape, "data": self.data, "mutable": self.mutable}
 
     @classmethod
-    def from_json(cls, value: Any, where: str, path: Path) -> StateRecord:
-        fields = Fields(value, where, path)
+    def from_json(cls, value: Any, where: str) -> StateRecord:
+        fields = Fields(value, where)
         data = None if value.get("data") is None else fields.get("data", str)
         return cls(
             fields.get("name", str, bool), fields.get("dtype", str), fields.get("shape", list), data,
@@ -162,8 +162,8 @@ class NamedDataRecord:
         return {"key": self.key, "data": self.data, "alignment": self.alignment}
 
     @classmethod
-    def from_json(cls, value: Any, where: str, path: Path) -> NamedDataRecord:
-        fields = Fields(value, where, path)
+    def from_json(cls, value: Any, where: str) -> NamedDataRecord:
+        fields = Fields(value, where)
         alignment = fields.get("alignment", int, lambda v: v >= 1 and not v & (v - 1))
         return cls(fields.get("key", str, bool), fields.get("data", str), alignment)
 
@@ -184,8 +184,8 @@ class AssetRecord:
         return {"name": self.name, "data": self.data}
 
     @classmethod
-    def from_json(cls, value: Any, where: str, path: Path) -> AssetRecord:
-        fields = Fields(value, where, path)
+    def from_json(cls, value: Any, where: str) -> AssetRecord:
+        fields = Fields(value, where)
         return cls(fields.get("name", str, lambda v: ASSET_NAME.fullmatch(v) is not None), fields.get("data", str))
 
 
@@ -201,16 +201,16 @@ class ExternalDataRecord:
         return {"file_name": self.file_name, "segments": [{"sha256": d, "length": n} for d, n in self.segments]}
 
     @classmethod
-    def from_json(cls, value: Any, where: str, path: Path) -> ExternalDataRecord:
-        fields = Fields(value, where, path)
+    def from_json(cls, value: Any, where: str) -> ExternalDataRecord:
+        fields = Fields(value, where)
         name = fields.get(
             "file_name",
             str,
             lambda v: 0 < len(v) <= 255 and "\0" not in v and Path(v).name == v and v not in (".", ".."),
         )
 
-        def segment(entry: Any, at: str, path: Path) -> tuple[str, int]:
-            need = Fields(entry, at, path)
+        def segment(entry: Any, at: str) -> tuple[str, int]:
+            need = Fields(entry, at)
             return need.get("sha256", str), need.get("length", int)
 
         return cls(name, fields.records("segments", segment))
@@ -247,19 +247,25 @@ class ProgramManifest:
 
     @classmethod
     def from_json(cls, value: Any, path: Path) -> ProgramManifest:
-        fields = Fields(value, "manifest", path)
+        """The manifest of the file at ``path``; a ``FormatError`` naming the file and the field otherwise."""
+        with located(str(path)):
+            return cls._from_json(value)
+
+    @classmethod
+    def _from_json(cls, value: Any) -> ProgramManifest:
+        fields = Fields(value, "manifest")
         fields.get("format", str, lambda v: v == PROGRAM_FORMAT)
         producer = fields.get("producer", dict)
         external = None
         if value.get("external_data") is not None:
-            external = ExternalDataRecord.from_json(fields.get("external_data", dict), "external_data", path)
+            external = ExternalDataRecord.from_json(fields.get("external_data", dict), "external_data")
         methods = fields.records("methods", MethodRecord.from_json)
         delegates = fields.records("delegates", DelegateRecord.from_json)
         state = fields.records("state", StateRecord.from_json)
         named_data = fields.records("named_data", NamedDataRecord.from_json)
         report = value.get("report")
         if report is not None and not isinstance(report, dict):
-            raise FormatError(f"{path}: manifest field 'report' is {type(report).__name__}; expected an object")
+            raise FormatError(f"manifest field 'report' is {type(report).__name__}; expected an object")
         assets = fields.records("assets", AssetRecord.from_json) if "assets" in value else []
         return cls(producer, methods, delegates, state, named_data, external, report, assets)
 
@@ -270,4 +276,5 @@ def data_manifest() -> dict[str, Any]:
 
 
 def check_data_manifest(value: Any, path: Path) -> None:
-    Fields(value, "manifest", path).get("format", str, lambda v: v == DATA_FORMAT)
+    with located(str(path)):
+        Fields(value, "manifest").get("format", str, lambda v: v == DATA_FORMAT)

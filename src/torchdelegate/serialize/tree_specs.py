@@ -24,7 +24,7 @@ from typing import Any
 
 from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE, is_namedtuple_class
 
-from torchdelegate.errors import FormatError
+from torchdelegate.errors import FormatError, located
 
 PLAIN_DICT, PLAIN_TUPLE = "builtins.dict", "builtins.tuple"
 _NAMEDTUPLE, _DEFAULTDICT = "collections.namedtuple", "collections.defaultdict"
@@ -51,44 +51,46 @@ def check_tree_specs(document: Any, where: str) -> None:
     saved spec may hold no enum, only a builtin type as a default factory, and only named
     tuple classes as named tuples.
     """
-    for spec in _module_call_specs(document):
-        _checked_root(spec, where)
+    with located(where):
+        for spec in _module_call_specs(document):
+            _checked_root(spec)
 
 
-def _checked_root(spec: str, where: str) -> Any:
+def _checked_root(spec: str) -> Any:
     """The root node of a serialized tree spec, every node of it checked (:func:`check_tree_specs`)."""
-    root = _spec_root(spec, where)
+    root = _spec_root(spec)
     for node in _nodes(root):
-        _check_node(node, where)
+        _check_node(node)
     return root
 
 
-def _check_node(node: Any, where: str) -> None:
+def _check_node(node: Any) -> None:
     if not isinstance(node, dict) or not isinstance(node.get("children_spec", []), list):
-        raise FormatError(f"{where}: a tree spec node is not an object with a list of children")
+        raise FormatError("a tree spec node is not an object with a list of children")
     name, context = node.get("type"), node.get("context")
     if name is not None and not isinstance(name, str):
-        raise FormatError(f"{where}: a tree spec names the type {name!r:.80}, which is not a string")
+        raise FormatError(f"a tree spec names the type {name!r:.80}, which is not a string")
     if _names_an_enum(_json(context) if isinstance(context, str) else context):
-        raise FormatError(f"{where}: a tree spec names an enum, which a saved graph may not (reading it imports)")
+        raise FormatError("a tree spec names an enum, which a saved graph may not (reading it imports)")
     if name == _DEFAULTDICT:
         factory = context if isinstance(context, dict) else {}
         module, factory_name = factory.get("default_factory_module"), factory.get("default_factory_name")
         if module != "builtins" or factory_name not in _DEFAULT_FACTORIES:
             raise FormatError(
-                f"{where}: a tree spec makes {module!s:.80}.{factory_name!s:.80} a defaultdict's default factory; "
+                f"a tree spec makes {module!s:.80}.{factory_name!s:.80} a defaultdict's default factory; "
                 "a saved graph may name only a builtin type"
             )
     if name == _NAMEDTUPLE:
         cls = SERIALIZED_TYPE_TO_PYTHON_TYPE.get(context) if isinstance(context, str) else None
         if cls is not None and not is_namedtuple_class(cls):
-            raise FormatError(f"{where}: a tree spec rebuilds {context!r:.80} as a named tuple, which it is not")
+            raise FormatError(f"a tree spec rebuilds {context!r:.80} as a named tuple, which it is not")
 
 
 def unregistered_types(document: Any, where: str) -> list[str]:
     """The container types a program document's specs name (any module call's) that this process
     cannot rebuild, sorted."""
-    return sorted({name for spec in _module_call_specs(document) for name in _unregistered(_spec_root(spec, where))})
+    with located(where):
+        return sorted({name for spec in _module_call_specs(document) for name in _unregistered(_spec_root(spec))})
 
 
 def _unregistered(root: Any) -> list[str]:
@@ -162,20 +164,21 @@ def with_plain_containers(document: Any, where: str, plain_types: dict[str, str]
         return document
     fields = _namedtuple_fields(module)
     inside: dict[str, str] = {}  # replaced in calls of sub-modules, which a caller never sees
-    rewritten = [_plain_entry(entry, fields, plain_types if _is_root(entry) else inside, where) for entry in entries]
+    with located(where):
+        rewritten = [_plain_entry(entry, fields, plain_types if _is_root(entry) else inside) for entry in entries]
     if all(new is old for new, old in zip(rewritten, entries, strict=True)):
         return document
     return {**document, "graph_module": {**module, "module_call_graph": rewritten}}
 
 
-def _plain_entry(entry: Any, fields: Mapping[str, list[str]], replaced: dict[str, str], where: str) -> Any:
+def _plain_entry(entry: Any, fields: Mapping[str, list[str]], replaced: dict[str, str]) -> Any:
     signature = entry.get("signature") if isinstance(entry, dict) else None
     if not isinstance(signature, dict):
         return entry
     plain = dict(signature)
     for key in _SPEC_KEYS:
         spec = signature.get(key)
-        root = _checked_root(spec, where) if isinstance(spec, str) else None
+        root = _checked_root(spec) if isinstance(spec, str) else None
         if _unregistered(root):
             plain[key] = json.dumps([_PROTOCOL, _plain_tree(root, fields, replaced)])
     return {**entry, "signature": plain} if plain != signature else entry
@@ -250,13 +253,13 @@ def _namedtuple_fields(module: Mapping[str, Any]) -> dict[str, list[str]]:
     return fields
 
 
-def _spec_root(spec: str, where: str) -> Any:
+def _spec_root(spec: str) -> Any:
     """The root node of a serialized tree spec; None for a protocol other than the one read here
     (torch's own reader then decides)."""
     try:
         parsed = json.loads(spec)
     except (ValueError, RecursionError) as error:
-        raise FormatError(f"{where}: a tree spec is not JSON ({type(error).__name__}: {error})") from error
+        raise FormatError(f"a tree spec is not JSON ({type(error).__name__}: {error})") from error
     if isinstance(parsed, list) and len(parsed) == 2 and parsed[0] == _PROTOCOL:
         return parsed[1]
     return None
