@@ -80,11 +80,14 @@ def plan_from_tags(
     for node in program.graph.nodes:
         if node.op != "call_function":
             continue
+        if is_tuple_item(node):  # it goes wherever the node that made the tuple goes
+            producer = node.args[0].meta.get(DELEGATION_TAG)  # type: ignore[union-attr]
+            if producer is not None and producer in partition_tags:
+                members.setdefault(producer, []).append(node.name)
+            continue
         tag = node.meta.get(DELEGATION_TAG)
         if tag is not None and tag in partition_tags:
             members.setdefault(tag, []).append(node.name)
-        if is_tuple_item(node):
-            continue
         spec = partition_tags.get(tag) if tag is not None else None
         backend = spec.backend_id if spec is not None else None
         decisions.append(

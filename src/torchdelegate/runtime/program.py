@@ -217,8 +217,11 @@ class Program:
 
     @property
     def report(self) -> dict[str, Any] | None:
-        """The partition report lowering saved in the file (``LoweringReport.from_json`` reads it), if any."""
-        return self._file.report
+        """The partition report lowering saved in the file (``LoweringReport.from_json`` reads it), if any:
+        read from its segment when asked, never by loading or running."""
+        if self._gate.closed:
+            raise ProgramClosedError(f"cannot read the report: the program {self.path} is closed; load it again")
+        return self._file.report()
 
     @property
     def asset_names(self) -> list[str]:

@@ -24,6 +24,8 @@ PROGRAM_MAGIC = b"\x89TDP\r\n\x1a\n"
 DATA_MAGIC = b"\x89TDD\r\n\x1a\n"
 PROGRAM_FORMAT = "torchdelegate.program"
 DATA_FORMAT = "torchdelegate.delegate.named_data"
+REPORT_COMPRESSION = 6  # zlib's level for a saved partition report
+MAX_REPORT_BYTES = 1 << 28  # what a saved report may inflate to
 
 T = TypeVar("T")
 
@@ -227,7 +229,10 @@ class ProgramManifest:
     named_data: list[NamedDataRecord]
     external_data: ExternalDataRecord | None = None
     report: dict[str, Any] | None = None
+    """A partition report written inline (files of torchdelegate 0.1.0); now ``report_segment``."""
     assets: list[AssetRecord] = dataclasses.field(default_factory=list)
+    report_segment: str | None = None
+    """The SHA-256 of the segment holding the partition report (zlib-compressed JSON)."""
 
     def to_json(self) -> dict[str, Any]:
         manifest: dict[str, Any] = {
@@ -243,6 +248,8 @@ class ProgramManifest:
             manifest["report"] = self.report
         if self.assets:
             manifest["assets"] = [a.to_json() for a in self.assets]
+        if self.report_segment is not None:
+            manifest["report_segment"] = self.report_segment
         return manifest
 
     @classmethod
@@ -267,7 +274,8 @@ class ProgramManifest:
         if report is not None and not isinstance(report, dict):
             raise FormatError(f"manifest field 'report' is {type(report).__name__}; expected an object")
         assets = fields.records("assets", AssetRecord.from_json) if "assets" in value else []
-        return cls(producer, methods, delegates, state, named_data, external, report, assets)
+        report_segment = fields.get("report_segment", str) if "report_segment" in value else None
+        return cls(producer, methods, delegates, state, named_data, external, report, assets, report_segment)
 
 
 def data_manifest() -> dict[str, Any]:

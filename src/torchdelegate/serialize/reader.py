@@ -8,13 +8,17 @@ segment. A segment's checksum is checked the first time it is read. Any problem 
 
 from __future__ import annotations
 
+import json
 import os
+import zlib
 from pathlib import Path
+from typing import Any
 
 from torchdelegate.errors import FormatError
 from torchdelegate.serialize.container import Container
 from torchdelegate.serialize.manifest import (
     DATA_MAGIC,
+    MAX_REPORT_BYTES,
     PROGRAM_MAGIC,
     ExternalDataRecord,
     ProgramManifest,
@@ -40,7 +44,8 @@ class ProgramFile:
         self.delegates = manifest.delegates
         self.state = manifest.state
         self.named_data = manifest.named_data
-        self.report = manifest.report
+        self._report = manifest.report
+        self._report_segment = manifest.report_segment
         self._asset_records = manifest.assets
         self._check_references()
         self.assets = {asset.name: asset.data for asset in manifest.assets}
@@ -87,6 +92,8 @@ class ProgramFile:
                 )
         for asset in self._asset_records:
             self._location(asset.data, f"asset {asset.name!r}")
+        if self._report_segment is not None:
+            self._location(self._report_segment, "the partition report")
         for method in self.methods:
             for index in method.delegates:
                 if not 0 <= index < len(self.delegates):
@@ -118,6 +125,24 @@ class ProgramFile:
         """The byte length of a segment, without reading it."""
         container, number = self._location(digest, what)
         return container.segments[number].length
+
+    def report(self) -> dict[str, Any] | None:
+        """The partition report saved with the program, read from its segment now (None: none saved);
+        a ``FormatError`` if it is not a whole, compressed JSON object."""
+        if self._report_segment is None:
+            return self._report
+        compressed = self.data(self._report_segment, "the partition report")
+        inflater = zlib.decompressobj()
+        try:
+            text = inflater.decompress(compressed, MAX_REPORT_BYTES)
+            if inflater.unconsumed_tail or not inflater.eof:
+                raise ValueError(f"not whole, or larger than {MAX_REPORT_BYTES} bytes")
+            value = json.loads(text)
+        except (ValueError, RecursionError, zlib.error) as e:
+            raise FormatError(f"{self.path}: the partition report cannot be read ({e})") from None
+        if not isinstance(value, dict):
+            raise FormatError(f"{self.path}: the partition report is {type(value).__name__}; expected an object")
+        return value
 
     def data(self, digest: str, what: str, *, verify: bool = True) -> memoryview:
         """The bytes of the segment ``digest`` names, checked against it the first time (if ``verify``)."""

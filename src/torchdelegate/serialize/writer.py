@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from torchdelegate.serialize.container import (
     ChangedDataError,
     Container,
     SegmentSource,
+    canonical_json,
     layout_segments,
     write_container,
 )
@@ -38,6 +40,7 @@ from torchdelegate.serialize.manifest import (
     ASSET_NAME,
     DATA_MAGIC,
     PROGRAM_MAGIC,
+    REPORT_COMPRESSION,
     AssetRecord,
     DelegateRecord,
     ExternalDataRecord,
@@ -81,7 +84,8 @@ def save_program(
     """Write ``programs`` (one per method) and the named data of their delegates to ``path``.
 
     ``debug_info`` keeps each residual node's stack trace and module path in the file;
-    ``report`` (JSON data) is kept as the manifest's ``report``, for ``torchdelegate inspect``;
+    ``report`` (JSON data) is kept in a segment of its own, compressed (``torchdelegate inspect`` and
+    ``Program.report`` read it; loading and running never do);
     ``assets`` (name -> bytes: a tokenizer, a generation config) go in the program file as they
     are, for whoever uses the program (``Program.asset``); nothing reads or runs them.
     """
@@ -115,8 +119,9 @@ def save_program(
         state,
         named,
         external_record,
-        None if report is None else dict(report),
+        None,
         [AssetRecord(name, local.add(data)) for name, data in checked_assets],
+        None if report is None else local.add(zlib.compress(canonical_json(dict(report)), REPORT_COMPRESSION)),
     )
     try:
         if external is not None:
