@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         register_backend,
         registered_backend_ids,
         shared_named_data,
+        with_named_data,
     )
     from torchdelegate.delegate.compile_units import current_partition
     from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
@@ -154,6 +155,7 @@ _EXPORTS = {
     "SerializationError": "torchdelegate.errors",
     "SharedDataBackend": "torchdelegate.delegate.backend_details",
     "shared_named_data": "torchdelegate.delegate.backend_details",
+    "with_named_data": "torchdelegate.delegate.backend_details",
     "current_partition": "torchdelegate.delegate.compile_units",
     "tag_constant_data": "torchdelegate.partition",
     "tag_mutated_buffers": "torchdelegate.partition",
@@ -292,6 +294,7 @@ __all__ = [
     "SerializationError",
     "SharedDataBackend",
     "shared_named_data",
+    "with_named_data",
     "current_partition",
     "TorchDelegateError",
     "TRUSTED_BACKENDS_VARIABLE",

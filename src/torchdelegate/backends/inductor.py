@@ -32,7 +32,7 @@ from torch.fx import Node
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
 from torchdelegate.backends.reference import reference_support
 from torchdelegate.cache.machine_cache import machine_identity
-from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data
+from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data, with_named_data
 from torchdelegate.delegate.compile_units import current_partition
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
@@ -99,9 +99,7 @@ class InductorBackend(BackendDetails):
     @classmethod
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
         """An AOTInductor package of the sub-program; its weights as named data."""
-        store = NamedDataStore()
-        blob = _package(edge_program, store, current_partition())
-        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+        return with_named_data(lambda store: _package(edge_program, store, current_partition()))
 
     @classmethod
     def link_results(

@@ -23,7 +23,13 @@ import torch
 from torch.fx import Node
 
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
-from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, get_backend, shared_named_data
+from torchdelegate.delegate.backend_details import (
+    BackendDetails,
+    PreprocessResult,
+    get_backend,
+    shared_named_data,
+    with_named_data,
+)
 from torchdelegate.delegate.compile_units import current_partition
 from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
@@ -65,9 +71,7 @@ class ReferenceBackend(BackendDetails):
     @classmethod
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
         """The sub-program's graph, its weights as named data (shared by content with every partition's)."""
-        store = NamedDataStore()
-        blob = _blob(edge_program, store, current_partition())
-        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+        return with_named_data(lambda store: _blob(edge_program, store, current_partition()))
 
     @classmethod
     def link_results(

@@ -328,6 +328,14 @@ def shared_named_data(
     ]
 
 
+def with_named_data(compile: Callable[[NamedDataStore], bytes]) -> PreprocessResult:
+    """The blob ``compile(store)`` returns, with the named data it put in ``store``: a ``preprocess``
+    whose partition keeps its weights in named data (joined across partitions by :func:`shared_named_data`)."""
+    store = NamedDataStore()
+    blob = compile(store)
+    return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+
+
 def checked_result(result: Any, backend_id: str, method: str) -> PreprocessResult:
     """``result`` if it is a ``PreprocessResult`` of bytes and named data; else a ``PreprocessError`` saying why."""
     if not isinstance(result, PreprocessResult):
@@ -384,9 +392,9 @@ class SharedDataBackend(BackendDetails):
 
     @classmethod
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:  # type: ignore[override]
-        store = NamedDataStore()
-        blob = cls.compile_partition(edge_program, compile_specs, store, current_partition())
-        return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+        return with_named_data(
+            lambda store: cls.compile_partition(edge_program, compile_specs, store, current_partition())
+        )
 
     @classmethod
     def link_results(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -11,9 +12,9 @@ import torch
 from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys
 from torchdelegate.backends.onnxruntime.session import check_blob, delegate_handle, prepare_model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
-from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data
+from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data, with_named_data
 from torchdelegate.delegate.compile_units import current_partition
-from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.delegate.specs import CompileSpec
 
 if TYPE_CHECKING:
@@ -79,13 +80,10 @@ class OnnxRuntimeBackend(BackendDetails):
         # Imported here, as in link_results: a process that only runs files needs no exporter.
         from torchdelegate.backends.onnxruntime.onnx_export import export_partition
 
-        store = NamedDataStore()
-        blob = export_partition(edge_program, compile_specs, store, current_partition())
-        return PreprocessResult(
-            blob,
-            data_store_output=store.get_named_data_store_output(),
-            delegate_info=blob_description(memoryview(blob)),
+        result = with_named_data(
+            lambda store: export_partition(edge_program, compile_specs, store, current_partition())
         )
+        return replace(result, delegate_info=blob_description(memoryview(result.processed_bytes)))
 
     @classmethod
     def link_results(
