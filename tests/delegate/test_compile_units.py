@@ -45,7 +45,8 @@ def _edge() -> td.EdgeProgramManager:
 
 def test_link_results_failing_or_returning_the_wrong_count_is_named() -> None:
     partitioner = every_op(LinksBadly.backend_id)
-    with pytest.raises(td.PreprocessError, match=r"'TestLinksBadly': link_results returned list; expected a list of 1"):
+    returned = r"'TestLinksBadly': link_results returned 0 result\(s\); expected a list of 1"
+    with pytest.raises(td.PreprocessError, match=returned):
         _edge().to_backend(partitioner)
     spec = td.DelegationSpec(LinksBadly.backend_id, [CompileSpec("x", b"1")])
     with pytest.raises(

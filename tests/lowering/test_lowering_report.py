@@ -14,7 +14,7 @@ import torchdelegate as td
 from torchdelegate import CapabilityPartitioner, DelegationSpec
 from torchdelegate.backends.reference import ReferencePartitioner
 from torchdelegate.cli import main
-from torchdelegate.report import plan_report
+from torchdelegate.report import plan_report, render_text
 
 aten = torch.ops.aten
 REFERENCE = DelegationSpec("reference")
@@ -92,6 +92,7 @@ def test_save_keeps_the_report_unless_told_not_to_and_inspect_draws_any_such_fil
     lowered.save(tmp_path / "m.tdp")
     with td.load(tmp_path / "m.tdp") as program:
         assert program.report == lowered.report.without_cache_answers().to_json()
+        assert "reference_0" in render_text(program.report)  # a loaded file's report draws as the lowering's
     assert main(["inspect", str(tmp_path / "m.tdp"), "--html", str(tmp_path / "m.html")]) == 0
     assert "reference_0" in (tmp_path / "m.html").read_text()
     assert main(["inspect", str(tmp_path / "m.tdp"), "--model-explorer", str(tmp_path / "explorer")]) == 0
@@ -112,3 +113,9 @@ def test_the_report_of_a_lowering_does_not_depend_on_the_compile_cache(cache_dir
     assert {p.cache for p in miss.methods["forward"].partitions} == {"miss"}
     assert {p.cache for p in hit.methods["forward"].partitions} == {"hit"}
     assert json.dumps(miss.without_cache_answers().to_json()) == json.dumps(hit.without_cache_answers().to_json())
+
+
+def test_a_list_of_partitioners_given_to_the_standalone_form_says_where_lists_go() -> None:
+    program = export(TwoLinears(), torch.randn(2, 4))
+    with pytest.raises(TypeError, match="a list\\) go to EdgeProgramManager.to_backend or to_edge_transform_and_lower"):
+        td.to_backend(program, [ReferencePartitioner()])  # type: ignore[arg-type]

@@ -142,14 +142,14 @@ def backend_options(given: Sequence[str]) -> dict[str, dict[str, str]]:
 def loaded(path: Path, external_data: Path | None, trust: Sequence[str], options: Sequence[str] = ()) -> Any:
     """``load`` for the commands: a missing operator library or data file says how to give it here; a
     load option the file's backends do not take is a usage error."""
-    from torchdelegate.errors import OperatorNotFoundError
+    from torchdelegate.errors import BackendNotFoundError, OperatorNotFoundError
     from torchdelegate.runtime.backend_options import BackendOptionError
     from torchdelegate.runtime.program import load
 
     chosen = backend_options(options)
     try:
         return load(path, external_data_path=external_data, trusted_backends=trust, backend_options=chosen)
-    except OperatorNotFoundError as error:
+    except (OperatorNotFoundError, BackendNotFoundError) as error:
         raise CommandError(f"{error} (with this command: --import MODULE)") from error
     except BackendOptionError as error:
         raise UsageError(str(error).replace("backend_options", "--backend-option", 1)) from error

@@ -126,9 +126,9 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
             print(f"assets: {carried}", file=out)
         saved = program.report
     if saved is None:
-        print(f"report: none saved ({_NO_REPORT})", file=out)
         if args.html or args.report or args.model_explorer:
             raise CommandError(f"{args.file} holds no partition report; {_NO_REPORT}")
+        print(f"report: none saved ({_NO_REPORT})", file=out)
         return EXIT_OK
     try:
         report = LoweringReport.from_json(saved)
@@ -161,6 +161,6 @@ def _model_explorer(report: LoweringReport, args: argparse.Namespace, out: TextI
 
 
 _NO_REPORT = (
-    "it was saved with report=False, or from Python by torchdelegate 0.1.0; lower and save it again "
-    "(lowered.save(path) keeps the report of the lowering that made it)"
+    "it was saved with report=False, or before save kept the lowering's report by default; lower it and "
+    "save it again (lowered.save(path) keeps the report of the lowering that made it)"
 )

@@ -185,8 +185,9 @@ class BackendDetails(ABC):
                 f"backend {cls.backend_id!r} failed to link its {len(results)} partition(s): {type(e).__name__}: {e}"
             ) from e
         if not isinstance(linked, (list, tuple)) or len(linked) != len(results):
+            got = f"{len(linked)} result(s)" if isinstance(linked, (list, tuple)) else type(linked).__name__
             raise PreprocessError(
-                f"backend {cls.backend_id!r}: link_results returned {type(linked).__name__}; expected a list "
+                f"backend {cls.backend_id!r}: link_results returned {got}; expected a list "
                 f"of {len(results)} PreprocessResult, one per partition in the order given"
             )
         joined = iter(linked)

@@ -228,6 +228,15 @@ def lowering_report(lowered: ExportedProgram) -> LoweringReport | None:
     return _REPORTS.get(lowered)
 
 
+def as_report(value: LoweringReport | Mapping[str, Any]) -> LoweringReport:
+    """``value`` as a report: a ``LoweringReport`` as it is, or its JSON data (``Program.report``) read."""
+    if isinstance(value, LoweringReport):
+        return value
+    if isinstance(value, Mapping):
+        return LoweringReport.from_json(value)
+    raise TypeError(f"expected a LoweringReport or its JSON data (Program.report), got {type(value).__name__}")
+
+
 _METHOD_FIELDS = (("method", str), ("user_inputs", list[str]), ("user_outputs", list[str]))
 _FIELD_TYPES = {cls: typing.get_type_hints(cls) for cls in (NodeRow, PartitionRow)}
 

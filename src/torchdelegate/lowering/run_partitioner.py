@@ -37,11 +37,14 @@ def partition_method(method: str, program: ExportedProgram, partitioner: Partiti
             f"method {method!r}: got the class {partitioner.__name__}; pass an instance: {partitioner.__name__}(...)"
         )
     if not isinstance(partitioner, Partitioner):
-        hint = (
-            f"; for the whole method on one backend: DelegationSpec({partitioner!r})"
-            if isinstance(partitioner, str)
-            else ""
-        )
+        hint = ""
+        if isinstance(partitioner, str):
+            hint = f"; for the whole method on one backend: DelegationSpec({partitioner!r})"
+        elif isinstance(partitioner, (list, tuple)):
+            hint = (
+                "; partitioners applied in order (a list) go to EdgeProgramManager.to_backend or "
+                "to_edge_transform_and_lower, or join their backends in one CapabilityPartitioner"
+            )
         raise TypeError(
             f"method {method!r}: expected a Partitioner or a DelegationSpec, got {type(partitioner).__name__}{hint}"
         )

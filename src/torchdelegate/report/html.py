@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Mapping
 from importlib.resources import files
 from typing import Any
 
-from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport
+from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, as_report
 from torchdelegate.partition.modules import call_label
 from torchdelegate.report.terminal import coverage_line, delegate_info_text, human_bytes, human_flops
 
@@ -32,7 +33,10 @@ def colours_of(names: list[str]) -> dict[str, str]:
     return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
 
 
-def render_html(report: LoweringReport, *, title: str = "torchdelegate partition report") -> str:
+def render_html(report: LoweringReport | Mapping[str, Any], *, title: str = "torchdelegate partition report") -> str:
+    """The report as one self-contained page; ``report`` is a ``LoweringReport`` or its JSON data
+    (``Program.report``)."""
+    report = as_report(report)
     colours = colours_of(report.backends)
     legend = (
         "".join(

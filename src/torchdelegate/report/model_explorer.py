@@ -12,11 +12,12 @@ are the program's node names, in every file.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, short_op
+from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, as_report, short_op
 from torchdelegate.partition.modules import call_label
 from torchdelegate.report.html import LEFT_OUT, OUTPUTS, colours_of
 
@@ -36,8 +37,10 @@ class ModelExplorerFiles:
         return [self.backends, self.partitions]
 
 
-def write_model_explorer(report: LoweringReport, directory: Path, name: str) -> ModelExplorerFiles:
-    """Write ``NAME.json`` (the graphs), ``NAME.backends.json`` and ``NAME.partitions.json`` into ``directory``."""
+def write_model_explorer(report: LoweringReport | Mapping[str, Any], directory: Path, name: str) -> ModelExplorerFiles:
+    """Write ``NAME.json`` (the graphs), ``NAME.backends.json`` and ``NAME.partitions.json`` into ``directory``;
+    ``report`` is a ``LoweringReport`` or its JSON data (``Program.report``)."""
+    report = as_report(report)
     directory.mkdir(parents=True, exist_ok=True)
     files = ModelExplorerFiles(
         directory / f"{name}.json", directory / f"{name}.backends.json", directory / f"{name}.partitions.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,8 +36,12 @@ def coverage_line(method: MethodReport) -> str:
     return line
 
 
-def render_text(report: LoweringReport, *, reasons: int = 12) -> str:
-    """Every method's coverage and partitions, and up to ``reasons`` lines of what was left, by op and reason."""
+def render_text(report: LoweringReport | Mapping[str, Any], *, reasons: int = 12) -> str:
+    """Every method's coverage and partitions, and up to ``reasons`` lines of what was left, by op and reason;
+    ``report`` is a ``LoweringReport`` or its JSON data (``Program.report``)."""
+    from torchdelegate.lowering.lowering_report import as_report
+
+    report = as_report(report)
     lines = [f"backends, in priority order: {', '.join(report.backends)}"]
     for method in report.methods.values():
         lines += ["", coverage_line(method)]
