@@ -30,7 +30,7 @@ from torchdelegate.exported.structural_copy import (
     with_state,
 )
 from torchdelegate.lowering.gc_pause import cyclic_gc_paused
-from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, method_report, state_bytes
+from torchdelegate.lowering.lowering_report import Boundary, DeferredReport, LoweringReport, method_report, state_bytes
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
 from torchdelegate.lowering.preprocess import (
     PartitionJob,
@@ -42,7 +42,8 @@ from torchdelegate.lowering.preprocess import (
 from torchdelegate.lowering.run_partitioner import PartitionerLike, partition_method, proposing_backends
 from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
 from torchdelegate.lowering.subprogram import build_subprogram
-from torchdelegate.partition.plan import plan_from_tags
+from torchdelegate.lowering.validation import validation_enabled
+from torchdelegate.partition.plan import PartitionPlan, plan_from_tags
 
 
 @dataclass(eq=False)
@@ -60,16 +61,20 @@ class _MethodPlan:
     program: ExportedProgram
     root: _GraphPlan
     backends: list[str]
-    report: MethodReport
+    reported: ExportedProgram  # the program the report reads: the caller's, unless a partitioner changed it
+    plan: PartitionPlan
+    boundaries: dict[str, Boundary]
 
 
 @dataclass
 class Lowering:
-    """What one batch lowering produced: every method's program, the merged named data, and the report."""
+    """What one batch lowering produced: every method's program, the merged named data, the report
+    (made when first asked for) and the methods it lowered."""
 
     programs: dict[str, ExportedProgram]
     named_data: NamedDataStoreOutput
-    report: LoweringReport
+    report: DeferredReport
+    lowered_methods: list[str]
 
 
 def lower(
@@ -122,16 +127,15 @@ def lower(
             for method, program in programs.items():
                 if method not in partitioners:
                     lowered[method] = with_state(program, lambda fqn, t: state_copies(t) if fqn in all_mutated else t)
-    return Lowering(lowered, store.get_named_data_store_output(), _report(programs, plans, jobs))
+    report = _report(programs, plans, jobs)
+    return Lowering(lowered, store.get_named_data_store_output(), report, [plan.method for plan in plans])
 
 
 def _report(
     programs: Mapping[str, ExportedProgram], plans: list[_MethodPlan], jobs: list[PartitionJob]
-) -> LoweringReport:
-    """The methods' reports, with what each partition compiled to and how the compile cache answered."""
-    backends = list(dict.fromkeys(backend for plan in plans for backend in plan.backends))
-    per_method, unique = state_bytes(programs)
-    report = LoweringReport(backends, {plan.method: plan.report for plan in plans}, per_method, unique)
+) -> DeferredReport:
+    """The methods' reports, with what each partition compiled to and how the compile cache answered;
+    what compiled is read now, the rest when the report is first asked for."""
     sizes: dict[str, dict[str, int]] = {}
     cache: dict[str, dict[str, str | None]] = {}
     info: dict[str, dict[str, Any]] = {}
@@ -141,7 +145,17 @@ def _report(
         sizes.setdefault(job.method, {})[tag] = len(job.delegate.processed_bytes)
         cache.setdefault(job.method, {})[tag] = meta.get("compile_cache")
         info.setdefault(job.method, {})[tag] = meta.get("delegate_info")
-    return report.with_blob_sizes(sizes, cache, info)
+    given = dict(programs)
+    facts = [(plan.method, plan.reported, plan.plan, plan.boundaries) for plan in plans]
+    backends = list(dict.fromkeys(backend for plan in plans for backend in plan.backends))
+
+    def make() -> LoweringReport:
+        with cyclic_gc_paused():
+            methods = {method: method_report(method, program, plan, found) for method, program, plan, found in facts}
+        per_method, unique = state_bytes(given)
+        return LoweringReport(backends, methods, per_method, unique).with_blob_sizes(sizes, cache, info)
+
+    return DeferredReport(make)
 
 
 def _check_owned_buffers_not_shared(jobs: list[PartitionJob], programs: Mapping[str, ExportedProgram]) -> None:
@@ -183,10 +197,11 @@ def _plan_method(
         plan = result.plan
         if plan is None or not plan.matches_tags(tagged):
             plan = plan_from_tags(tagged, result.partition_tags, type(partitioner).__name__, backends)
-        found = {partition.tag: partition for partition in root.found.partitions}
-        report = method_report(method, tagged, plan, found)
+        boundaries = {partition.tag: Boundary.of(partition) for partition in root.found.partitions}
     jobs.extend(root.ordered_jobs)
-    return _MethodPlan(method, tagged, root, backends, report)
+    # Checked to be the caller's graph, tags aside: the report reads that one, which outlives this lowering.
+    reported = program if validation_enabled() else tagged
+    return _MethodPlan(method, tagged, root, backends, reported, plan, boundaries)
 
 
 @dataclass(frozen=True)

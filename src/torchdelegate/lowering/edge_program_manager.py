@@ -36,7 +36,7 @@ from torchdelegate.exported.structural_copy import (
 )
 from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
 from torchdelegate.lowering.batch import lower
-from torchdelegate.lowering.lowering_report import LoweringReport, lowering_report
+from torchdelegate.lowering.lowering_report import DeferredReport, LoweringReport, deferred_report
 from torchdelegate.lowering.metadata_checks import drop_proven_checks
 from torchdelegate.lowering.run_partitioner import PartitionerLike
 from torchdelegate.partition.contract import Partitioner, overloads_of
@@ -172,7 +172,7 @@ class EdgeProgramManager:
         self._named_data = delegates_named_data(named_data, delegates)
         self._report = _reports_of(self._programs)
 
-    def _reported(self, report: LoweringReport | None) -> EdgeProgramManager:
+    def _reported(self, report: DeferredReport | None) -> EdgeProgramManager:
         """This manager, carrying ``report`` (what the lowering that made it did)."""
         self._report = report.restricted(self._programs) if report is not None else None
         return self
@@ -180,8 +180,9 @@ class EdgeProgramManager:
     @property
     def report(self) -> LoweringReport | None:
         """What lowering did to these methods and why (``torchdelegate.report`` renders it): every
-        stage of every ``to_backend`` that made this manager; None if none did."""
-        return self._report
+        stage of every ``to_backend`` that made this manager; None if none did. Made the first time it
+        is asked for (or saved), from the programs as they were given to ``to_backend``."""
+        return self._report() if self._report is not None else None
 
     @property
     def methods(self) -> list[str]:
@@ -267,7 +268,7 @@ class EdgeProgramManager:
         if report is None:  # what 0.1.0 took for "no report"
             return None
         if report is True:
-            report = self._report if self._report is not None else False
+            report = self.report if self._report is not None else False
         if report is False:
             return None
         if isinstance(report, LoweringReport):
@@ -297,15 +298,20 @@ class EdgeProgramManager:
         return [{m: p[i] for m, p in per_method.items() if i < len(p)} for i in range(depth)]
 
 
-def _reports_of(programs: Mapping[str, ExportedProgram]) -> LoweringReport | None:
+def _reports_of(programs: Mapping[str, ExportedProgram]) -> DeferredReport | None:
     """The report of programs ``to_backend`` returned (see ``lowering_report``), joined per method."""
-    found = {method: lowering_report(program) for method, program in programs.items()}
+    found = {method: deferred_report(program) for method, program in programs.items()}
     reports = {method: report for method, report in found.items() if report is not None}
     if not reports:
         return None
     first = next(iter(reports.values()))
     if all(report is first for report in reports.values()):
         return first.restricted(reports)
+    return DeferredReport(lambda: _joined({method: report() for method, report in reports.items()}))
+
+
+def _joined(reports: Mapping[str, LoweringReport]) -> LoweringReport:
+    """One report of methods each lowered by another ``to_backend`` call."""
     backends = list(dict.fromkeys(b for report in reports.values() for b in report.backends))
     methods = {method: report.methods[method] for method, report in reports.items() if method in report.methods}
     state = {method: report.state_bytes.get(method, 0) for method, report in reports.items()}
@@ -459,4 +465,4 @@ class KeptWhole:
                     stacklevel=3,
                 )
             programs[method] = _decompose(method, program)
-        return EdgeProgramManager(programs, manager.named_data)._reported(manager.report)
+        return EdgeProgramManager(programs, manager.named_data)._reported(manager._report)

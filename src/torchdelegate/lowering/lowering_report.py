@@ -208,12 +208,41 @@ def _then(first: MethodReport, later: MethodReport) -> MethodReport:
     return replace(first, nodes=rows, partitions=[*first.partitions, *later.partitions], module_types=types)
 
 
-_REPORTS: weakref.WeakKeyDictionary[ExportedProgram, LoweringReport] = weakref.WeakKeyDictionary()
+class DeferredReport:
+    """A lowering's report, made the first time it is asked for (then kept) from what the lowering
+    kept: its plans and boundaries, what compiled, and the programs as they were given, which it reads
+    then. Lowering thus pays for a report (FLOPs, module calls, rows) only where one is read or saved."""
+
+    def __init__(self, make: Callable[[], LoweringReport]) -> None:
+        self._make: Callable[[], LoweringReport] | None = make
+        self._made: LoweringReport | None = None
+
+    def __call__(self) -> LoweringReport:
+        if self._make is not None:
+            self._made, self._make = self._make(), None
+        assert self._made is not None
+        return self._made
+
+    def then(self, later: DeferredReport) -> DeferredReport:
+        """This report followed by a later stage's (:meth:`LoweringReport.then`), when asked for."""
+        return DeferredReport(lambda: self().then(later()))
+
+    def restricted(self, methods: Collection[str]) -> DeferredReport:
+        kept = list(methods)
+        return DeferredReport(lambda: self().restricted(kept))
 
 
-def attach_report(program: ExportedProgram, report: LoweringReport) -> None:
-    """Remember that lowering made ``program`` and what its report said (no reference keeps it alive)."""
+_REPORTS: weakref.WeakKeyDictionary[ExportedProgram, DeferredReport] = weakref.WeakKeyDictionary()
+
+
+def attach_report(program: ExportedProgram, report: DeferredReport) -> None:
+    """Remember that lowering made ``program`` and what its report says (no reference keeps it alive)."""
     _REPORTS[program] = report
+
+
+def deferred_report(lowered: ExportedProgram) -> DeferredReport | None:
+    """The report attached to ``lowered``, not yet made."""
+    return _REPORTS.get(lowered)
 
 
 def lowering_report(lowered: ExportedProgram) -> LoweringReport | None:
@@ -225,7 +254,8 @@ def lowering_report(lowered: ExportedProgram) -> LoweringReport | None:
             f"lowering_report takes an ExportedProgram that to_backend returned, got {type(lowered).__name__}; "
             "a manager carries its report as EdgeProgramManager.report"
         )
-    return _REPORTS.get(lowered)
+    report = _REPORTS.get(lowered)
+    return None if report is None else report()
 
 
 def as_report(value: LoweringReport | Mapping[str, Any]) -> LoweringReport:
@@ -292,11 +322,26 @@ def _memory(tensor: torch.Tensor) -> tuple[int, int, torch.dtype, tuple[int, ...
     return tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tensor.dtype, tuple(tensor.shape)
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """A partition's boundary as lowering found it, by name: what it reads from outside (values and
+    sub-graphs), what it gives back, and the state it carries inside."""
+
+    reads: frozenset[str]
+    outputs: list[str]
+    state: list[str]
+
+    @classmethod
+    def of(cls, partition: Partition) -> Boundary:
+        reads = frozenset(n.name for n in [*partition.inputs, *partition.attrs])
+        return cls(reads, [n.name for n in partition.outputs], [n.name for n in partition.state])
+
+
 def method_report(
-    method: str, program: ExportedProgram, plan: PartitionPlan, found: Mapping[str, Partition]
+    method: str, program: ExportedProgram, plan: PartitionPlan, found: Mapping[str, Boundary]
 ) -> MethodReport:
     """The report of ``program`` partitioned as ``plan`` says, with each partition's boundary as
-    lowering found it (``found``: tag -> partition); the program is only read."""
+    lowering found it (``found``: tag -> boundary); the program is only read."""
     graph_nodes = {node.name: node for node in program.graph.nodes}
     user_inputs = _user_inputs(program)
     rows: list[NodeRow] = []
@@ -331,9 +376,9 @@ def method_report(
                 backend_id=planned.backend_id,
                 nodes=len(computations),
                 ops=dict(Counter(short_op(str(n.target)) for n in computations)),
-                inputs=_in_first_use_order(members, {n.name for n in [*boundary.inputs, *boundary.attrs]}),
-                outputs=[n.name for n in boundary.outputs],
-                weight_bytes=sum(weights.get(n.name, 0) for n in boundary.state),
+                inputs=_in_first_use_order(members, boundary.reads),
+                outputs=list(boundary.outputs),
+                weight_bytes=sum(weights.get(name, 0) for name in boundary.state),
                 flops=sum(flops.get(n.name, 0) for n in computations),
                 kept_apart=dict(planned.kept_apart),
             )
@@ -343,7 +388,7 @@ def method_report(
     return MethodReport(method, rows, partitions, ordered_inputs, outputs, module_types)
 
 
-def _in_first_use_order(members: list[Node], names: set[str]) -> list[str]:
+def _in_first_use_order(members: list[Node], names: Collection[str]) -> list[str]:
     """``names`` in the order ``members`` first read them."""
     read = dict.fromkeys(source.name for node in members for source in node.all_input_nodes)
     return [name for name in read if name in names]
@@ -411,6 +456,17 @@ def _linear_flops(node: Node) -> int:
     return 2 * output.numel() * weight.shape[1]
 
 
+def _mapped(function: Callable[[Any], Any], value: Any) -> Any:
+    """``function`` applied to every leaf of the lists, tuples and dicts in ``value`` (a node's arguments)."""
+    if isinstance(value, list):  # fx keeps a list argument as a list type of its own
+        return [_mapped(function, item) for item in value]
+    if type(value) is tuple:
+        return tuple(_mapped(function, item) for item in value)
+    if isinstance(value, dict):
+        return {key: _mapped(function, item) for key, item in value.items()}
+    return function(value)
+
+
 def _flops(node: Node) -> int:
     """torch's FLOP count for ``node`` from the shapes export recorded; 0 when it has none."""
     target = node.target
@@ -421,10 +477,29 @@ def _flops(node: Node) -> int:
     if count is None or "val" not in node.meta:
         return 0
 
+    formula = getattr(count, "__wrapped__", None)  # torch's formula on shapes, inside its pytree-walking wrapper
     try:
-        args = torch.utils._pytree.tree_map(_example_value, node.args)
-        kwargs = torch.utils._pytree.tree_map(_example_value, node.kwargs)
-        output = torch.utils._pytree.tree_map(_at_example_sizes, node.meta["val"])
+        if formula is not None:
+            args = _mapped(_example_shape, node.args)
+            kwargs = _mapped(_example_shape, node.kwargs)
+            return int(formula(*args, **kwargs, out_shape=_mapped(_shape, node.meta["val"])))
+        args = _mapped(_example_value, node.args)
+        kwargs = _mapped(_example_value, node.kwargs)
+        output = _mapped(_at_example_sizes, node.meta["val"])
         return int(count(*args, **kwargs, out_val=output))
     except Exception:  # a shape torch's counter cannot read: count nothing
         return 0
+
+
+def _shape(value: Any) -> Any:
+    """A tensor's sizes at the example export traced with (as ``_at_example_sizes``); other values as they are."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    sizes = tuple(size if isinstance(size, int) else size.node.hint for size in value.shape)
+    if any(size is None for size in sizes):  # data-dependent: no example size
+        raise _NoExampleSize
+    return sizes
+
+
+def _example_shape(argument: Any) -> Any:
+    return _shape(argument.meta.get("val")) if isinstance(argument, Node) else argument

@@ -8,7 +8,9 @@ the report's pictures that group computations by layer all read them here. The r
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torch.fx import Node
@@ -30,8 +32,20 @@ class ModuleCall:
 def module_calls(node: Node) -> list[ModuleCall]:
     """The module calls ``node`` was made in, outermost first; empty when export recorded none."""
     stack = node.meta.get("nn_module_stack") or {}
+    try:
+        return list(_read_once(tuple(stack.items())))  # the nodes of one layer share their stack
+    except TypeError:  # an entry that cannot be a key: read as it is
+        return _read(stack.items())
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_once(items: tuple[tuple[object, object], ...]) -> tuple[ModuleCall, ...]:
+    return tuple(_read(items))
+
+
+def _read(items: Iterable[tuple[object, object]]) -> list[ModuleCall]:
     calls = []
-    for key, entry in stack.items():
+    for key, entry in items:
         if not (isinstance(entry, tuple | list) and len(entry) == 2 and isinstance(entry[0], str)) or not entry[0]:
             continue
         if key == NO_MODULE:

@@ -13,8 +13,8 @@ from torch.export import ExportedProgram
 
 from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.lowering.edge_program_manager import EdgeProgramManager
-from torchdelegate.lowering.lowering_report import LoweringReport, method_report, state_bytes
-from torchdelegate.lowering.partitions import Partition, find_partitions
+from torchdelegate.lowering.lowering_report import Boundary, LoweringReport, method_report, state_bytes
+from torchdelegate.lowering.partitions import find_partitions
 from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.partition.plan import PartitionPlan
 from torchdelegate.partition.tagging import constant_data_tags
@@ -38,7 +38,7 @@ def plan_report(manager: EdgeProgramManager, partitioner: CapabilityPartitioner)
     return LoweringReport(backends, methods, per_method, unique)
 
 
-def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> dict[str, Partition]:
+def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> dict[str, Boundary]:
     """Each planned partition's boundary by lowering's own rules (inputs, weights carried inside,
     outputs), found over ``program`` with the plan's tags, nothing tagged; a plan lowering would
     refuse (an in-place write into a partition's input) raises the same PartitionError here."""
@@ -47,7 +47,7 @@ def _partitions(method: str, program: ExportedProgram, plan: PartitionPlan) -> d
     tags.update(constant_data_tags(program, tags))
     specs = {p.tag: DelegationSpec(p.backend_id) for p in plan.partitions}
     found = find_partitions(program.graph_module, program.graph_signature, specs, f"method {method!r}", tags=tags)
-    return {partition.tag: partition for partition in found.partitions}
+    return {partition.tag: Boundary.of(partition) for partition in found.partitions}
 
 
 def lower_with_report(
