@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -135,7 +134,8 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         print(f"exported prefill ({prompt}) and decode from {args.directory}", file=out)
         lowered = lowered_programs(programs, partitioners, args, out)
     assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens)}
-    _save_whole(lowered, args.output, assets)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    lowered.save(args.output, assets=assets)  # written whole: a failure leaves no partial file
     seconds = time.perf_counter() - started
     from torchdelegate.report.terminal import human_bytes
 
@@ -146,17 +146,6 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         file=out,
     )
     return EXIT_OK
-
-
-def _save_whole(lowered: Any, path: Path, assets: dict[str, bytes]) -> None:
-    """Save to a file beside ``path``, then move it there: a failure leaves no partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        lowered.save(partial, assets=assets)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
