@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,13 @@ def test_the_file_holds_json_and_raw_bytes_only(tmp_path: Path) -> None:
     for delegate in manifest["delegates"]:  # the reference backend's blobs: a header, then compressed JSON
         blob = segments[delegate["blob"]]
         reference_blob_document(data[data_offset + blob["offset"] : data_offset + blob["offset"] + blob["length"]])
+    # The partition report: compressed JSON.
+    report = segments[manifest["report_segment"]]
+    start = data_offset + report["offset"]
+    assert isinstance(json.loads(zlib.decompress(data[start : start + report["length"]])), dict)
     # Every other segment is raw tensor bytes, named by the state or named-data table.
     named = {e["data"] for e in manifest["named_data"]} | {e["data"] for e in manifest["state"] if e["data"]}
-    assert set(segments) == named | {d["blob"] for d in manifest["delegates"]}
+    assert set(segments) == named | {d["blob"] for d in manifest["delegates"]} | {manifest["report_segment"]}
     # The caches (all zeros) are stored as shapes; the weights once for both methods.
     state = {s["name"]: s for s in manifest["state"]}
     assert state["k_cache"]["data"] is None and state["k_cache"]["mutable"]
