@@ -6,8 +6,9 @@ loopback only, since it reads any file a request names, and runs until Ctrl-C.
 
 from __future__ import annotations
 
+import importlib
 import socket
-from typing import TextIO
+from typing import Any, TextIO
 
 from torchdelegate.cli.command import CommandError, UsageError
 from torchdelegate.report.model_explorer import ModelExplorerFiles
@@ -25,6 +26,7 @@ def serve_model_explorer(files: ModelExplorerFiles, port: int | None, out: TextI
             f"(or open {files.graphs} in a Model Explorer you have)"
         ) from error
     port = _free_port() if port is None else _unused(port)
+    _without_update_check()
     config = model_explorer.config().add_model_from_path(str(files.graphs.resolve()))
     for overlay in files.node_data:
         config.add_node_data_from_path(str(overlay.resolve()))
@@ -32,6 +34,20 @@ def serve_model_explorer(files: ModelExplorerFiles, port: int | None, out: TextI
     print(f"Model Explorer: {where} with {files.graphs.name} and its overlays (Ctrl-C stops it)", file=out)
     out.flush()
     model_explorer.visualize_from_config(config, host=LOOPBACK, port=port)
+
+
+def _without_update_check() -> None:
+    """Model Explorer asks pypi.org for a newer version of itself, with no timeout, from a thread the
+    process waits for at exit: offline, or where the network drops the request, Ctrl-C then never ends
+    the command. A loopback server of local files has no reason to reach the internet: the check is off."""
+    server: Any = importlib.import_module("model_explorer.server")
+    if callable(getattr(server, "_check_new_version", None)):
+        server._check_new_version = _no_update_check
+
+
+def _no_update_check(print_msg: bool = True) -> dict[str, str]:
+    del print_msg
+    return {"version": "", "runningVersion": "", "releaseUrl": "", "desktopAppUrl": ""}
 
 
 def _free_port() -> int:
