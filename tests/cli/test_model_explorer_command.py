@@ -39,7 +39,16 @@ def test_open_serves_the_files_on_loopback_and_model_explorers_app_shows_them(tm
     command = [sys.executable, "-m", "torchdelegate.cli", "inspect", str(program)]
     command += ["--model-explorer", str(tmp_path / "me"), "--open", "--port", str(port)]
     env = {**os.environ, "BROWSER": "true"}  # webbrowser's choice: open nothing
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # Ctrl-C reaches the command as at a terminal, whatever this worker process inherited: a child
+    # started where SIGINT is ignored ignores it too, and Python then installs no KeyboardInterrupt.
+    server = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     printed = ""
     try:
         assert server.stdout is not None
