@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,47 @@ def test_the_mapping_form_and_a_manager_built_from_its_programs_carry_the_report
     assert td.lowering_report(lowered["b"]) is None  # not lowered: the caller's own program
     manager = td.EdgeProgramManager(lowered)
     assert manager.report is not None and list(manager.report.methods) == ["a"]
+
+
+class _SharedWeight(torch.nn.Module):
+    def __init__(self, weight: torch.nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+def test_methods_lowered_by_separate_calls_join_under_the_managers_names_their_shared_weight_once() -> None:
+    weight = torch.nn.Parameter(torch.randn(64, 64))
+    prefill = td.to_backend(export(_SharedWeight(weight), torch.randn(4, 64)), ReferencePartitioner())
+    decode = td.to_backend(export(_SharedWeight(weight), torch.randn(1, 64)), ReferencePartitioner())
+    report = td.EdgeProgramManager({"prefill": prefill, "decode": decode}).report
+    assert report is not None and list(report.methods) == ["prefill", "decode"]
+    assert [m.method for m in report.methods.values()] == ["prefill", "decode"]
+    assert report.state_bytes == {"prefill": 64 * 64 * 4, "decode": 64 * 64 * 4}
+    assert report.unique_state_bytes == 64 * 64 * 4
+    assert td.to_edge({"prefill": prefill}).report == report.restricted(["prefill"])
+
+
+def test_a_report_not_yet_made_keeps_none_of_the_callers_tensors_alive() -> None:
+    class Cached(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(256, 256))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.cache[0, :4].add_(x[0])
+            return x * self.cache[0, :4]
+
+    program = export(Cached(), torch.randn(2, 4))
+    given = weakref.ref(program.state_dict["cache"])
+    lowered = td.to_backend(program, ReferencePartitioner())  # lowering copies the state it mutates
+    del program
+    gc.collect()
+    assert given() is None
+    report = td.lowering_report(lowered)
+    assert report is not None and report.state_bytes == {"forward": 256 * 256 * 4}
 
 
 def test_stages_add_up_a_later_backend_takes_what_the_first_left() -> None:

@@ -30,7 +30,15 @@ from torchdelegate.exported.structural_copy import (
     with_state,
 )
 from torchdelegate.lowering.gc_pause import cyclic_gc_paused
-from torchdelegate.lowering.lowering_report import Boundary, DeferredReport, LoweringReport, method_report, state_bytes
+from torchdelegate.lowering.lowering_report import (
+    Boundary,
+    DeferredReport,
+    LoweringReport,
+    ReportedProgram,
+    held_state,
+    method_report,
+    state_totals,
+)
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
 from torchdelegate.lowering.preprocess import (
     PartitionJob,
@@ -145,17 +153,18 @@ def _report(
         sizes.setdefault(job.method, {})[tag] = len(job.delegate.processed_bytes)
         cache.setdefault(job.method, {})[tag] = meta.get("compile_cache")
         info.setdefault(job.method, {})[tag] = meta.get("delegate_info")
-    given = dict(programs)
-    facts = [(plan.method, plan.reported, plan.plan, plan.boundaries) for plan in plans]
+    reported = {plan.method: ReportedProgram.of(plan.reported) for plan in plans}
+    facts = [(plan.method, plan.plan, plan.boundaries) for plan in plans]
+    held = held_state(programs)
     backends = list(dict.fromkeys(backend for plan in plans for backend in plan.backends))
 
     def make() -> LoweringReport:
         with cyclic_gc_paused():
-            methods = {method: method_report(method, program, plan, found) for method, program, plan, found in facts}
-        per_method, unique = state_bytes(given)
+            methods = {method: method_report(method, reported[method], plan, found) for method, plan, found in facts}
+        per_method, unique = state_totals(held)
         return LoweringReport(backends, methods, per_method, unique).with_blob_sizes(sizes, cache, info)
 
-    return DeferredReport(make)
+    return DeferredReport(make, held)
 
 
 def _check_owned_buffers_not_shared(jobs: list[PartitionJob], programs: Mapping[str, ExportedProgram]) -> None:

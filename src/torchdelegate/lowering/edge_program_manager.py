@@ -36,7 +36,7 @@ from torchdelegate.exported.structural_copy import (
 )
 from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
 from torchdelegate.lowering.batch import lower
-from torchdelegate.lowering.lowering_report import DeferredReport, LoweringReport, deferred_report
+from torchdelegate.lowering.lowering_report import DeferredReport, LoweringReport, attached_report
 from torchdelegate.lowering.metadata_checks import drop_proven_checks
 from torchdelegate.lowering.run_partitioner import PartitionerLike
 from torchdelegate.partition.contract import Partitioner, overloads_of
@@ -155,7 +155,8 @@ def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
 def to_edge(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> EdgeProgramManager:
     """Decompose every method to core ATen (functional) and wrap them in a manager."""
     methods = _methods(programs)
-    return EdgeProgramManager(_own_state({m: _decompose(m, p) for m, p in methods.items()}))
+    manager = EdgeProgramManager(_own_state({m: _decompose(m, p) for m, p in methods.items()}))
+    return manager._reported(_reports_of(methods))
 
 
 class EdgeProgramManager:
@@ -300,22 +301,9 @@ class EdgeProgramManager:
 
 def _reports_of(programs: Mapping[str, ExportedProgram]) -> DeferredReport | None:
     """The report of programs ``to_backend`` returned (see ``lowering_report``), joined per method."""
-    found = {method: deferred_report(program) for method, program in programs.items()}
-    reports = {method: report for method, report in found.items() if report is not None}
-    if not reports:
-        return None
-    first = next(iter(reports.values()))
-    if all(report is first for report in reports.values()):
-        return first.restricted(reports)
-    return DeferredReport(lambda: _joined({method: report() for method, report in reports.items()}))
-
-
-def _joined(reports: Mapping[str, LoweringReport]) -> LoweringReport:
-    """One report of methods each lowered by another ``to_backend`` call."""
-    backends = list(dict.fromkeys(b for report in reports.values() for b in report.backends))
-    methods = {method: report.methods[method] for method, report in reports.items() if method in report.methods}
-    state = {method: report.state_bytes.get(method, 0) for method, report in reports.items()}
-    return LoweringReport(backends, methods, state, sum(state.values()))
+    found = {method: attached_report(program) for method, program in programs.items()}
+    parts = {method: part for method, part in found.items() if part is not None}
+    return DeferredReport.joined(parts) if parts else None
 
 
 def _as_list(method: str, choice: Any) -> list[PartitionerLike]:

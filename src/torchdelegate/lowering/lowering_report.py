@@ -210,12 +210,14 @@ def _then(first: MethodReport, later: MethodReport) -> MethodReport:
 
 class DeferredReport:
     """A lowering's report, made the first time it is asked for (then kept) from what the lowering
-    kept: its plans and boundaries, what compiled, and the programs as they were given, which it reads
-    then. Lowering thus pays for a report (FLOPs, module calls, rows) only where one is read or saved."""
+    kept: its plans and boundaries, what compiled, the graphs as they were given and the bytes of the
+    state each method held (``held``, read when lowering). Lowering thus pays for a report (FLOPs,
+    module calls, rows) only where one is read or saved, and keeps none of the caller's tensors."""
 
-    def __init__(self, make: Callable[[], LoweringReport]) -> None:
+    def __init__(self, make: Callable[[], LoweringReport], held: Mapping[str, Mapping[Memory, int]]) -> None:
         self._make: Callable[[], LoweringReport] | None = make
         self._made: LoweringReport | None = None
+        self.held = held
 
     def __call__(self) -> LoweringReport:
         if self._make is not None:
@@ -225,23 +227,48 @@ class DeferredReport:
 
     def then(self, later: DeferredReport) -> DeferredReport:
         """This report followed by a later stage's (:meth:`LoweringReport.then`), when asked for."""
-        return DeferredReport(lambda: self().then(later()))
+        return DeferredReport(lambda: self().then(later()), self.held)
 
     def restricted(self, methods: Collection[str]) -> DeferredReport:
+        """The report of ``methods`` only, their shared state counted once among themselves."""
+        held = {method: tensors for method, tensors in self.held.items() if method in methods}
         kept = list(methods)
-        return DeferredReport(lambda: self().restricted(kept))
+        return DeferredReport(lambda: replace(self().restricted(kept), unique_state_bytes=state_totals(held)[1]), held)
+
+    @classmethod
+    def joined(cls, parts: Mapping[str, tuple[DeferredReport, str]]) -> DeferredReport:
+        """One report of methods lowered by different calls: ``{method: (report, its name there)}``
+        (a program ``to_backend`` lowered alone is ``"forward"`` in its report)."""
+        first = next(iter(parts.values()))[0]
+        if all(report is first and name == method for method, (report, name) in parts.items()):
+            return first.restricted(list(parts))
+        held = {method: report.held.get(name, {}) for method, (report, name) in parts.items()}
+
+        def make() -> LoweringReport:
+            made = {method: (report(), name) for method, (report, name) in parts.items()}
+            backends = list(dict.fromkeys(b for report, _ in made.values() for b in report.backends))
+            methods = {
+                method: replace(report.methods[name], method=method)
+                for method, (report, name) in made.items()
+                if name in report.methods
+            }
+            per_method, unique = state_totals(held)
+            return LoweringReport(backends, methods, per_method, unique)
+
+        return cls(make, held)
 
 
-_REPORTS: weakref.WeakKeyDictionary[ExportedProgram, DeferredReport] = weakref.WeakKeyDictionary()
+_REPORTS: weakref.WeakKeyDictionary[ExportedProgram, tuple[DeferredReport, str]] = weakref.WeakKeyDictionary()
 
 
-def attach_report(program: ExportedProgram, report: DeferredReport) -> None:
-    """Remember that lowering made ``program`` and what its report says (no reference keeps it alive)."""
-    _REPORTS[program] = report
+def attach_report(program: ExportedProgram, report: DeferredReport, method: str) -> None:
+    """Remember that lowering made ``program`` as ``method`` and what its report says (no reference
+    keeps the program alive)."""
+    _REPORTS[program] = (report, method)
 
 
-def deferred_report(lowered: ExportedProgram) -> DeferredReport | None:
-    """The report attached to ``lowered``, not yet made."""
+def attached_report(lowered: ExportedProgram) -> tuple[DeferredReport, str] | None:
+    """The report attached to ``lowered``, not yet made, and the method it names ``lowered``."""
     return _REPORTS.get(lowered)
 
 
@@ -254,8 +281,8 @@ def lowering_report(lowered: ExportedProgram) -> LoweringReport | None:
             f"lowering_report takes an ExportedProgram that to_backend returned, got {type(lowered).__name__}; "
             "a manager carries its report as EdgeProgramManager.report"
         )
-    report = _REPORTS.get(lowered)
-    return None if report is None else report()
+    attached = _REPORTS.get(lowered)
+    return None if attached is None else attached[0]()
 
 
 def as_report(value: LoweringReport | Mapping[str, Any]) -> LoweringReport:
@@ -305,19 +332,35 @@ def _is_a(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
-def state_bytes(programs: Mapping[str, ExportedProgram]) -> tuple[dict[str, int], int]:
-    """Bytes of parameters, buffers and constants per method, and in all: a tensor that several
-    names or methods hold (tied embeddings, weights shared by prefill and decode) counts once."""
-    per_method, held = {}, {}
+Memory = tuple[int, int, torch.dtype, tuple[int, ...]]  # what a tensor reads: see _memory
+
+
+def held_state(programs: Mapping[str, ExportedProgram]) -> dict[str, dict[Memory, int]]:
+    """Per method, the bytes of each parameter, buffer and constant it holds, keyed by the memory
+    the tensor reads (two names of one tensor are one entry). Read when lowering: a report made
+    later keeps these counts, not the tensors."""
+    held = {}
     for method, program in programs.items():
         values = (*program.state_dict.values(), *program.constants.values())
-        tensors = {_memory(v): v.nbytes for v in values if isinstance(v, torch.Tensor)}
-        per_method[method] = sum(tensors.values())
-        held.update(tensors)
-    return per_method, sum(held.values())
+        held[method] = {_memory(v): v.nbytes for v in values if isinstance(v, torch.Tensor)}
+    return held
 
 
-def _memory(tensor: torch.Tensor) -> tuple[int, int, torch.dtype, tuple[int, ...]]:
+def state_totals(held: Mapping[str, Mapping[Memory, int]]) -> tuple[dict[str, int], int]:
+    """Bytes per method, and in all: a tensor that several names or methods hold (tied embeddings,
+    weights shared by prefill and decode) counts once."""
+    union: dict[Memory, int] = {}
+    for tensors in held.values():
+        union.update(tensors)
+    return {method: sum(tensors.values()) for method, tensors in held.items()}, sum(union.values())
+
+
+def state_bytes(programs: Mapping[str, ExportedProgram]) -> tuple[dict[str, int], int]:
+    """Bytes of parameters, buffers and constants per method, and in all (see :func:`state_totals`)."""
+    return state_totals(held_state(programs))
+
+
+def _memory(tensor: torch.Tensor) -> Memory:
     """What a tensor reads: equal for two names of one tensor, different for two copies."""
     return tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tensor.dtype, tuple(tensor.shape)
 
@@ -337,13 +380,29 @@ class Boundary:
         return cls(reads, [n.name for n in partition.outputs], [n.name for n in partition.state])
 
 
+@dataclass(frozen=True)
+class ReportedProgram:
+    """What a method's report reads of its program: the graph (names, shapes and module calls, no
+    tensors), the user inputs and the bytes of each weight. Lowering takes it from the program it
+    was given, so that a report made later does not keep the caller's tensors alive."""
+
+    graph: torch.fx.Graph
+    user_inputs: frozenset[str]
+    weights: Mapping[str, int]  # placeholder name -> bytes
+
+    @classmethod
+    def of(cls, program: ExportedProgram) -> ReportedProgram:
+        return cls(program.graph, frozenset(_user_inputs(program)), _weight_bytes(program))
+
+
 def method_report(
-    method: str, program: ExportedProgram, plan: PartitionPlan, found: Mapping[str, Boundary]
+    method: str, program: ExportedProgram | ReportedProgram, plan: PartitionPlan, found: Mapping[str, Boundary]
 ) -> MethodReport:
     """The report of ``program`` partitioned as ``plan`` says, with each partition's boundary as
     lowering found it (``found``: tag -> boundary); the program is only read."""
-    graph_nodes = {node.name: node for node in program.graph.nodes}
-    user_inputs = _user_inputs(program)
+    reported = program if isinstance(program, ReportedProgram) else ReportedProgram.of(program)
+    graph_nodes = {node.name: node for node in reported.graph.nodes}
+    user_inputs = reported.user_inputs
     rows: list[NodeRow] = []
     module_types: dict[str, str] = {}
     for decision in plan.decisions:
@@ -364,7 +423,7 @@ def method_report(
             )
         )
     flops = {row.name: row.flops for row in rows}
-    weights = _weight_bytes(program)
+    weights = reported.weights
     partitions = []
     for planned in plan.partitions:
         members = [graph_nodes[name] for name in planned.nodes]
@@ -383,7 +442,7 @@ def method_report(
                 kept_apart=dict(planned.kept_apart),
             )
         )
-    outputs = [n.name for n in _sources(program.graph.output_node())]
+    outputs = [n.name for n in _sources(reported.graph.output_node())]
     ordered_inputs = sorted(user_inputs, key=list(graph_nodes).index)
     return MethodReport(method, rows, partitions, ordered_inputs, outputs, module_types)
 

@@ -74,7 +74,7 @@ def _(
 def _reported(lowering: Lowering) -> dict[str, ExportedProgram]:
     """The lowered programs, each remembered with the report (``lowering_report(program)``)."""
     for method in lowering.lowered_methods:
-        attach_report(lowering.programs[method], lowering.report)
+        attach_report(lowering.programs[method], lowering.report, method)
     return lowering.programs
 
 
