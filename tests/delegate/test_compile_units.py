@@ -135,7 +135,18 @@ def test_the_old_second_ladder_still_compiles_with_a_deprecation_warning() -> No
             def preprocess_partition(cls, edge_program, compile_specs, where="sub-program"):  # type: ignore[no-untyped-def]
                 return PreprocessResult(f"old {where}".encode())
 
+        class OldExtending(OldStyle):
+            backend_id = "TestOldExtending"
+
+            @classmethod
+            def preprocess_partition(cls, edge_program, compile_specs, where="sub-program"):  # type: ignore[no-untyped-def]
+                result = super().preprocess_partition(edge_program, compile_specs, where)
+                stored = result.data_store_output
+                return PreprocessResult(b"extended " + result.processed_bytes, data_store_output=stored)
+
     (old,) = _edge().to_backend(every_op(OldStyle.backend_id)).delegates()["forward"]
     assert old.processed_bytes == b"compiled partition 'ops' of method 'forward'"
     (older,) = _edge().to_backend(every_op(OldPartition.backend_id)).delegates()["forward"]
     assert older.processed_bytes == b"old partition 'ops' of method 'forward'"
+    (extended,) = _edge().to_backend(every_op(OldExtending.backend_id)).delegates()["forward"]
+    assert extended.processed_bytes == b"extended compiled partition 'ops' of method 'forward'"

@@ -147,6 +147,7 @@ class BackendDetails(ABC):
                 f"{_qualified_name(cls)}.backend_id must be a non-empty str, got {cls.backend_id!r}"
             )
         if "preprocess_partition" in cls.__dict__:
+            cls._calls_preprocess_partition = True
             warnings.warn(
                 f"{cls.__qualname__}.preprocess_partition is deprecated (it goes in the next release): implement "
                 "preprocess; current_partition() names the partition it compiles",
@@ -160,6 +161,18 @@ class BackendDetails(ABC):
     @abstractmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         """Compile one sub-program into a blob."""
+
+    _calls_preprocess_partition: ClassVar[bool] = False  # a subclass overrides the deprecated hook
+
+    @classmethod
+    def preprocess_partition(
+        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec], where: str = "sub-program"
+    ) -> PreprocessResult:
+        """Deprecated (it goes in the next release): implement :meth:`preprocess`;
+        :func:`~torchdelegate.current_partition` names the partition. An override is still called in its
+        place, and this default, which such an override may call through ``super()``, is ``preprocess``."""
+        del where
+        return cls.preprocess(edge_program, compile_specs)
 
     @classmethod
     def preprocess_multimethod(

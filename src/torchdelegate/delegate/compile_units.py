@@ -129,9 +129,8 @@ def preprocess_unit(
     ``preprocess_partition`` has that called instead."""
     token = _partition.set(where)
     try:
-        legacy = getattr(backend, "preprocess_partition", None)
-        if legacy is not None:
-            return legacy(program, compile_specs, where)
+        if backend._calls_preprocess_partition:
+            return backend.preprocess_partition(program, compile_specs, where)
         return backend.preprocess(program, compile_specs)
     finally:
         _partition.reset(token)

@@ -28,7 +28,6 @@ from torchdelegate.delegate.compile_units import (
     PartitionCompiler,
     compile_run,
     current_compiler,
-    failures_named,
 )
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.named_data import NamedDataStore
@@ -89,13 +88,6 @@ def check_unchanged(program: ExportedProgram, before: object, backend_id: str, w
             "it is kept as the delegate's original_module, so preprocess must leave it unchanged: transform "
             "a structural copy instead (torchdelegate.copy_program(edge_program))"
         )
-
-
-def preprocess_one(
-    backend: type[BackendDetails], program: ExportedProgram, specs: list[CompileSpec], method: str, tag: str
-) -> Any:
-    with failures_named(backend, f"partition {tag!r} of method {method!r}"):
-        return backend.preprocess(program, specs)
 
 
 def _preprocess_multimethod(

@@ -9,12 +9,13 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from torchdelegate.delegate.backend_details import checked_result, get_backend
+from torchdelegate.delegate.compile_units import CompileUnit, compile_in_process
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.lowering.batch import Lowering, checked_program, lower
 from torchdelegate.lowering.lowering_report import attach_report
-from torchdelegate.lowering.preprocess import check_unchanged, delegate_meta, preprocess_one
+from torchdelegate.lowering.preprocess import check_unchanged, delegate_meta
 from torchdelegate.lowering.run_partitioner import WHOLE_PROGRAM_TAG, PartitionerLike
 from torchdelegate.lowering.validation import program_fingerprint
 
@@ -45,7 +46,9 @@ def _(backend_id: str, edge_program: ExportedProgram, compile_specs: Any = ()) -
     program = copy_program(checked_program(edge_program, "edge_program"))
     before = program_fingerprint(program)
     result = checked_result(
-        preprocess_one(backend, program, specs, "forward", WHOLE_PROGRAM_TAG), backend_id, "forward"
+        compile_in_process(backend, CompileUnit("forward", WHOLE_PROGRAM_TAG, program, tuple(specs))),
+        backend_id,
+        "forward",
     )
     check_unchanged(program, before, backend_id, "the whole program", "forward")
     return LoweredBackendModule(
