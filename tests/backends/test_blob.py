@@ -53,8 +53,11 @@ def test_a_reference_blob_it_cannot_read_is_refused(
     reference_delegate: td.LoweredBackendModule, change: Any, message: str
 ) -> None:
     named_data = NamedDataMap(reference_delegate.named_data_store_output)
+    blob = _reference_blob(reference_delegate, change)
     with pytest.raises(FormatError, match=message):
-        ReferenceBackend.init(_reference_blob(reference_delegate, change), [], named_data)
+        ReferenceBackend.init(blob, [], named_data)
+    with pytest.raises(FormatError, match=message):  # a compile cache's entry is checked as the file will be
+        ReferenceBackend.check_blob(blob, [], named_data)
 
 
 def test_a_reference_blob_of_the_version_before_is_read(reference_delegate: td.LoweredBackendModule) -> None:
@@ -78,3 +81,20 @@ def test_a_weight_table_naming_missing_named_data_is_refused() -> None:
     blob = pack({"version": 1, "tensors": table}, b"")
     with pytest.raises(FormatError, match=r"inductor blob: weight 'embed.weight' names missing named data 'abab"):
         InductorBackend.init(memoryview(blob), [], NamedDataMap())
+
+
+def test_an_onnxruntime_blob_naming_a_branch_its_model_lacks_is_refused_at_load_and_by_check_blob() -> None:
+    pytest.importorskip("onnxruntime")
+    from torchdelegate.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartitioner
+    from torchdelegate.backends.onnxruntime.blob_header import unpacked
+
+    lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(OnnxRuntimePartitioner())
+    delegate = lowered.delegates()["forward"][0]
+    header, model = unpacked(memoryview(delegate.processed_bytes))
+    blob = memoryview(pack({**header, "branch": 3}, bytes(model)))
+    named_data = NamedDataMap(delegate.named_data_store_output)
+    message = r"onnxruntime blob: branch 3 of a model with 1 branches"
+    with pytest.raises(FormatError, match=message):
+        OnnxRuntimeBackend.init(blob, [], named_data)
+    with pytest.raises(FormatError, match=message):
+        OnnxRuntimeBackend.check_blob(blob, [], named_data)

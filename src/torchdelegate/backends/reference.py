@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import threading
 import zlib
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor
 from torchdelegate.runtime.method import Method
 from torchdelegate.serialize.allow_list import check_graph_document
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
-from torchdelegate.serialize.container import canonical_json
+from torchdelegate.serialize.container import canonical_json, inflated_json
 from torchdelegate.serialize.residual_graph import residual_graph
 
 if TYPE_CHECKING:
@@ -90,11 +89,9 @@ class ReferenceBackend(BackendDetails):
     def check_blob(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
         """What ``init`` checks before it builds: the blob's form, its graph against the allow-list, its
         weights against the named data, and each nested delegate by its own backend."""
-        blob = _read_blob(processed)
-        if "graph" not in blob or "tensors" not in blob:
-            raise FormatError("reference blob: not a reference backend blob")
-        check_graph_document(blob["graph"], "reference blob")
-        weights(blob["tensors"], named_data, "reference")
+        blob, graph, tensors = _blob_parts(processed)
+        check_graph_document(graph, "reference blob")
+        weights(tensors, named_data, "reference")
         for nested in _nested(blob.get("delegates", [])):
             nested.backend.check_blob(memoryview(nested.blob), nested.compile_specs, named_data)
 
@@ -202,42 +199,38 @@ def _read_blob(processed: memoryview) -> dict[str, Any]:
         header, payload = unpack(processed, BLOB_VERSION, "reference")
     except FormatError as e:
         try:  # a whole-zlib blob of the version before
-            blob = _inflated_json(processed)
-        except (ValueError, RecursionError, zlib.error):
+            blob = inflated_json(processed, _MAX_BLOB_JSON)
+        except ValueError:
             raise e from None
         if not isinstance(blob, dict) or blob.get("version") != _ZLIB_BLOB_VERSION:
             raise e from None
         return blob
     try:
-        program_part = _inflated_json(payload)
-    except (ValueError, RecursionError, zlib.error) as e:
+        program_part = inflated_json(payload, _MAX_BLOB_JSON)
+    except ValueError as e:
         raise FormatError(f"reference blob: its graph is damaged ({e})") from None
     if not isinstance(program_part, dict):
         raise FormatError("reference blob: its graph is not a JSON object")
     return {**program_part, **header}
 
 
-def _inflated_json(data: memoryview) -> Any:
-    inflater = zlib.decompressobj()
-    text = inflater.decompress(data, _MAX_BLOB_JSON)
-    if inflater.unconsumed_tail or inflater.unused_data or not inflater.eof:
-        raise ValueError(f"not a complete zlib stream of at most {_MAX_BLOB_JSON} bytes")
-    return json.loads(text)
+def _blob_parts(processed: memoryview) -> tuple[dict[str, Any], Any, Any]:
+    """A blob read, with its graph and its tensor table; each entry's ``mutable`` checked to be a bool."""
+    blob = _read_blob(processed)
+    try:
+        graph, tensors = blob["graph"], blob["tensors"]
+    except KeyError as e:
+        raise FormatError(f"reference blob: not a reference backend blob (no {e})") from None
+    if isinstance(tensors, list) and any(type(e.get("mutable")) is not bool for e in tensors if isinstance(e, dict)):
+        raise FormatError("reference blob: a tensor entry's 'mutable' is not a bool")
+    return blob, graph, tensors
 
 
 class _ReferenceHandle:
     """A sub-program ready to run: its tensors over named data, its own copy of any buffer it writes."""
 
     def __init__(self, processed: memoryview, named_data: NamedDataMap) -> None:
-        blob = _read_blob(processed)
-        try:
-            graph, tensors = blob["graph"], blob["tensors"]
-        except KeyError as e:
-            raise FormatError(f"reference blob: not a reference backend blob (no {e})") from None
-        if isinstance(tensors, list) and any(
-            type(e.get("mutable")) is not bool for e in tensors if isinstance(e, dict)
-        ):
-            raise FormatError("reference blob: a tensor entry's 'mutable' is not a bool")
+        blob, graph, tensors = _blob_parts(processed)
         state = weights(tensors, named_data, "reference")
         self.source = GeneratedSource()
         with self.source.recording():

@@ -156,7 +156,7 @@ class Store:
         place = self.entry_place(kind, key)
         try:
             manifest = self._read_bytes(f"{place}/{MANIFEST}")
-        except (OSError, FileNotFoundError):
+        except OSError:
             return None
         files = _checked_manifest(manifest)
         record = files.get(name)
@@ -164,7 +164,7 @@ class Store:
             raise ValueError(f"its manifest lists no {name!r}")
         try:
             data = self._read_bytes(f"{place}/{name}")
-        except (OSError, FileNotFoundError) as e:
+        except OSError as e:
             raise ValueError(f"{name!r} cannot be read ({e})") from e
         if len(data) != record["size"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
             raise ValueError(f"{name!r} does not match its manifest (damaged)")
@@ -177,7 +177,7 @@ class Store:
         place = self.entry_place(kind, key)
         try:
             files = _checked_manifest(self._read_bytes(f"{place}/{MANIFEST}"))
-        except (OSError, FileNotFoundError):
+        except OSError:
             return "it is absent or has no manifest"
         except ValueError as e:
             return str(e)
@@ -335,7 +335,7 @@ class Store:
                 return []
         try:
             listed = self._fs.ls(path, detail=True)
-        except (OSError, FileNotFoundError):
+        except OSError:
             return []
         wanted = "file" if files else "directory"
         return sorted(str(i["name"]).rstrip("/") for i in listed if i.get("type") == wanted)
@@ -346,7 +346,7 @@ class Store:
                 status = os.stat(path)
                 return status.st_size, status.st_mtime
             info = self._fs.info(path)
-        except (OSError, FileNotFoundError):
+        except OSError:
             return 0, 0.0
         return int(info.get("size") or 0), _seconds(info.get("mtime") or info.get("LastModified") or 0)
 

@@ -23,6 +23,7 @@ import mmap
 import os
 import struct
 import threading
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,19 @@ class SegmentSource:
 def canonical_json(document: Any) -> bytes:
     """The one byte form of a manifest: sorted keys, no spaces, ASCII, no NaN."""
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def inflated_json(data: bytes | memoryview, limit: int) -> Any:
+    """The JSON value zlib-compressed in ``data``, which an author wrote: ``ValueError`` unless it is
+    one whole stream that inflates to at most ``limit`` bytes, with nothing after it, of JSON."""
+    inflater = zlib.decompressobj()
+    try:
+        text = inflater.decompress(data, limit)
+        if inflater.unconsumed_tail or inflater.unused_data or not inflater.eof:
+            raise ValueError(f"not one whole zlib stream of at most {limit} bytes")
+        return json.loads(text)
+    except (zlib.error, RecursionError) as e:
+        raise ValueError(str(e) or type(e).__name__) from None
 
 
 def framed(header: Any, *payload: bytes | memoryview) -> bytes:

@@ -8,14 +8,12 @@ segment. A segment's checksum is checked the first time it is read. Any problem 
 
 from __future__ import annotations
 
-import json
 import os
-import zlib
 from pathlib import Path
 from typing import Any
 
 from torchdelegate.errors import FormatError
-from torchdelegate.serialize.container import Container
+from torchdelegate.serialize.container import Container, inflated_json
 from torchdelegate.serialize.manifest import (
     DATA_MAGIC,
     MAX_REPORT_BYTES,
@@ -132,13 +130,9 @@ class ProgramFile:
         if self._report_segment is None:
             return self._report
         compressed = self.data(self._report_segment, "the partition report")
-        inflater = zlib.decompressobj()
         try:
-            text = inflater.decompress(compressed, MAX_REPORT_BYTES)
-            if inflater.unconsumed_tail or not inflater.eof:
-                raise ValueError(f"not whole, or larger than {MAX_REPORT_BYTES} bytes")
-            value = json.loads(text)
-        except (ValueError, RecursionError, zlib.error) as e:
+            value = inflated_json(compressed, MAX_REPORT_BYTES)
+        except ValueError as e:
             raise FormatError(f"{self.path}: the partition report cannot be read ({e})") from None
         if not isinstance(value, dict):
             raise FormatError(f"{self.path}: the partition report is {type(value).__name__}; expected an object")

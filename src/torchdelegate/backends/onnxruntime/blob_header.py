@@ -102,6 +102,21 @@ def stored_model(key: str, named_data: NamedDataMap) -> tuple[dict[str, Any], me
     return header, _model_bytes(header, payload)
 
 
+def model_branches(header: dict[str, Any]) -> tuple[list[tuple[list[str], list[str]]], str | None]:
+    """A model header's branches and the input that selects one (None for a single branch), checked."""
+    branches, selector = branch_names(header.get("branches")), header.get("selector")
+    if not (selector is None and len(branches) == 1 or isinstance(selector, str)):
+        raise FormatError(f"onnxruntime blob: {len(branches)} branches and the selector {selector!r:.80}")
+    return branches, selector
+
+
+def checked_branch(branch: Any, count: int) -> int:
+    """A blob's branch number, checked to name one of its model's ``count`` branches."""
+    if type(branch) is not int or not 0 <= branch < count:
+        raise FormatError(f"onnxruntime blob: branch {branch!r:.80} of a model with {count} branches")
+    return branch
+
+
 def branch_names(table: Any) -> list[tuple[list[str], list[str]]]:
     """Each branch's input and output names, checked to be lists of names."""
     branches = []

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from torchdelegate.backends.onnxruntime.blob_header import (
-    branch_names,
+    checked_branch,
     external_keys,
     initializer_table,
+    model_branches,
     model_key,
     model_of,
     stored_model,
@@ -44,19 +45,16 @@ def delegate_handle(processed: memoryview, compile_specs: list[CompileSpec], nam
         model = Model(header, payload, compile_specs, named_data)
     else:
         model = _shared_model(model_key(key, named_data), compile_specs, named_data)
-    if type(branch) is not int or not 0 <= branch < len(model.branches):
-        raise FormatError(f"onnxruntime blob: branch {branch!r:.80} of a model with {len(model.branches)} branches")
-    return _Delegate(model, branch)
+    return _Delegate(model, checked_branch(branch, len(model.branches)))
 
 
 def check_blob(processed: memoryview, named_data: NamedDataMap) -> None:
     """What making a session checks before ONNX Runtime sees the model, without making one: the
-    header's branches and selector, the named data of every initializer it supplies, and the model
+    header's branches, selector and branch number, the named data of every initializer it supplies, and the model
     confined (``confinement.py``)."""
     header, model = model_of(processed, named_data)
-    branches, selector = branch_names(header.get("branches")), header.get("selector")
-    if not (selector is None and len(branches) == 1 or isinstance(selector, str)):
-        raise FormatError(f"onnxruntime blob: {len(branches)} branches and the selector {selector!r:.80}")
+    branches, _ = model_branches(header)
+    checked_branch(unpacked(processed)[0].get("branch"), len(branches))
     initializers = initializer_table(header)
     missing = [key for key in external_keys(initializers) if key not in named_data]
     if missing:
@@ -106,11 +104,7 @@ class Model:
         pack_weights: bool = True,
     ) -> None:
         ort = require("onnxruntime")
-        self._selector = header.get("selector")
-        self.branches = branch_names(header.get("branches"))
-        if not (self._selector is None and len(self.branches) == 1 or isinstance(self._selector, str)):
-            count, selector = len(self.branches), self._selector
-            raise FormatError(f"onnxruntime blob: {count} branches and the selector {selector!r:.80}")
+        self.branches, self._selector = model_branches(header)
         settings = Options(compile_specs)
         prepared = None
         if pack_weights and settings.prepacking and cache_directory() is not None:
