@@ -90,8 +90,9 @@ def run_demo(*, tokens: int = 80, output_dir: Path | None = None, rounds: int = 
         held, unique = sum(report.state_bytes.values()), report.unique_state_bytes
         kept = "" if output_dir is not None else " (for this run; --output-dir DIR keeps it)"
         print(
-            f"saved {path.name}{kept}: {human_bytes(file_bytes)}; the two methods hold {human_bytes(held)} of weights and "
-            f"cache, {human_bytes(unique)} unique, and the file stores them once ({file_bytes / unique:.3f} x unique)",
+            f"saved {path.name}{kept}: {human_bytes(file_bytes)}; the two methods hold {human_bytes(held)} of "
+            f"weights and cache, {human_bytes(unique)} unique, and the file stores them once "
+            f"({file_bytes / unique:.3f} x unique)",
             file=out,
         )
         if output_dir is not None:
