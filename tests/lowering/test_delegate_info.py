@@ -12,7 +12,8 @@ from backends_for_tests import DescribingReference, describing_partitioner
 from models import TwoLinears, export
 
 import torchdelegate as td
-from torchdelegate import LoweredBackendModule, PreprocessError, PreprocessResult, SerializationError
+from torchdelegate import DelegationSpec, LoweredBackendModule, PreprocessError, PreprocessResult, SerializationError
+from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
 from torchdelegate.cli import main
 
 
@@ -54,6 +55,41 @@ def test_the_info_is_saved_read_back_by_the_runtime_and_shown_by_inspect(
     assert '#0 forward:TestDescribing_0 (TestDescribing): {"fused": false, "notes": null, "ops": ["aten.add' in out
 
 
+class _SaysWhatItFused(ReferenceBackend):
+    """A backend written as ExecuTorch's are: its info a string, given as ``_delegate_info_meta``."""
+
+    backend_id = "TestSaysWhatItFused"
+
+    @classmethod
+    def preprocess(cls, edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        result = super().preprocess(edge_program, compile_specs)
+        ops = sum(n.op == "call_function" for n in edge_program.graph.nodes)
+        return PreprocessResult(
+            result.processed_bytes, data_store_output=result.data_store_output, _delegate_info_meta=f"fused {ops} ops"
+        )
+
+
+@pytest.mark.parametrize("info", ["fused 3 ops", ["addmm", "relu"], 7], ids=["string", "list", "number"])
+def test_any_json_value_is_a_delegates_info_and_executorchs_spelling_is_the_same_field(
+    tmp_path: Path, info: Any
+) -> None:
+    result = PreprocessResult(b"blob", _delegate_info_meta=info)
+    assert result.delegate_info == result._delegate_info_meta == info
+    result._delegate_info_meta = {"set": "as ExecuTorch's backends do"}
+    assert result.delegate_info == {"set": "as ExecuTorch's backends do"}
+
+    partitioner = ReferencePartitioner()
+    partitioner.spec = DelegationSpec(_SaysWhatItFused.backend_id)
+    lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(partitioner)
+    infos = [d.meta["delegate_info"] for d in lowered.delegates()["forward"]]
+    assert infos and all(isinstance(i, str) and i.startswith("fused ") for i in infos)
+    lowered.save(tmp_path / "m.tdp")
+    with td.load(tmp_path / "m.tdp") as program:
+        assert [d.delegate_info for d in program.delegates] == infos
+    assert lowered.report is not None
+    assert [p.delegate_info for p in lowered.report.methods["forward"].partitions] == infos
+
+
 def test_a_delegate_without_info_saves_no_field_and_loads_as_none(tmp_path: Path) -> None:
     """Files of backends that return no info are as before this field existed, and load the same."""
     from torchdelegate.backends.reference import ReferencePartitioner
@@ -69,13 +105,13 @@ def test_a_delegate_without_info_saves_no_field_and_loads_as_none(tmp_path: Path
 @pytest.mark.parametrize(
     ("info", "problem"),
     [
-        (["not", "a", "dict"], "it is a list, not a dict"),
+        ({"fused", "ops"}, "the value is a set"),
         ({"weights": torch.zeros(2)}, "['weights'] is a Tensor"),
         ({"kernels": [{"tile": {8, 16}}]}, "['kernels'][0]['tile'] is a set"),
         ({"error": math.nan}, "['error'] is nan, which JSON cannot hold"),
         ({1: "one"}, "the dict has the key 1, which is not a str"),
     ],
-    ids=["list", "tensor", "set", "nan", "int key"],
+    ids=["set", "tensor", "nested set", "nan", "int key"],
 )
 def test_info_that_is_not_json_data_is_refused_naming_backend_partition_and_method(
     monkeypatch: pytest.MonkeyPatch, info: Any, problem: str
@@ -86,8 +122,8 @@ def test_info_that_is_not_json_data_is_refused_naming_backend_partition_and_meth
         td.to_backend(program, describing_partitioner())
     assert str(caught.value) == (
         "backend 'TestDescribing' returned a delegate_info for partition 'TestDescribing_0' of method 'forward' "
-        f"that is not JSON data: {problem}; return a dict with str keys whose values are str, int, float, bool, "
-        "None, lists or such dicts"
+        f"that is not JSON data: {problem}; return str, int, float, bool, None, lists of them, or dicts with str "
+        "keys of them"
     )
 
 

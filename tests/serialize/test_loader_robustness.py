@@ -103,10 +103,6 @@ def _edits(manifest: dict) -> dict[str, dict]:
     edited("graph nodes not a list", lambda m: m["methods"][0]["graph"]["graph_module"]["graph"].update(nodes=7))
     edited("format name", lambda m: m.update(format="torchdelegate.other"))
     edited(
-        "delegate info not an object",
-        lambda m: m["delegates"][0].update(delegate_info=["fused"]) if m["delegates"] else None,
-    )
-    edited(
         "unknown backend", lambda m: m["delegates"][0].update(backend_id="NoSuchBackend") if m["delegates"] else None
     )
     return edits

@@ -19,7 +19,7 @@ import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import InitVar, dataclass, replace
 from importlib import metadata
 from typing import Any, ClassVar
 
@@ -47,16 +47,34 @@ class PreprocessResult:
     ``debug_handle_map`` maps backend-side handles to graph node names, for reports;
     ``data_store_output`` carries named data (typically weights) stored beside the blob;
     ``delegate_info`` is the backend's own description of this delegate (what it fused, which
-    kernels it chose...) as JSON data: a dict with str keys, whose values are str, int, float
-    (finite), bool, None, lists and such dicts. Lowering checks it, keeps it in the
-    delegate's ``meta["delegate_info"]`` and saves it in the file, where a loaded program's
-    ``delegates`` and ``torchdelegate inspect`` show it.
+    kernels it chose...) as any JSON value: str, int, float (finite), bool, lists, and dicts with
+    str keys of those (None: nothing to say). Lowering checks it, keeps it in the delegate's
+    ``meta["delegate_info"]`` and saves it in the file, where a loaded program's ``delegates`` and
+    ``torchdelegate inspect`` show it. ExecuTorch's spelling, ``_delegate_info_meta=``, is accepted
+    as a keyword and an attribute: it is the same field.
     """
 
     processed_bytes: bytes = b""
     debug_handle_map: dict[Any, Any] | None = None
     data_store_output: NamedDataStoreOutput | None = None
-    delegate_info: dict[str, Any] | None = None
+    delegate_info: Any = None
+    _delegate_info_meta: InitVar[Any] = None
+
+    def __post_init__(self, _delegate_info_meta: Any) -> None:
+        if self.delegate_info is None:  # given both (``dataclasses.replace`` passes both), delegate_info wins
+            self.delegate_info = _delegate_info_meta
+
+
+def _delegate_info_meta(result: PreprocessResult) -> Any:
+    return result.delegate_info
+
+
+def _set_delegate_info_meta(result: PreprocessResult, info: Any) -> None:
+    result.delegate_info = info
+
+
+# ExecuTorch's attribute, read and written as ``delegate_info`` (set after the dataclass took its default).
+PreprocessResult._delegate_info_meta = property(_delegate_info_meta, _set_delegate_info_meta)  # type: ignore[attr-defined]
 
 
 def json_data_problem(value: Any, path: str = "") -> str | None:
@@ -86,11 +104,11 @@ def json_data_problem(value: Any, path: str = "") -> str | None:
 
 
 def delegate_info_problem(info: Any) -> str | None:
-    """Why ``info`` cannot be a delegate's info (a dict of JSON data), or None."""
-    return json_data_problem(info) if isinstance(info, dict) else f"it is a {type(info).__name__}, not a dict"
+    """Why ``info`` cannot be a delegate's info (JSON data), or None."""
+    return json_data_problem(info)
 
 
-def checked_delegate_info(result: PreprocessResult, backend_id: str, where: str) -> dict[str, Any] | None:
+def checked_delegate_info(result: PreprocessResult, backend_id: str, where: str) -> Any:
     """``result.delegate_info`` checked to be JSON data, as a copy the backend can no longer change.
 
     ``where`` names the partition (``partition 'tag' of method 'forward'``) in the error.
@@ -102,7 +120,7 @@ def checked_delegate_info(result: PreprocessResult, backend_id: str, where: str)
     if problem:
         raise PreprocessError(
             f"backend {backend_id!r} returned a delegate_info for {where} that is not JSON data: {problem}; "
-            "return a dict with str keys whose values are str, int, float, bool, None, lists or such dicts"
+            "return str, int, float, bool, None, lists of them, or dicts with str keys of them"
         )
     return json.loads(json.dumps(info, allow_nan=False))
 

@@ -65,7 +65,7 @@ class PartitionRow:
     kept_apart: dict[str, str]  # tag of a partition it touches -> a node on the path between them
     blob_bytes: int | None = None
     cache: str | None = None  # how the compile cache answered this lowering: "hit", "miss"; None: no cache
-    delegate_info: dict[str, Any] | None = None  # what the backend said of its delegate (what it fused, what not)
+    delegate_info: Any = None  # what the backend said of its delegate (what it fused, what not): a JSON value
 
     def __post_init__(self) -> None:  # however made (a saved file's JSON has its keys sorted)
         object.__setattr__(self, "ops", dict(sorted(self.ops.items(), key=lambda item: (-item[1], item[0]))))
@@ -123,7 +123,7 @@ class LoweringReport:
         self,
         sizes: Mapping[str, Mapping[str, int]],
         cache: Mapping[str, Mapping[str, str | None]] | None = None,
-        info: Mapping[str, Mapping[str, dict[str, Any] | None]] | None = None,
+        info: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> LoweringReport:
         """A copy with each partition's compiled size, from ``{method: {tag: bytes}}``, how the compile
         cache answered it, from ``{method: {tag: "hit" | "miss" | None}}``, and its backend's

@@ -84,8 +84,8 @@ class DelegateRecord:
     """One letter per input: ``T`` a tensor, ``S`` a symbolic size."""
     output_count: int
     debug_handle_map: list[Any] | None
-    delegate_info: dict[str, Any] | None = None
-    """What the backend's ``preprocess`` said about this delegate (JSON data); None if nothing."""
+    delegate_info: Any = None
+    """What the backend's ``preprocess`` said about this delegate (a JSON value); None if nothing."""
 
     def to_json(self) -> dict[str, Any]:
         entry = {
@@ -116,9 +116,7 @@ class DelegateRecord:
         handles = value.get("debug_handle_map")
         if handles is not None and not isinstance(handles, list):
             raise FormatError(f"{where}.debug_handle_map must be a list or null")
-        info = value.get("delegate_info")  # optional: files of backends that return none lack it
-        if info is not None and not isinstance(info, dict):
-            raise FormatError(f"{where}.delegate_info must be an object or absent")
+        info = value.get("delegate_info")  # optional, any JSON value: files of backends that return none lack it
         return cls(
             name=fields.get("name", str),
             method=fields.get("method", str),

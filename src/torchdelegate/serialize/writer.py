@@ -197,7 +197,7 @@ def _delegate_entry(method: str, call: DelegateCall, segments: _Segments) -> Del
     )
 
 
-def _delegate_info(module: LoweredBackendModule) -> dict[str, Any] | None:
+def _delegate_info(module: LoweredBackendModule) -> Any:
     """The backend's description of the delegate (``meta["delegate_info"]``), checked to be JSON data.
 
     Left out of the entry when there is none, so files of backends without it are as before.
@@ -209,7 +209,7 @@ def _delegate_info(module: LoweredBackendModule) -> dict[str, Any] | None:
     if problem:
         raise SerializationError(
             f"delegate {module.name!r} on {module.backend_id!r}: meta['delegate_info'] is not JSON data: {problem}; "
-            "keep a dict with str keys whose values are str, int, float, bool, None, lists or such dicts"
+            "keep str, int, float, bool, None, lists of them, or dicts with str keys of them"
         )
     return info
 
