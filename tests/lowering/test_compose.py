@@ -136,6 +136,33 @@ def test_a_delegate_with_structured_inputs_and_outputs_gives_flat_tensors_to_exe
     torch.testing.assert_close(_save_and_run(td.to_edge(exported), tmp_path / "s.tdp", *flat), caller(*flat))
 
 
+def test_call_delegate_takes_the_sub_programs_structured_inputs_as_the_module_does_and_exports(
+    tmp_path: Path,
+) -> None:
+    inputs = ((torch.randn(3), torch.randn(3)), {"bias": torch.randn(3)})
+    lowered = td.to_backend(TorchExportBackend.backend_id, torch.export.export(Structured(), inputs), [])
+    expected = Structured()(*inputs)
+    flat_expected = (expected["sum"], *expected["parts"])
+    torch.testing.assert_close(td.call_delegate(lowered, *inputs), flat_expected)  # outputs stay flat
+
+    class Caller(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = lowered
+
+        def forward(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            total, first, second = td.call_delegate(self.inner, [a, b], {"bias": bias})
+            return total * first + second
+
+    flat = (*inputs[0], inputs[1]["bias"])
+    exported = torch.export.export(Caller(), flat)
+    (call,) = td.delegate_calls(exported)
+    assert len(call.args) == 1 + 3
+    torch.testing.assert_close(exported.module()(*flat), Caller()(*flat))
+    with pytest.raises(TypeError, match="takes inputs structured as"):
+        td.call_delegate(lowered, inputs[0])
+
+
 def test_a_delegate_called_with_the_wrong_structure_says_what_it_takes() -> None:
     inputs = ((torch.randn(3), torch.randn(3)), {"bias": torch.randn(3)})
     lowered = td.to_backend(TorchExportBackend.backend_id, torch.export.export(Structured(), inputs), [])

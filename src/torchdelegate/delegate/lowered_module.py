@@ -134,11 +134,15 @@ class LoweredBackendModule(torch.nn.Module):
         The call goes through the ``call_delegate`` operator, so a module that calls a lowered
         module exports (strict or not) as a delegate call, not as the backend's Python code.
         """
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        outputs = self._call(*self.flat_inputs(args, kwargs))
+        return outputs if self._out_spec is None else pytree.tree_unflatten(list(outputs), self._out_spec)
+
+    def flat_inputs(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        """The call's arguments as the blob takes them: flat, in the order of the sub-program's signature."""
+        flat, spec = pytree.tree_flatten((tuple(args), kwargs))
         if self._in_spec is not None and spec != self._in_spec:
             flat = _reordered(flat, spec, self._in_spec, self.name)
-        outputs = self._call(*flat)
-        return outputs if self._out_spec is None else pytree.tree_unflatten(list(outputs), self._out_spec)
+        return flat
 
     def run_flat(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         """Run the blob (or, in :func:`run_original_subprograms`, the sub-program) on flat inputs."""
@@ -244,12 +248,18 @@ def _fake_outputs(lowered: LoweredBackendModule, args: tuple[Any, ...]) -> tuple
 
 
 class CallDelegate(HigherOrderOperator):
-    """``call_delegate(lowered_module, *inputs) -> tuple``: run one delegate."""
+    """``call_delegate(lowered_module, *inputs) -> tuple``: run one delegate, its outputs flat.
+
+    Inputs given as lists, tuples or dicts (the sub-program's own structure, as ExecuTorch's
+    ``executorch_call_delegate`` takes them) are flattened first, as calling the module does.
+    """
 
     def __init__(self) -> None:
         super().__init__("torchdelegate_call_delegate")
 
     def __call__(self, lowered_module: LoweredBackendModule, *args: Any) -> Any:
+        if any(isinstance(arg, (list, tuple, dict)) for arg in args):
+            args = tuple(lowered_module.flat_inputs(args, {}))
         return super().__call__(lowered_module, *args)
 
 
@@ -282,17 +292,30 @@ def _graph_call(lowered_module: LoweredBackendModule) -> Callable[..., tuple[Any
 
 
 def _reordered(flat: list[Any], spec: pytree.TreeSpec, expected: pytree.TreeSpec, name: str) -> list[Any]:
-    """Flat inputs in the order of the sub-program's signature: keyword arguments given in another order."""
+    """Flat inputs in the order of the sub-program's signature: keyword arguments given in another order,
+    dicts in another key order, a list where it took a tuple or the other way round."""
     args, kwargs = pytree.tree_unflatten(flat, spec)
     expected_args, expected_kwargs = pytree.tree_unflatten([None] * expected.num_leaves, expected)
     if len(args) == len(expected_args) and set(kwargs) == set(expected_kwargs):
-        reordered, again = pytree.tree_flatten((args, {k: kwargs[k] for k in expected_kwargs}))
+        shaped = _shaped_like((tuple(args), kwargs), (tuple(expected_args), expected_kwargs))
+        reordered, again = pytree.tree_flatten(shaped)
         if again == expected:
             return reordered
     raise TypeError(
         f"delegate {name!r} takes inputs structured as {expected}; got {spec}. Call it as its "
         "sub-program is called (the same positional and keyword arguments, lists, tuples and dicts)"
     )
+
+
+def _shaped_like(value: Any, like: Any) -> Any:
+    """``value`` with the containers of ``like`` wherever the two agree in kind and size: lists and
+    tuples for each other, dicts in ``like``'s key order; anything else as it is."""
+    if isinstance(like, (list, tuple)) and isinstance(value, (list, tuple)) and len(value) == len(like):
+        items = [_shaped_like(v, w) for v, w in zip(value, like, strict=True)]
+        return type(like)(*items) if hasattr(like, "_fields") else type(like)(items)
+    if isinstance(like, dict) and isinstance(value, dict) and set(value) == set(like):
+        return {key: _shaped_like(value[key], like[key]) for key in like}
+    return value
 
 
 @call_delegate.py_impl(torch._C.DispatchKey.CompositeExplicitAutograd)
