@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from models import KVCache, TwoLinears, aten
 from torchdelegate import (
     DELEGATION_TAG,
     BackendDetails,
+    CapabilityPartitioner,
     DelegationSpec,
     EdgeProgramManager,
     NamedDataStore,
@@ -506,3 +508,61 @@ def test_ops_to_not_decompose_keeps_an_op_whole_only_on_the_nodes_its_filter_acc
     )
     x = torch.randn(2, 4)
     torch.testing.assert_close(lowered.exported_program().module()(x), model(x))
+
+
+class _Recurrent(torch.nn.Module):
+    """The zoo's LSTM: two stacked layers over five steps, then a linear head. Its ``linear``s but the
+    head's exist only inside ``aten.lstm``'s decomposition."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(16, 32, num_layers=2, batch_first=True)
+        self.head = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0])
+
+
+class _LinearsTaking(CapabilityPartitioner):
+    """Claims ``aten.linear`` kept whole, on the nodes ``accepts`` takes: the filter ExecuTorch's backends give."""
+
+    def __init__(self, accepts: Any) -> None:
+        super().__init__({aten.linear.default}, DelegationSpec("reference"))
+        self.accepts = accepts
+
+    def ops_to_not_decompose(self, exported_program):  # type: ignore[no-untyped-def]
+        return [aten.linear.default], self.accepts
+
+
+def _delegated_linears(lowered: EdgeProgramManager) -> list[tuple[int, int]]:
+    """(in, out) features of each delegated linear, in delegate order."""
+    return [
+        tuple(n.args[1].meta["val"].shape[::-1])  # type: ignore[union-attr]
+        for d in lowered.delegates()["forward"]
+        for n in d.original_module.graph.nodes
+        if n.target is aten.linear.default
+    ]
+
+
+def test_the_op_filter_sees_the_linears_an_lstms_decomposition_makes() -> None:
+    model = _Recurrent().eval()
+    x = torch.randn(2, 5, 16)
+    program = torch.export.export(model, (x,))
+    assert sum(n.target is aten.linear.default for n in program.graph.nodes) == 1  # the head's; the rest is aten.lstm
+
+    every = to_edge_transform_and_lower(program, partitioner=[_LinearsTaking(lambda node: True)])
+    # per layer, one input projection over all 5 steps and one hidden projection per step; then the head
+    assert sorted(_delegated_linears(every)) == sorted(
+        [(16, 128), *[(32, 128)] * 5, (32, 128), *[(32, 128)] * 5, (32, 8)]
+    )
+    assert not any(n.target is aten.linear.default for n in every.exported_program().graph.nodes)
+    torch.testing.assert_close(every.exported_program().module()(x), model(x))
+
+    def from_the_input(node: Any) -> bool:
+        return node.args[1].meta["val"].shape[1] == 16
+
+    first_layer = to_edge_transform_and_lower(program, partitioner=[_LinearsTaking(from_the_input)])
+    assert _delegated_linears(first_layer) == [(16, 128)]  # the first layer's input projection
+    residual = {n.target for n in first_layer.exported_program().graph.nodes if n.op == "call_function"}
+    assert aten.linear.default not in residual  # the refused ones decomposed
+    torch.testing.assert_close(first_layer.exported_program().module()(x), model(x))

@@ -75,6 +75,10 @@ def _decompose(
 ) -> ExportedProgram:
     """Core ATen, functional; the ops in ``keep`` are left whole, on the nodes ``node_filter`` accepts (all if None).
 
+    As ExecuTorch does, the ops are first kept on every node, those that only another op's
+    decomposition makes included (an LSTM's ``linear``); then the filter sees the nodes of that
+    program, and those it refuses are decomposed by a second pass, which only they need.
+
     torch decomposes through Python code that reads each parameter and buffer as an attribute,
     which fails for names that are not identifiers (a parameter registered as ``lambda``), so
     such state is decomposed under a stand-in name and gets its own name back. Metadata checks
@@ -82,32 +86,45 @@ def _decompose(
     decomposition is raised as it is, with a note naming the method.
     """
     table = torch.export.default_decompositions()
-    if node_filter is None:
-        for op in keep:
-            table.pop(op, None)
-    elif keep:
-        program = _marked_to_keep(program, set(keep), node_filter)
-        for op in keep:
-            table[op] = _unless_kept(table[op])
+    for op in keep:
+        table.pop(op, None)
     program, stand_ins = with_identifier_state_names(program)
-    try:
-        with torch_internal_warnings_silenced():
-            decomposed = program.run_decompositions(table)
-    except Exception as error:
-        error.add_note(f"method {method!r}: torch's run_decompositions failed on the exported program")
-        raise
+    decomposed = _run_decompositions(method, program, table)
+    accepted, refused = _filtered(decomposed, set(keep), node_filter) if node_filter is not None else ([], False)
+    if refused:
+        table = torch.export.default_decompositions()
+        for op in keep:
+            if op in table:
+                table[op] = _unless_kept(table[op])
+        for node in accepted:
+            node.meta[KEEP_WHOLE] = True  # read while the second pass retraces it; not copied to its nodes
+        decomposed = _run_decompositions(method, decomposed, table)
     drop_proven_checks(decomposed)  # a program of our own making: its checks no backend runs
     return with_state_names(decomposed, {v: k for k, v in stand_ins.items()}) if stand_ins else decomposed
 
 
-def _marked_to_keep(program: ExportedProgram, ops: set[OpOverload], node_filter: NodeFilter) -> ExportedProgram:
-    """A structural copy whose nodes of ``ops`` that ``node_filter`` accepts (on the caller's nodes) are marked."""
-    accepted = {n.name for n in program.graph.nodes if n.op == "call_function" and n.target in ops and node_filter(n)}
-    copied = copy_program(program)
-    for node in copied.graph.nodes:
-        if node.name in accepted:
-            node.meta[KEEP_WHOLE] = True  # the copy's meta is its own dict
-    return copied
+def _run_decompositions(method: str, program: ExportedProgram, table: dict[Any, Any]) -> ExportedProgram:
+    try:
+        with torch_internal_warnings_silenced():
+            return program.run_decompositions(table)
+    except Exception as error:
+        error.add_note(f"method {method!r}: torch's run_decompositions failed on the exported program")
+        raise
+
+
+def _filtered(program: ExportedProgram, ops: set[OpOverload], node_filter: NodeFilter) -> tuple[list[Node], bool]:
+    """The nodes of ``ops`` that ``node_filter`` accepts, sub-graphs included; and whether it refused any."""
+    accepted, refused = [], False
+    for gm in program.graph_module.modules():
+        if not isinstance(gm, GraphModule):
+            continue
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in ops:
+                if node_filter(node):
+                    accepted.append(node)
+                else:
+                    refused = True
+    return accepted, refused
 
 
 def _unless_kept(decomposition: Callable[..., Any]) -> Callable[..., Any]:

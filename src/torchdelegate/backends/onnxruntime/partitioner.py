@@ -59,11 +59,9 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
         """torchao's quantization ops and the linear layers they feed, where ``MatMulNBits`` runs
         the layer (``blockwise.py``): decomposed, they would become float arithmetic."""
         ops = affine_ops()
-        layers = [layer for layer in quantized_linears(exported_program) if runs_on_kernel(layer)]
-        if ops is None or not layers:
+        if ops is None or not any(runs_on_kernel(layer) for layer in quantized_linears(exported_program)):
             return [], None
-        names = {node.name for layer in layers for node in layer.nodes}
-        return [*ops, torch.ops.aten.linear.default], lambda node: node.name in names
+        return [*ops, torch.ops.aten.linear.default], _in_layer_on_kernel
 
     def operator_support(self, node: Node) -> bool | str:
         """True if the exporter translates this node's op, every value it makes is a tensor, and
@@ -87,3 +85,10 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
             if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
                 return f"reads {v.dtype} ({source.name}), which the CPU provider does not run"
         return True
+
+
+def _in_layer_on_kernel(node: Node) -> bool:
+    """Whether ``node`` is part of a quantized linear layer ``MatMulNBits`` runs: read from the node's
+    own graph, so it answers for the nodes decomposition makes as for the program's own."""
+    layer = layer_of(node)
+    return layer is not None and runs_on_kernel(layer)
