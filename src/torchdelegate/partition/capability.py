@@ -130,6 +130,36 @@ class UnitGraph:
         self.taken.add(self.join(blocks))
 
 
+def atoms_on_a_cycle(graph: Graph, atoms: Sequence[Sequence[Node]]) -> list[int]:
+    """The atoms (disjoint node lists) on one cycle of ``graph`` with each atom contracted to one block,
+    by index in order of first appearance on the cycle; [] if the contracted graph is acyclic. An atom
+    two of whose nodes a path outside it joins is a cycle of its own."""
+    blocks = UnitGraph(graph, atoms)
+    order, successors = blocks.order()
+    if len(order) == len(blocks.members):
+        return []
+    left = set(blocks.members) - set(order)
+    predecessors: dict[int, list[int]] = {block: [] for block in left}
+    for block in sorted(left):
+        for successor in successors[block]:
+            if successor in left:
+                predecessors[successor].append(block)
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    block = min(left)
+    while block not in seen:  # every block left over has a predecessor left over: walk back until one repeats
+        seen[block] = len(path)
+        path.append(block)
+        block = predecessors[block][0]
+    atom_of = {node: index for index, atom in enumerate(atoms) for node in atom}
+    found: dict[int, None] = {}
+    for head in path[seen[block] :]:
+        index = atom_of.get(blocks.members[head][0])
+        if index is not None:
+            found.setdefault(index, None)
+    return list(found)
+
+
 class CapabilityPartitioner(Partitioner):
     """Partitions by operator support, for one backend or several in priority order.
 

@@ -46,6 +46,7 @@ from torchdelegate.partition.capability import (
     CapabilityPartitioner,
     OperatorSupport,
     UnitGraph,
+    atoms_on_a_cycle,
     why_unsupported,
 )
 from torchdelegate.partition.contract import overloads_of
@@ -188,7 +189,7 @@ def _resolve(graph: Graph, patterns: Sequence[Pattern]) -> tuple[list[PatternMat
             kept.append(match)
             taken.update(dict.fromkeys(nodes, match))
     while True:
-        cycle = _cycle_of_matches(graph, kept, taken)
+        cycle = _cycle_of_matches(graph, kept)
         if not cycle:
             break
         last = max(cycle, key=kept.index)
@@ -247,32 +248,9 @@ def _graph_matches(pattern: Graph, graph: Graph) -> list[list[Node]]:
     ]
 
 
-def _cycle_of_matches(graph: Graph, kept: list[PatternMatch], taken: dict[Node, PatternMatch]) -> list[PatternMatch]:
+def _cycle_of_matches(graph: Graph, kept: list[PatternMatch]) -> list[PatternMatch]:
     """Matches on a cycle of the graph with every kept match contracted to one block; [] if it is acyclic."""
-    blocks = UnitGraph(graph, [match.nodes for match in kept])
-    order, successors = blocks.order()
-    if len(order) == len(blocks.members):
-        return []
-    left = set(blocks.members) - set(order)
-    predecessors: dict[int, list[int]] = {block: [] for block in left}
-    for block in sorted(left):
-        for successor in successors[block]:
-            if successor in left:
-                predecessors[successor].append(block)
-    seen: dict[int, int] = {}
-    path: list[int] = []
-    block = min(left)
-    while block not in seen:  # every block left over has a predecessor left over: walk back until one repeats
-        seen[block] = len(path)
-        path.append(block)
-        block = predecessors[block][0]
-    on_cycle = path[seen[block] :]
-    matches: dict[PatternMatch, None] = {}
-    for head in on_cycle:
-        match = taken.get(blocks.members[head][0])
-        if match is not None:
-            matches.setdefault(match, None)
-    return list(matches)
+    return [kept[index] for index in atoms_on_a_cycle(graph, [match.nodes for match in kept])]
 
 
 class PatternPartitioner(CapabilityPartitioner):
