@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         with_named_data,
     )
     from torchdelegate.delegate.compile_units import current_partition
+    from torchdelegate.delegate.delegate_mapping import DelegateMappingBuilder
     from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate, run_original_subprograms
     from torchdelegate.delegate.named_data import (
         DataEntry,
@@ -106,6 +107,7 @@ _EXPORTS = {
     "CompileSpec": "torchdelegate.delegate.specs",
     "copy_program": "torchdelegate.exported.structural_copy",
     "DataEntry": "torchdelegate.delegate.named_data",
+    "DelegateMappingBuilder": "torchdelegate.delegate.delegate_mapping",
     "delegate_calls": "torchdelegate.report.inspection",
     "DelegateExecutionError": "torchdelegate.errors",
     "delegation_info": "torchdelegate.report.inspection",
@@ -264,6 +266,7 @@ __all__ = [
     "BackendRegistrationError",
     "BackendUnavailableError",
     "CapabilityPartitioner",
+    "DelegateMappingBuilder",
     "CompileCache",
     "CompileSpec",
     "DataEntry",

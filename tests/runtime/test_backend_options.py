@@ -54,7 +54,7 @@ def test_an_option_the_backend_does_not_declare_or_a_backend_the_file_lacks_is_r
         td.load(onnx_file, backend_options={"inductor": {"threads": 1}})
     with pytest.raises(TypeError, match="backend_options must map backend ids"):
         td.load(onnx_file, backend_options=[("onnxruntime", {})])  # type: ignore[arg-type]
-    assert set(OnnxRuntimeBackend.load_options) == {"intra_op_num_threads", "intra_op_spinning"}
+    assert set(OnnxRuntimeBackend.load_options) == {"intra_op_num_threads", "intra_op_spinning", "profile"}
 
 
 def test_the_commands_take_backend_options(onnx_file: Path, tmp_path: Path) -> None:

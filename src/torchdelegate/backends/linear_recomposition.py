@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from torchdelegate.exported.debug_handles import stand_for
 from torchdelegate.exported.structural_copy import copy_graph, program_around
 
 _aten = torch.ops.aten
@@ -56,6 +57,7 @@ def _recompose(graph: torch.fx.Graph, product: Node) -> bool:
     if not _is_linear_shape(source, weight, output):
         return False
     # The last node of the chain becomes the linear: its name, users and place in the signature stay.
+    stand_for(output, [n for n in (flattening, product, permute) if n is not None and n is not output])
     output.target = _aten.linear.default
     output.args = (source, weight) if bias is None else (source, weight, bias)
     output.kwargs = {}

@@ -24,6 +24,7 @@ import torch
 from torchdelegate.delegate.backend_details import PreprocessResult, delegate_info_problem, json_data_problem
 from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput
 from torchdelegate.serialize.container import FramePayload, canonical_json, framed, span_of, unframed
+from torchdelegate.serialize.manifest import from_pairs
 
 MAGIC = b"TDCUNIT1"
 _SLOT = "<torchdelegate weight slot {:06d}>"
@@ -156,14 +157,10 @@ def refit(entry: Entry, state: Mapping[str, torch.Tensor], digests: Mapping[str,
     handles = restored["handles"]
     return PreprocessResult(
         blob,
-        debug_handle_map=None if handles is None else {_hashable(k): v for k, v in handles},
+        debug_handle_map=None if handles is None else from_pairs(handles),
         data_store_output=store.get_named_data_store_output(),
         delegate_info=restored["info"],
     )
-
-
-def _hashable(key: Any) -> Any:
-    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
 
 
 def encode(entry: Entry) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from torchdelegate.cli.command import (
     EXIT_OK,
@@ -31,6 +31,12 @@ def define(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", type=Path, metavar="FILE.html", help="write the saved partition report as HTML")
     parser.add_argument("--report", action="store_true", help="print the saved partition report in full")
     parser.add_argument(
+        "--debug-handles",
+        action="store_true",
+        help="print each delegate's debug handle map in full: what its blob runs (ONNX nodes...) -> the graph's "
+        "nodes, named by the saved report",
+    )
+    parser.add_argument(
         "--model-explorer",
         type=Path,
         metavar="DIR",
@@ -50,6 +56,24 @@ def define(parser: argparse.ArgumentParser) -> None:
     add_imports(parser)
     add_verbose(parser)
     parser.set_defaults(handler=inspect_command)
+
+
+def _print_debug_handles(delegates: list[Any], report: dict[str, Any] | None, full: bool, out: TextIO) -> None:
+    """How many entries each delegate's debug handle map has; with ``full``, every entry and its nodes."""
+    from torchdelegate.report.delegate_nodes import delegate_nodes
+
+    mapped = [(i, d) for i, d in enumerate(delegates) if d.debug_handle_map]
+    if not mapped:
+        return
+    print("debug handle maps (what each blob runs -> the graph's nodes):", file=out)
+    for index, delegate in mapped:
+        nodes = delegate_nodes(delegate, report)
+        named = "" if report is not None else "; the file has no report to name them"
+        print(f"  #{index} {delegate.name} ({delegate.backend_id}): {len(nodes)} entries{named}", file=out)
+        for identifier, found in nodes.items() if full else ():
+            print(f"    {identifier} -> {', '.join(map(str, found)) or 'no node'}", file=out)
+    if not full:
+        print("  (--debug-handles prints every entry)", file=out)
 
 
 def _native_backends() -> list[str]:
@@ -106,6 +130,7 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
         for index, delegate in described:
             info = json.dumps(delegate.delegate_info, sort_keys=True, ensure_ascii=False)
             print(f"  #{index} {delegate.name} ({delegate.backend_id}): {info}", file=out)
+        _print_debug_handles(file.delegates, program.report, args.debug_handles, out)
         digests = {r.data for r in file.named_data}
         unique = sum(file.segment_length(d, "named data") for d in digests)
         referenced = sum(file.segment_length(r.data, "named data") for r in file.named_data)

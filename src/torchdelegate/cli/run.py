@@ -36,6 +36,12 @@ def define(parser: argparse.ArgumentParser) -> None:
         help="one input, in call order (repeat); NAME= passes it by keyword",
     )
     parser.add_argument("--save", type=Path, metavar="OUT.npz", help="save the outputs as output_0, output_1, ...")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="time what each delegate's blob runs (backends that profile: onnxruntime) and print the longest, "
+        "each with the graph nodes it computes",
+    )
     add_file_options(parser)
     add_backend_options(parser)
     add_imports(parser)
@@ -52,7 +58,8 @@ def run_command(args: argparse.Namespace, out: TextIO) -> int:
     args_in, kwargs_in = _inputs(args.inputs)
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)  # as lower does for -o: known before the run
-    with loaded(args.file, args.external_data, args.trust, args.backend_options) as program:
+    options = [*args.backend_options, *(_profiling(args.file, args.external_data) if args.profile else [])]
+    with loaded(args.file, args.external_data, args.trust, options) as program:
         method = args.method or _default_method(program.method_names)
         if method not in program.method_names:
             names = ", ".join(program.method_names)
@@ -61,16 +68,60 @@ def run_command(args: argparse.Namespace, out: TextIO) -> int:
         outputs = program.run(method, *args_in, **kwargs_in)
         seconds = time.perf_counter() - started
         container = container_phrase(program.method(method).output_type, program.plain_types)
+        profiled = _profile_lines(program) if args.profile else []
     flat = torch.utils._pytree.tree_flatten_with_path(outputs)[0]
     print(f"{method}: {len(flat)} output(s) in {seconds * 1e3:.2f} ms{container}", file=out)
     places = output_names([path for path, _ in flat])
     for index, ((_, value), name) in enumerate(zip(flat, places, strict=True)):
         print(f"  output_{index}{' ' + name if name else ''}: {describe_value(value)}", file=out)
+    for line in profiled:
+        print(line, file=out)
     if args.save:
         arrays = {f"output_{i}": as_array(v) for i, (_, v) in enumerate(flat)}
         np.savez(args.save, **arrays)  # type: ignore[arg-type]
         print(f"saved {args.save}", file=out)
     return EXIT_OK
+
+
+PROFILE_LINES = 20
+
+
+def _profiling(path: Path, external_data: Path | None) -> list[str]:
+    """``ID.profile=1`` for each backend of the file that takes a ``profile`` load option."""
+    from torchdelegate.delegate.backend_details import get_backend
+    from torchdelegate.serialize.reader import ProgramFile
+
+    file = ProgramFile(path, external_data)
+    try:
+        used = sorted({record.backend_id for record in file.delegates})
+    finally:
+        file.close()
+    chosen = []
+    for backend_id in used:
+        try:
+            if "profile" in get_backend(backend_id).load_options:
+                chosen.append(f"{backend_id}.profile=1")
+        except Exception:  # a backend this process cannot import: loading says so
+            continue
+    if not chosen:
+        raise CommandError(f"no backend of {path} records a profile ({', '.join(used) or 'no delegates'})")
+    return chosen
+
+
+def _profile_lines(program: Any) -> list[str]:
+    """The longest units of the profile, each with the graph nodes it computes."""
+    from torchdelegate.report.delegate_nodes import attributed_profile
+
+    units = attributed_profile(program)
+    if not units:
+        return ["profile: no delegate recorded a profile"]
+    total = sum(unit.seconds for unit in units)
+    lines = [f"profile: {len(units)} units timed, {total * 1e3:.2f} ms in all; the longest:"]
+    for unit in units[:PROFILE_LINES]:
+        delegate = program.delegates[unit.delegate].name
+        nodes = ", ".join(map(str, unit.nodes)) or "no graph node named"
+        lines.append(f"  {unit.seconds * 1e3:8.3f} ms  {delegate}  {unit.identifier} -> {nodes}")
+    return lines
 
 
 def _default_method(names: list[str]) -> str:

@@ -26,10 +26,11 @@ from torch.export import ExportedProgram
 from torch.fx import Graph, GraphModule, Node
 
 from torchdelegate.delegate.named_data import content_key
+from torchdelegate.exported.debug_handles import DEBUG_HANDLE, DEBUG_HANDLES
 from torchdelegate.exported.programs import state_value
 
 # Node metadata the serializer keeps ("val" is the node's output type).
-_KEPT_METADATA = ("val", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")
+_KEPT_METADATA = ("val", "nn_module_stack", "source_fn_stack", "torch_fn", "custom", DEBUG_HANDLE, DEBUG_HANDLES)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 

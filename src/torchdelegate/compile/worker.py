@@ -21,6 +21,7 @@ from torchdelegate.delegate.backend_details import BackendDetails, PreprocessRes
 from torchdelegate.delegate.compile_units import CompileUnit, preprocess_unit
 from torchdelegate.delegate.named_data import tensor_bytes
 from torchdelegate.delegate.specs import CompileSpec
+from torchdelegate.exported.debug_handles import handle_table, restore_handles
 from torchdelegate.serialize.container import FramePayload, framed, span_of, unframed
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
@@ -48,6 +49,7 @@ def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm, do
         "compile_specs": [[spec.key, spec.value.hex()] for spec in unit.compile_specs],
         "where": unit.where,
         "document": document,
+        "debug_handles": handle_table(unit.program),
         "tensors": tensors,
         "digests": form.digests,
     }
@@ -64,6 +66,7 @@ def compile_request(data: bytes) -> bytes:
         for t in header["tensors"]
     }
     program = program_from_json(header["document"], tensors, where)
+    restore_handles(program, header.get("debug_handles", []))
     specs = [CompileSpec(key, bytes.fromhex(value)) for key, value in header["compile_specs"]]
     try:
         result = preprocess_unit(backend, program, specs, where)

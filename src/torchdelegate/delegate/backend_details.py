@@ -18,7 +18,7 @@ import json
 import math
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, replace
 from importlib import metadata
 from typing import Any, ClassVar
@@ -225,6 +225,14 @@ class BackendDetails(ABC):
         return {method: [next(joined) for _ in programs] for method, programs in edge_programs.items()}
 
     @classmethod
+    def profile(cls, handle: Any) -> Mapping[Any, float] | None:
+        """Seconds the blob spent on each unit its ``debug_handle_map`` names (an ONNX node...), over the
+        calls so far, as the backend's own profiler measured them; None (the default) if it records none
+        (a backend usually records only when a load option asks it to). May end the recording."""
+        del handle
+        return None
+
+    @classmethod
     def link_results(
         cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
     ) -> list[PreprocessResult]:
@@ -360,12 +368,14 @@ def shared_named_data(
     ]
 
 
-def with_named_data(compile: Callable[[NamedDataStore], bytes]) -> PreprocessResult:
-    """The blob ``compile(store)`` returns, with the named data it put in ``store``: a ``preprocess``
-    whose partition keeps its weights in named data (joined across partitions by :func:`shared_named_data`)."""
+def with_named_data(compile: Callable[[NamedDataStore], bytes | PreprocessResult]) -> PreprocessResult:
+    """The blob ``compile(store)`` returns (or its result: a debug handle map, an info), with the named
+    data it put in ``store``: a ``preprocess`` whose partition keeps its weights in named data (joined
+    across partitions by :func:`shared_named_data`)."""
     store = NamedDataStore()
-    blob = compile(store)
-    return PreprocessResult(blob, data_store_output=store.get_named_data_store_output())
+    made = compile(store)
+    result = made if isinstance(made, PreprocessResult) else PreprocessResult(made)
+    return replace(result, data_store_output=store.get_named_data_store_output())
 
 
 def checked_result(result: Any, backend_id: str, method: str) -> PreprocessResult:

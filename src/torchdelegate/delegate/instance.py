@@ -91,6 +91,16 @@ class DelegateInstance:
         except Exception as e:
             raise DelegateExecutionError(f"{self._describe()}: accept_donated_inputs failed: {e}") from e
 
+    def profile(self) -> dict[Any, float] | None:
+        """The backend's ``profile`` of this delegate's calls so far; None if it was never run or records none."""
+        if not self.initialized:
+            return None
+        try:
+            seconds = self.backend.profile(self._handle)
+        except Exception as e:
+            raise DelegateExecutionError(f"{self._describe()}: profile failed: {e}") from e
+        return None if seconds is None else {key: float(value) for key, value in seconds.items()}
+
     def prepare(self) -> str | None:
         """The backend's ``prepare`` of this blob: machine-specific work kept for later loads, or None."""
         line = self._on_blob("prepare", self.backend.prepare)

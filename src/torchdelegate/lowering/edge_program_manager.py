@@ -26,6 +26,7 @@ from torchdelegate.delegate.lowered_module import LoweredBackendModule, delegate
 from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.errors import PartitionError, first_line
+from torchdelegate.exported.debug_handles import number_nodes
 from torchdelegate.exported.structural_copy import (
     MutableStateCopies,
     copy_program,
@@ -138,6 +139,13 @@ def _unless_kept(decomposition: Callable[..., Any]) -> Callable[..., Any]:
     return decompose
 
 
+def _numbered(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
+    """``programs`` (of our own making) with every computation's debug handle (``exported/debug_handles.py``)."""
+    for program in programs.values():
+        number_nodes(program)
+    return programs
+
+
 def _own_state(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
     """Methods hold one tensor per name where their values are equal, and own what they write.
 
@@ -172,7 +180,7 @@ def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
 def to_edge(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> EdgeProgramManager:
     """Decompose every method to core ATen (functional) and wrap them in a manager."""
     methods = _methods(programs)
-    manager = EdgeProgramManager(_own_state({m: _decompose(m, p) for m, p in methods.items()}))
+    manager = EdgeProgramManager(_numbered(_own_state({m: _decompose(m, p) for m, p in methods.items()})))
     return manager._reported(_reports_of(methods))
 
 
@@ -234,6 +242,7 @@ class EdgeProgramManager:
         programs = dict(self._programs)
         for method, method_passes in per_method.items():
             programs[method] = _run_passes(method, programs[method], method_passes)
+            number_nodes(programs[method])  # what the passes made gets numbers after the others
         return EdgeProgramManager(programs, self._named_data)._reported(self._report)
 
     def to_backend(self, partitioner: PartitionerChoice | Mapping[str, PartitionerChoice]) -> EdgeProgramManager:
@@ -411,7 +420,7 @@ def edge_keeping(
                 filters[method].append((ops, node_filter))
     kept = KeptWhole(keep, filters)
     edge = {m: _decompose(m, p, kept.keep[m], _any_accepts(kept.filters[m])) for m, p in methods.items()}
-    return EdgeProgramManager(_own_state(edge)), kept
+    return EdgeProgramManager(_numbered(_own_state(edge))), kept
 
 
 KeepFilters = list[tuple[set[OpOverload], NodeFilter | None]]

@@ -28,13 +28,15 @@ from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.utils.flop_counter import flop_registry
 
+from torchdelegate.exported.debug_handles import DEBUG_HANDLE
 from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.lowering.partitions import Partition
 from torchdelegate.partition.contract import is_tuple_item
 from torchdelegate.partition.modules import module_calls
 from torchdelegate.partition.plan import PartitionPlan
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: each node's debug handle
+READ_VERSIONS = (1, 2)
 NOT_DELEGATED = "not delegated"
 
 
@@ -50,6 +52,7 @@ class NodeRow:
     flops: int
     inputs: list[str]  # computations and user inputs it reads (through tuple items)
     modules: list[str] = field(default_factory=list)  # the module calls it was made in, outermost first
+    debug_handle: int | None = None  # its number since to_edge, which a delegate's debug_handle_map names
 
 
 @dataclass(frozen=True)
@@ -178,8 +181,8 @@ class LoweringReport:
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> LoweringReport:
         """Raises ``ValueError`` naming the field when ``value`` is not a report this version reads."""
-        if not isinstance(value, Mapping) or value.get("version") != REPORT_VERSION:
-            raise ValueError(f"not a version {REPORT_VERSION} partition report")
+        if not isinstance(value, Mapping) or value.get("version") not in READ_VERSIONS:
+            raise ValueError(f"not a partition report of a version this torchdelegate reads ({READ_VERSIONS})")
         try:
             methods = {}
             for entry in value["methods"]:
@@ -420,6 +423,7 @@ def method_report(
                 _flops(node),
                 inputs,
                 [call.name for call in calls],
+                handle if isinstance(handle := node.meta.get(DEBUG_HANDLE), int) else None,
             )
         )
     flops = {row.name: row.flops for row in rows}

@@ -23,6 +23,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Graph, Node
 
+from torchdelegate.exported.debug_handles import stand_for
 from torchdelegate.exported.structural_copy import copy_graph, copy_meta, keep_name, program_around
 
 _aten = torch.ops.aten
@@ -308,6 +309,7 @@ def _replace(graph: Graph, layer: QuantizedLinear, by_name: dict[str, Node]) -> 
             (*arguments, layer.group_size, bool(layer.activation)),
         )
     copy_meta(linear, call)
+    stand_for(call, [by_name[node.name] for node in layer.nodes if node.name in by_name])
     linear.replace_all_uses_with(call)
     graph.erase_node(linear)
     keep_name(graph, call, layer.linear.name)

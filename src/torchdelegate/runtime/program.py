@@ -251,6 +251,19 @@ class Program:
         """The delegate table: backend ids, blobs and compile specs, in file order."""
         return list(self._file.delegates)
 
+    def profile(self) -> dict[int, dict[Any, float]]:
+        """``delegate index -> {identifier: seconds}``: what each delegate's backend measured of the calls so
+        far, per unit of its blob that its ``debug_handle_map`` names, for the delegates that ran and whose
+        backend recorded a profile (ONNX Runtime's: ``load(path, backend_options={"onnxruntime": {"profile":
+        1}})``). Reading a backend's profile may end its recording. ``torchdelegate.report.attributed_profile``
+        names the graph nodes behind each unit."""
+        profiles = {}
+        for index, delegate in enumerate(self._delegates):
+            seconds = delegate.profile()
+            if seconds is not None:
+                profiles[index] = seconds
+        return profiles
+
     def method(self, name: str) -> BoundMethod:
         if not isinstance(name, str):
             raise TypeError(

@@ -72,6 +72,24 @@ class MethodRecord:
         return cls(fields.get("name", str, bool), fields.get("graph", dict), delegates)
 
 
+def from_pairs(pairs: list[list[Any]]) -> dict[Any, Any]:
+    """A debug handle map from its JSON form, ``[[identifier, handles], ...]``: lists read as tuples."""
+    return {_frozen(key): _frozen(value) for key, value in pairs}
+
+
+def as_pairs(handles: dict[Any, Any]) -> list[list[Any]]:
+    """A debug handle map in its JSON form, in its own order (a writer sorts it)."""
+    return [[_thawed(key), _thawed(value)] for key, value in handles.items()]
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def _thawed(value: Any) -> Any:
+    return [_thawed(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
 @dataclass(frozen=True)
 class DelegateRecord:
     name: str
@@ -83,7 +101,8 @@ class DelegateRecord:
     input_kinds: str
     """One letter per input: ``T`` a tensor, ``S`` a symbolic size."""
     output_count: int
-    debug_handle_map: list[Any] | None
+    debug_handle_map: dict[Any, Any] | None
+    """The backend's map, ``identifier -> debug handles`` (lists read as tuples); None if it gave none."""
     delegate_info: Any = None
     """What the backend's ``preprocess`` said about this delegate (a JSON value); None if nothing."""
 
@@ -98,7 +117,7 @@ class DelegateRecord:
             ],
             "inputs": self.input_kinds,
             "outputs": self.output_count,
-            "debug_handle_map": self.debug_handle_map,
+            "debug_handle_map": None if self.debug_handle_map is None else as_pairs(self.debug_handle_map),
         }
         return entry if self.delegate_info is None else {**entry, "delegate_info": self.delegate_info}
 
@@ -114,8 +133,10 @@ class DelegateRecord:
                 raise FormatError(f"{where}.compile_specs[{number}] is not base64") from None
             specs.append(CompileSpec(spec_fields.get("key", str), raw))
         handles = value.get("debug_handle_map")
-        if handles is not None and not isinstance(handles, list):
-            raise FormatError(f"{where}.debug_handle_map must be a list or null")
+        if handles is not None and not (
+            isinstance(handles, list) and all(isinstance(p, list) and len(p) == 2 for p in handles)
+        ):
+            raise FormatError(f"{where}.debug_handle_map must be a list of [identifier, handles] pairs or null")
         info = value.get("delegate_info")  # optional, any JSON value: files of backends that return none lack it
         return cls(
             name=fields.get("name", str),
@@ -125,7 +146,7 @@ class DelegateRecord:
             compile_specs=specs,
             input_kinds=fields.get("inputs", str, lambda v: set(v) <= {"T", "S"}),
             output_count=fields.get("outputs", int, lambda v: 0 <= v <= 1 << 20),
-            debug_handle_map=handles,
+            debug_handle_map=None if handles is None else from_pairs(handles),
             delegate_info=info,
         )
 

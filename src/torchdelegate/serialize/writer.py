@@ -49,6 +49,7 @@ from torchdelegate.serialize.manifest import (
     ProgramManifest,
     StateRecord,
     data_manifest,
+    from_pairs,
 )
 from torchdelegate.serialize.tensors import dtype_name
 
@@ -214,7 +215,7 @@ def _delegate_info(module: LoweredBackendModule) -> Any:
     return info
 
 
-def _debug_handle_map(module: LoweredBackendModule) -> list[list[Any]] | None:
+def _debug_handle_map(module: LoweredBackendModule) -> dict[Any, Any] | None:
     handles = module.meta.get("debug_handle_map")
     if handles is None:
         return None
@@ -224,7 +225,7 @@ def _debug_handle_map(module: LoweredBackendModule) -> list[list[Any]] | None:
             "return a dict"
         )
     pairs = [[_json_value(k, module), _json_value(v, module)] for k, v in handles.items()]
-    return sorted(pairs, key=repr)
+    return from_pairs(sorted(pairs, key=repr))
 
 
 def _json_value(value: Any, module: LoweredBackendModule) -> Any:

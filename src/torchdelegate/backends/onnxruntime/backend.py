@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys
-from torchdelegate.backends.onnxruntime.session import check_blob, delegate_handle, prepare_model
+from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys, unpacked
+from torchdelegate.backends.onnxruntime.branches import branch_name
+from torchdelegate.backends.onnxruntime.session import branch_seconds, check_blob, delegate_handle, prepare_model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data, with_named_data
 from torchdelegate.delegate.compile_units import current_partition
@@ -40,6 +41,7 @@ class OnnxRuntimeBackend(BackendDetails):
     load_options = {
         "intra_op_num_threads": "threads of ONNX Runtime's intra-op pool (an integer; 0: ONNX Runtime's choice)",
         "intra_op_spinning": "1: the pool's threads spin between calls (faster on a machine of its own), 0: sleep",
+        "profile": "1: ONNX Runtime times every node (Program.profile() reads it; `run --profile` prints it)",
     }
 
     @classmethod
@@ -93,7 +95,13 @@ class OnnxRuntimeBackend(BackendDetails):
         read weights in common become branches of one model, run by one session."""
         from torchdelegate.backends.onnxruntime.linking import link_partitions
 
-        return shared_named_data(results, lambda blobs, store: link_partitions(blobs, compile_specs, store))
+        linked = shared_named_data(results, lambda blobs, store: link_partitions(blobs, compile_specs, store))
+        return [_with_branch_node_names(result) for result in linked]
+
+    @classmethod
+    def profile(cls, handle: Any) -> dict[str, float] | None:
+        """Seconds per ONNX node of this delegate's branch, where it was loaded with the ``profile`` option."""
+        return branch_seconds(handle)
 
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:
@@ -121,3 +129,12 @@ class OnnxRuntimeBackend(BackendDetails):
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
         return handle(inputs)
+
+
+def _with_branch_node_names(result: PreprocessResult) -> PreprocessResult:
+    """``result`` with its debug handle map naming ONNX nodes as the model its branch joined names them."""
+    header, _ = unpacked(memoryview(result.processed_bytes))
+    if not result.debug_handle_map or header.get("model") is None:
+        return result
+    renamed = {branch_name(header["branch"], str(key)): value for key, value in result.debug_handle_map.items()}
+    return replace(result, debug_handle_map=renamed)

@@ -55,7 +55,7 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
     shared: dict[str, Any] = {}
     branches = []
     for index, (proto, names) in enumerate(zip(protos, external, strict=True)):
-        inputs = [_renamed(value, _prefixed(index, value.name)) for value in proto.graph.input]
+        inputs = [_renamed(value, branch_name(index, value.name)) for value in proto.graph.input]
         graph.input.extend(inputs)
         for tensor in proto.graph.initializer:
             if tensor.name in names and names[tensor.name] not in shared:
@@ -120,8 +120,14 @@ def _renamed(proto: Any, name: str) -> Any:
     return renamed
 
 
-def _prefixed(index: int, name: str) -> str:
-    return f"p{index}/{name}" if name else name
+def branch_name(index: int, name: str) -> str:
+    """What a value or node of partition ``index`` is named in the model its branch joined."""
+    return f"{branch_prefix(index)}{name}" if name else name
+
+
+def branch_prefix(index: int) -> str:
+    """What begins the name of every value and node of partition ``index`` in the model its branch joined."""
+    return f"p{index}/"
 
 
 def _leaf(onnx: Any, graph: Any, index: int, external: dict[str, str], kinds: list[tuple[int, int | None]]) -> Any:
@@ -160,7 +166,7 @@ def _empty(onnx: Any, name: str, kind: tuple[int, int | None]) -> Any:
 
 def _renamer(index: int, external: dict[str, str]) -> Any:
     def rename(name: str) -> str:
-        return external.get(name) or _prefixed(index, name)
+        return external.get(name) or branch_name(index, name)
 
     return rename
 

@@ -24,8 +24,10 @@ from torchdelegate.backends.onnxruntime.attention import fused_attention
 from torchdelegate.backends.onnxruntime.blob_header import unpacked
 from torchdelegate.backends.onnxruntime.cache_writes import cache_writes_in_place
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
+from torchdelegate.backends.onnxruntime.node_sources import onnx_node_handles
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
+from torchdelegate.delegate.backend_details import PreprocessResult
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import PreprocessError, first_line
@@ -46,8 +48,9 @@ def quiet_exporter() -> Iterator[None]:
 
 def export_partition(
     program: ExportedProgram, compile_specs: list[CompileSpec], store: NamedDataStore, where: str
-) -> bytes:
-    """The partition's blob, checked by loading it into ONNX Runtime; its weights go to ``store``.
+) -> PreprocessResult:
+    """The partition's blob, checked by loading it into ONNX Runtime, with its debug handle map
+    (``node_sources.py``); its weights go to ``store``.
 
     If onnxscript's fusions fail or ONNX Runtime refuses the fused model (a fusion rule
     gone wrong), the partition is exported again unfused, with a warning; an unfused model
@@ -101,13 +104,13 @@ def _accepted_blob(
     where: str,
     quantized: int = 0,
     folds_constants: bool = True,
-) -> bytes:
+) -> PreprocessResult:
     """The blob, once ONNX Runtime has loaded it as ``init`` will; only then do its weights join ``store``.
 
     The check packs no weights: a packed copy of every weight would double the lowering's memory.
     """
     attempt = NamedDataStore()
-    blob = _exported_blob(program, fuse, attempt, where, quantized, folds_constants)
+    blob, handles = _exported_blob(program, fuse, attempt, where, quantized, folds_constants)
     output = attempt.get_named_data_store_output()
     try:
         header, payload = unpacked(memoryview(blob))
@@ -115,13 +118,14 @@ def _accepted_blob(
     except Exception as e:  # any refusal is reported with the partition it concerns
         raise Refused(f"ONNX Runtime refused the model ({first_line(e)})") from e
     store.merge(output)
-    return blob
+    return PreprocessResult(blob, debug_handle_map=dict(handles) or None)
 
 
 def _exported_blob(
     program: ExportedProgram, fuse: bool, store: NamedDataStore, where: str, quantized: int, folds_constants: bool
-) -> bytes:
-    """The partition as an ONNX model whose initializers are named data, with its header.
+) -> tuple[bytes, dict[str, tuple[int, ...]]]:
+    """The partition as an ONNX model whose initializers are named data, with its header; and each
+    ONNX node's debug handles.
 
     ``quantized``: how many ``linear_blockwise`` calls it makes (``blockwise.py`` translates them);
     ``folds_constants``: whether its sessions fold constants (float16 scales need it)."""
@@ -173,6 +177,8 @@ def _exported_blob(
         value.const_value = ir.ExternalTensor(
             location=key, offset=0, length=array.nbytes, dtype=tensor.dtype, shape=tensor.shape, name=name
         )
+    traced = onnx_program.exported_program
+    handles = onnx_node_handles(ir, model, traced, program) if traced is not None else {}
     _strip_debug_metadata(ir, model)
     branch = {"inputs": [v.name for v in model.graph.inputs], "outputs": [v.name for v in model.graph.outputs]}
     header = {
@@ -186,7 +192,7 @@ def _exported_blob(
     if unfused:  # why attention over a cache was left unfused, for the lowering's report
         header["unfused"] = {"GroupQueryAttention": unfused}
     # Not compressed: the compile cache swaps the weights' keys where the blob names them in the clear.
-    return pack(header, ir.to_proto(model).SerializeToString())
+    return pack(header, ir.to_proto(model).SerializeToString()), handles
 
 
 def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:

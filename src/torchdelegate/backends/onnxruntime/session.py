@@ -5,6 +5,7 @@ mapped packed from the machine cache when the program was prepared here (``prepa
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from pathlib import Path
@@ -24,6 +25,7 @@ from torchdelegate.backends.onnxruntime.blob_header import (
     stored_model,
     unpacked,
 )
+from torchdelegate.backends.onnxruntime.branches import branch_prefix
 from torchdelegate.backends.onnxruntime.confinement import confined_model
 from torchdelegate.backends.onnxruntime.in_place import in_place_outputs
 from torchdelegate.backends.onnxruntime.kept_binding import KeptBinding
@@ -122,6 +124,21 @@ class Model:
         self.in_place = _bindable(self._session, in_place_outputs(_parsed(model), self.branches, self._selector))
         """Per branch, the outputs (by position) that may be written into an input's memory, and that input."""
         self._unread_values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in self._unread.items()}
+        self._profiling = settings.profile
+        self._node_seconds: dict[str, float] | None = None
+        self._profile_lock = threading.Lock()
+
+    def node_seconds(self) -> dict[str, float] | None:
+        """Seconds per ONNX node over every call so far, from ONNX Runtime's profiler (the session made
+        with the ``profile`` option; None without it). The first ask ends the recording: later ones get
+        the same answer."""
+        if not self._profiling:
+            return None
+        with self._profile_lock:
+            if self._node_seconds is None:
+                path = self._session.end_profiling()
+                self._node_seconds = kernel_seconds(Path(path)) if path else {}
+            return dict(self._node_seconds)
 
     def run(self, branch: int, inputs: list[Any]) -> list[torch.Tensor]:
         names, outputs = self.branches[branch]
@@ -161,6 +178,25 @@ def _built_session(
         with pages_released_while_packing(named_data, list(files) if packing else []):
             session = _session(ort, model_bytes, options, files)
     return session, files
+
+
+def kernel_seconds(trace: Path) -> dict[str, float]:
+    """Seconds per node from an ONNX Runtime profile (a Chrome trace), which is then deleted."""
+    try:
+        events = json.loads(trace.read_text())
+    finally:
+        trace.unlink(missing_ok=True)
+    seconds: dict[str, float] = {}
+    for event in events if isinstance(events, list) else []:
+        name = event.get("name", "") if isinstance(event, dict) else ""
+        if event.get("cat") == "Node" and name.endswith(_KERNEL_TIME):
+            # A node ONNX Runtime made of several at load is "fused <the first one's name>".
+            node = name.removesuffix(_KERNEL_TIME).removeprefix("fused ")
+            seconds[node] = seconds.get(node, 0.0) + float(event.get("dur", 0)) / 1e6
+    return dict(sorted(seconds.items()))
+
+
+_KERNEL_TIME = "_kernel_time"  # ONNX Runtime's event of a node's kernel: "<node name>_kernel_time"
 
 
 class _Delegate:
@@ -282,3 +318,12 @@ def prepare_model(processed: memoryview, compile_specs: list[CompileSpec], named
             place = entry_path(PREPARED, key)
         size = entry_size(place) / 1e6
     return f"onnxruntime model {key[:12]}, optimized and packed for this machine: {size:,.1f} MB in {place}"
+
+
+def branch_seconds(delegate: _Delegate) -> dict[str, float] | None:
+    """The profile of ``delegate``'s branch: its model's nodes that this branch runs (all of a model of one)."""
+    seconds = delegate.model.node_seconds()
+    if seconds is None or len(delegate.model.branches) == 1:
+        return seconds
+    prefix = branch_prefix(delegate.branch)
+    return {node: time for node, time in seconds.items() if node.startswith(prefix)}

@@ -5,6 +5,8 @@ specs parsed and checked (:class:`Options`).
 from __future__ import annotations
 
 import importlib
+import os
+import tempfile
 from types import ModuleType
 from typing import Any
 
@@ -32,7 +34,14 @@ def require(module: str) -> ModuleType:
 class Options:
     """The backend's compile specs, parsed and checked: an unknown key or a bad value is a ``ValueError``."""
 
-    _KEYS = ("disable_prepacking", "fusions", "graph_optimization_level", "intra_op_num_threads", "intra_op_spinning")
+    _KEYS = (
+        "disable_prepacking",
+        "fusions",
+        "graph_optimization_level",
+        "intra_op_num_threads",
+        "intra_op_spinning",
+        "profile",
+    )
 
     def __init__(self, compile_specs: list[CompileSpec]) -> None:
         values = {spec.key: spec.value.decode("utf-8", "replace") for spec in compile_specs}
@@ -46,10 +55,11 @@ class Options:
         self.fusions = _flag(values, "fusions", True)
         self.prepacking = not _flag(values, "disable_prepacking", False)
         self.spinning = _flag(values, "intra_op_spinning", False)
+        self.profile = _flag(values, "profile", False)
 
-    def session_settings(self) -> tuple[int, str, bool, bool]:
+    def session_settings(self) -> tuple[int, str, bool, bool, bool]:
         """What a session is made with: delegates whose specs give equal settings may share one."""
-        return self.threads, self.level, self.prepacking, self.spinning
+        return self.threads, self.level, self.prepacking, self.spinning, self.profile
 
     def session_options(self, pack_weights: bool = True) -> Any:
         """``pack_weights=False``: no packed copies, whatever the specs say (a session only checked)."""
@@ -63,6 +73,9 @@ class Options:
         # keeps its speed when another process takes a core, where a spinning thread pool loses most of it.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
         options.add_session_config_entry("session.dynamic_block_base", str(DYNAMIC_BLOCK_BASE))
+        if self.profile:  # ONNX Runtime's trace of every node's time, read by Model.node_seconds
+            options.enable_profiling = True
+            options.profile_file_prefix = os.path.join(tempfile.gettempdir(), f"torchdelegate-profile-{os.getpid()}")
         return options
 
 

@@ -1,0 +1,76 @@
+"""Debug handles: a number for every computation of a method, given at ``to_edge``.
+
+A backend maps what its blob runs (an ONNX node, a kernel) to these numbers
+(``DelegateMappingBuilder``); the map is saved with the delegate, and the lowering's report says
+which node each number is, so a profile of the blob can name the graph's nodes. ExecuTorch keeps
+the number in ``node.meta["debug_handle"]``, and so do we: the computations of each method are
+numbered from 1 in graph order, then those of its control-flow sub-graphs (by their attribute
+names), so equal programs get equal numbers. A pass that stands one node for several (a linear
+layer put back together from its decomposition) lists theirs in ``meta["debug_handles"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch.export import ExportedProgram
+from torch.fx import GraphModule, Node
+
+DEBUG_HANDLE = "debug_handle"
+DEBUG_HANDLES = "debug_handles"
+
+
+def number_nodes(program: ExportedProgram) -> None:
+    """Give each computation of ``program`` (one of our own making) without a handle the next number
+    after the largest it holds; ones already numbered keep theirs."""
+    graphs = [gm.graph for gm in _graph_modules(program.graph_module)]
+    nodes = [node for graph in graphs for node in graph.nodes if node.op == "call_function"]
+    handles = [node.meta.get(DEBUG_HANDLE) for node in nodes]
+    following = max((h for h in handles if isinstance(h, int)), default=0) + 1
+    for node, handle in zip(nodes, handles, strict=True):
+        if not isinstance(handle, int):
+            node.meta[DEBUG_HANDLE] = following
+            following += 1
+
+
+def node_debug_handles(node: Node) -> tuple[int, ...]:
+    """The handles ``node`` stands for: those a pass recorded for it, else its own; () if none."""
+    recorded = node.meta.get(DEBUG_HANDLES)
+    if recorded is not None:
+        return tuple(recorded)
+    handle = node.meta.get(DEBUG_HANDLE)
+    return (handle,) if isinstance(handle, int) else ()
+
+
+def stand_for(node: Node, absorbed: Iterable[Node]) -> None:
+    """Record that ``node`` (in a graph of our own making) now computes what ``absorbed`` did."""
+    node.meta[DEBUG_HANDLES] = tuple(sorted({h for source in (node, *absorbed) for h in node_debug_handles(source)}))
+
+
+def handle_table(program: ExportedProgram) -> list[dict[str, list[int]]]:
+    """Each graph's (the program's, then its sub-graphs') ``node name -> handles``: what travels with a
+    program serialized by torch, whose form has no place for them."""
+    return [
+        {node.name: list(node_debug_handles(node)) for node in gm.graph.nodes if node_debug_handles(node)}
+        for gm in _graph_modules(program.graph_module)
+    ]
+
+
+def restore_handles(program: ExportedProgram, table: list[dict[str, list[int]]]) -> None:
+    """Give the nodes of ``program`` (rebuilt from its serialized form) the handles ``table`` names."""
+    for gm, handles in zip(_graph_modules(program.graph_module), table, strict=False):
+        for node in gm.graph.nodes:
+            found = handles.get(node.name)
+            if found and len(found) == 1:
+                node.meta[DEBUG_HANDLE] = found[0]
+            elif found:
+                node.meta[DEBUG_HANDLES] = tuple(found)
+
+
+def _graph_modules(root: GraphModule) -> list[GraphModule]:
+    """``root``, then its sub-graphs, by attribute name."""
+    found = [root]
+    for _, module in sorted(root.named_modules(remove_duplicate=True)):
+        if module is not root and isinstance(module, GraphModule):
+            found.append(module)
+    return found
