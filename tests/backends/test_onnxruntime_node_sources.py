@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +76,11 @@ def test_a_profile_of_onnx_runtimes_nodes_names_the_graph_nodes_behind_each(
     with td.load(tmp_path / "m.tdp") as program:
         program.run("forward", x)
         assert program.profile() == {}  # not asked for: nothing recorded
+    traces = Path(tempfile.gettempdir()).glob(f"torchdelegate-profile-{os.getpid()}*")
+    with td.load(tmp_path / "m.tdp", backend_options={"onnxruntime": {"profile": 1}}) as program:
+        program.run("forward", x)  # recorded, never read
+    gc.collect()
+    assert not list(traces)  # ONNX Runtime's trace files are deleted, read or not
     np.save(tmp_path / "x.npy", x.numpy())
     assert main(["run", str(tmp_path / "m.tdp"), "--input", str(tmp_path / "x.npy"), "--profile"]) == 0
     out = capsys.readouterr().out

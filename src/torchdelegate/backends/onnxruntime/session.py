@@ -127,6 +127,8 @@ class Model:
         self._profiling = settings.profile
         self._node_seconds: dict[str, float] | None = None
         self._profile_lock = threading.Lock()
+        if self._profiling:  # a profile never read is still ended and its trace deleted
+            self._unread_profile = weakref.finalize(self, _discard_profile, self._session)
 
     def node_seconds(self) -> dict[str, float] | None:
         """Seconds per ONNX node over every call so far, from ONNX Runtime's profiler (the session made
@@ -136,6 +138,7 @@ class Model:
             return None
         with self._profile_lock:
             if self._node_seconds is None:
+                self._unread_profile.detach()
                 path = self._session.end_profiling()
                 self._node_seconds = kernel_seconds(Path(path)) if path else {}
             return dict(self._node_seconds)
@@ -197,6 +200,12 @@ def kernel_seconds(trace: Path) -> dict[str, float]:
 
 
 _KERNEL_TIME = "_kernel_time"  # ONNX Runtime's event of a node's kernel: "<node name>_kernel_time"
+
+
+def _discard_profile(session: Any) -> None:
+    path = session.end_profiling()
+    if path:
+        Path(path).unlink(missing_ok=True)
 
 
 class _Delegate:
