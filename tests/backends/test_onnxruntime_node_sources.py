@@ -16,7 +16,7 @@ from models import TwoLinears, aten, export
 import torchdelegate as td
 from torchdelegate.backends.reference import ReferencePartitioner
 from torchdelegate.cli import main
-from torchdelegate.report.delegate_nodes import attributed_profile
+from torchdelegate.report.attribution import attributed_profile
 
 pytest.importorskip("onnxruntime")
 from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402

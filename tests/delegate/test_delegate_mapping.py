@@ -18,7 +18,7 @@ import torchdelegate as td
 from torchdelegate import DelegateMappingBuilder, DelegationSpec, PreprocessResult
 from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
 from torchdelegate.cli import main
-from torchdelegate.report.delegate_nodes import GraphNode, attributed_profile, delegate_nodes
+from torchdelegate.report.attribution import GraphNode, attributed_profile, delegate_nodes
 
 
 def _edge_nodes() -> list[torch.fx.Node]:
@@ -70,6 +70,7 @@ class MappingReference(ReferenceBackend):
     """The reference backend, mapping each computation of a partition, by name, to its handles."""
 
     backend_id = "TestMappingReference"
+    compile_cache_version = "handles by node name, 1"
 
     @classmethod
     def preprocess(cls, edge_program, compile_specs):  # type: ignore[no-untyped-def]
@@ -139,10 +140,31 @@ def test_the_map_is_kept_saved_and_a_loaded_program_names_its_nodes_from_the_rep
 
 
 def test_the_map_comes_back_the_same_from_the_compile_cache_and_from_workers(tmp_path: Path) -> None:
-    maps = []
+    maps, answers = [], []
     for options in ({"cache": tmp_path / "cache"}, {"cache": tmp_path / "cache"}, {"jobs": 1, "cache": False}):
         with td.preprocessing(**options):  # type: ignore[arg-type]
             lowered = _lowered()
         maps.append([d.meta["debug_handle_map"] for d in lowered.delegates()["forward"]])
-        assert [d.meta.get("compile_cache") for d in lowered.delegates()["forward"]][0] in ("miss", "hit", None)
+        answers.append([d.meta.get("compile_cache") for d in lowered.delegates()["forward"]])
+    assert answers == [["miss"], ["hit"], [None]]
     assert maps[0] == maps[1] == maps[2] and maps[0][0] == EXPECTED
+
+
+class _Renamed(MappingReference):
+    """A port that changed how it compiles, and forgot to change the version it inherited."""
+
+    backend_id = "TestMappingRenamed"
+
+    @classmethod
+    def preprocess(cls, edge_program, compile_specs):  # type: ignore[no-untyped-def]
+        return super().preprocess(edge_program, compile_specs)
+
+
+def test_a_backend_overriding_a_compile_hook_does_not_inherit_its_parents_cache_version(tmp_path: Path) -> None:
+    assert MappingReference.compile_cache_version is not None and _Renamed.compile_cache_version is None
+    partitioner = ReferencePartitioner()
+    partitioner.spec = DelegationSpec(_Renamed.backend_id)
+    for _ in range(2):
+        with td.preprocessing(cache=tmp_path / "cache"):
+            lowered = td.to_edge(export(TwoLinears(), torch.randn(2, 4))).to_backend(partitioner)
+        assert [d.meta.get("compile_cache") for d in lowered.delegates()["forward"]] == [None]  # compiled each time

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from models import TwoLinears, aten, export
 
@@ -49,7 +51,11 @@ class Branching(torch.nn.Module):
 
 def test_control_flow_sub_graphs_are_numbered_after_the_graph_that_holds_them() -> None:
     program = td.to_edge(export(Branching(), torch.randn(3))).exported_program()
-    top = [handle for _, handle in _handles(program)]
+    top = [
+        n.meta["debug_handle"]
+        for n in program.graph.nodes
+        if n.op == "call_function" and n.target is not operator.getitem
+    ]
     inner = [
         n.meta.get("debug_handle")
         for name, module in sorted(program.graph_module.named_modules())
@@ -59,3 +65,20 @@ def test_control_flow_sub_graphs_are_numbered_after_the_graph_that_holds_them() 
     ]
     assert top == list(range(1, len(top) + 1))
     assert inner == list(range(len(top) + 1, len(top) + len(inner) + 1))
+
+
+class Normed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x).relu()
+
+
+def test_an_item_of_a_computations_tuple_shares_that_computations_number() -> None:
+    program = td.to_edge(export(Normed(), torch.randn(2, 4))).exported_program()
+    items = [n for n in program.graph.nodes if n.target is operator.getitem]
+    assert items and all(n.meta["debug_handle"] == n.args[0].meta["debug_handle"] for n in items)
+    own = [n.meta["debug_handle"] for n in program.graph.nodes if n.op == "call_function" and n not in items]
+    assert own == list(range(1, len(own) + 1))

@@ -60,7 +60,7 @@ def define(parser: argparse.ArgumentParser) -> None:
 
 def _print_debug_handles(delegates: list[Any], report: dict[str, Any] | None, full: bool, out: TextIO) -> None:
     """How many entries each delegate's debug handle map has; with ``full``, every entry and its nodes."""
-    from torchdelegate.report.delegate_nodes import delegate_nodes
+    from torchdelegate.report.attribution import delegate_nodes
 
     mapped = [(i, d) for i, d in enumerate(delegates) if d.debug_handle_map]
     if not mapped:

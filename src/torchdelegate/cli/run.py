@@ -110,7 +110,7 @@ def _profiling(path: Path, external_data: Path | None) -> list[str]:
 
 def _profile_lines(program: Any) -> list[str]:
     """The longest units of the profile, each with the graph nodes it computes."""
-    from torchdelegate.report.delegate_nodes import attributed_profile
+    from torchdelegate.report.attribution import attributed_profile
 
     units = attributed_profile(program)
     if not units:

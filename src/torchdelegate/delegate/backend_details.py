@@ -44,7 +44,8 @@ class PreprocessResult:
     """What ``preprocess`` returns for one partition.
 
     ``processed_bytes`` is the blob the runtime hands back to ``init``;
-    ``debug_handle_map`` maps backend-side handles to graph node names, for reports;
+    ``debug_handle_map`` maps what the blob runs (an identifier: an ONNX node name, a kernel number) to
+    the debug handles of the graph nodes it computes (``DelegateMappingBuilder`` makes it);
     ``data_store_output`` carries named data (typically weights) stored beside the blob;
     ``delegate_info`` is the backend's own description of this delegate (what it fused, which
     kernels it chose...) as any JSON value: str, int, float (finite), bool, lists, and dicts with
@@ -126,6 +127,7 @@ def checked_delegate_info(result: PreprocessResult, backend_id: str, where: str)
 
 
 _REGISTRY: dict[str, type[BackendDetails]] = {}
+_COMPILE_HOOKS = ("preprocess", "preprocess_multimethod", "link_results", "preprocess_partition", "compile_partition")
 
 
 def _qualified_name(cls: type) -> str:
@@ -164,6 +166,8 @@ class BackendDetails(ABC):
             raise BackendRegistrationError(
                 f"{_qualified_name(cls)}.backend_id must be a non-empty str, got {cls.backend_id!r}"
             )
+        if "compile_cache_version" not in cls.__dict__ and any(hook in cls.__dict__ for hook in _COMPILE_HOOKS):
+            cls.compile_cache_version = None  # it compiles its own way: its parent's cache entries are not its own
         if "preprocess_partition" in cls.__dict__:
             cls._calls_preprocess_partition = True
             warnings.warn(
@@ -244,7 +248,9 @@ class BackendDetails(ABC):
 
     compile_cache_version: ClassVar[str | None] = None
     """Names the backend's compiler: change it whenever :meth:`preprocess` may return other
-    bytes for the same input. None (the default): results are never taken from the compile cache."""
+    bytes for the same input. None (the default): results are never taken from the compile cache.
+    A subclass that overrides a compile hook (``preprocess``, ``preprocess_multimethod``,
+    ``link_results``) does not inherit its parent's version: it sets its own, or is not cached."""
     weights_by_reference: ClassVar[bool] = False
     """True when a state tensor whose exact bytes a result stores as named data reaches nothing
     else in that result (no folded constant, no size or value chosen from it): the compile cache

@@ -302,8 +302,9 @@ def _reordered(flat: list[Any], spec: pytree.TreeSpec, expected: pytree.TreeSpec
         if again == expected:
             return reordered
     raise TypeError(
-        f"delegate {name!r} takes inputs structured as {expected}; got {spec}. Call it as its "
-        "sub-program is called (the same positional and keyword arguments, lists, tuples and dicts)"
+        f"delegate {name!r} takes (args, kwargs) structured as {pytree.treespec_pprint(expected)} (* a tensor or "
+        f"number); got {pytree.treespec_pprint(spec)}. Call it as its sub-program is called (the same positional "
+        "and keyword arguments, lists, tuples and dicts)"
     )
 
 

@@ -4,8 +4,9 @@ A backend maps what its blob runs (an ONNX node, a kernel) to these numbers
 (``DelegateMappingBuilder``); the map is saved with the delegate, and the lowering's report says
 which node each number is, so a profile of the blob can name the graph's nodes. ExecuTorch keeps
 the number in ``node.meta["debug_handle"]``, and so do we: the computations of each method are
-numbered from 1 in graph order, then those of its control-flow sub-graphs (by their attribute
-names), so equal programs get equal numbers. A pass that stands one node for several (a linear
+numbered from 1 in graph order (a ``getitem`` of a tuple shares its producer's number), then
+those of its control-flow sub-graphs (by their attribute names), so equal programs get equal
+numbers. A pass that stands one node for several (a linear
 layer put back together from its decomposition) lists theirs in ``meta["debug_handles"]``.
 """
 
@@ -16,21 +17,30 @@ from collections.abc import Iterable
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
+from torchdelegate.exported.programs import is_tuple_item
+
 DEBUG_HANDLE = "debug_handle"
 DEBUG_HANDLES = "debug_handles"
 
 
 def number_nodes(program: ExportedProgram) -> None:
     """Give each computation of ``program`` (one of our own making) without a handle the next number
-    after the largest it holds; ones already numbered keep theirs."""
+    after the largest it holds (an item of a computation's tuple takes that computation's); ones
+    already numbered keep theirs."""
     graphs = [gm.graph for gm in _graph_modules(program.graph_module)]
     nodes = [node for graph in graphs for node in graph.nodes if node.op == "call_function"]
     handles = [node.meta.get(DEBUG_HANDLE) for node in nodes]
     following = max((h for h in handles if isinstance(h, int)), default=0) + 1
     for node, handle in zip(nodes, handles, strict=True):
-        if not isinstance(handle, int):
-            node.meta[DEBUG_HANDLE] = following
-            following += 1
+        if isinstance(handle, int):
+            continue
+        if is_tuple_item(node):  # a tuple's item is its producer's value: the same computation
+            producer = node.args[0].meta.get(DEBUG_HANDLE)  # type: ignore[union-attr]
+            if isinstance(producer, int):
+                node.meta[DEBUG_HANDLE] = producer
+                continue
+        node.meta[DEBUG_HANDLE] = following
+        following += 1
 
 
 def node_debug_handles(node: Node) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ by torch's own verifier and takes what it does not replace from the program it d
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from torch.export import ExportedProgram
@@ -68,3 +69,9 @@ def build_program(
     if with_meta:
         program.graph_module.meta.update(like.graph_module.meta)
     return program
+
+
+def is_tuple_item(node: Node) -> bool:
+    """A ``getitem`` reading one value of a computation's tuple: it goes wherever that computation
+    goes, so a tuple never crosses a delegate's boundary (the one home of this rule)."""
+    return node.target is operator.getitem and isinstance(node.args[0], Node) and node.args[0].op == "call_function"

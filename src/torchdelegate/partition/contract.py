@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from torch.fx import Node
 
 from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.exported.programs import DELEGATION_TAG as DELEGATION_TAG  # where partitioners find it
+from torchdelegate.exported.programs import is_tuple_item as is_tuple_item  # the rule lives with the programs
 
 if TYPE_CHECKING:
     from torchdelegate.partition.plan import PartitionPlan
@@ -34,12 +34,6 @@ def overloads_of(op: Any) -> list[OpOverload] | None:
     if isinstance(op, OpOverload):
         return [op]
     return None
-
-
-def is_tuple_item(node: Node) -> bool:
-    """A ``getitem`` reading one value of a computation's tuple: it goes wherever that computation
-    goes, so a tuple never crosses a delegate's boundary (the one home of this rule)."""
-    return node.target is operator.getitem and isinstance(node.args[0], Node) and node.args[0].op == "call_function"
 
 
 NO_COPY = "no_copy"

@@ -189,17 +189,26 @@ def _check_acyclic(graph: Graph, kept: list[list[Node]], given: list[list[Node]]
     cycle = atoms_on_a_cycle(graph, kept)
     if not cycle:
         return
-    names = [", ".join(repr(n.name) for n in given[index][:4]) for index in cycle[:2]]
+    names = [_listed(given[index]) for index in cycle[:2]]
     via = _outside_on_path(graph, [kept[index] for index in cycle])
+    in_a_group = any(node.name == via for index in cycle for node in given[index])
+    why = (
+        f"{via!r}, which the operator support refuses (a group keeps only supported nodes); split the group there"
+        if in_a_group
+        else f"{via!r}, which is not in it; split the group there, or add that node to it"
+    )
     if len(cycle) == 1:
-        raise ValueError(
-            f"the node group of {names[0]}... {CYCLE}: a path leaves it and comes back through {via!r}, which is not "
-            "in it (or is not supported); split the group there or add that node to it"
-        )
+        raise ValueError(f"the node group of {names[0]} {CYCLE}: a path leaves it and comes back through {why}")
     raise ValueError(
-        f"the node groups of {names[0]}... and of {names[1]}... {CYCLE} together (through {via!r}): each depends on "
+        f"the node groups of {names[0]} and of {names[1]} {CYCLE} together (through {via!r}): each depends on "
         "the other; merge them into one group or split one"
     )
+
+
+def _listed(group: list[Node]) -> str:
+    """A group's first node names, and ``...`` where there are more."""
+    shown = ", ".join(repr(node.name) for node in group[:4])
+    return shown + ("..." if len(group) > 4 else "")
 
 
 def _outside_on_path(graph: Graph, atoms: list[list[Node]]) -> str:

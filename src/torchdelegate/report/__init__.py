@@ -16,11 +16,16 @@ if TYPE_CHECKING:
         lowering_report,
         method_report,
     )
+    from torchdelegate.report.attribution import GraphNode, ProfiledUnit, attributed_profile, delegate_nodes
     from torchdelegate.report.html import render_html
     from torchdelegate.report.lowering import lower_with_report, plan_report
     from torchdelegate.report.terminal import render_text
 
 _EXPORTS = {
+    "GraphNode": "torchdelegate.report.attribution",
+    "ProfiledUnit": "torchdelegate.report.attribution",
+    "attributed_profile": "torchdelegate.report.attribution",
+    "delegate_nodes": "torchdelegate.report.attribution",
     "LoweringReport": "torchdelegate.lowering.lowering_report",
     "MethodReport": "torchdelegate.lowering.lowering_report",
     "NodeRow": "torchdelegate.lowering.lowering_report",
@@ -44,6 +49,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "GraphNode",
+    "ProfiledUnit",
+    "attributed_profile",
+    "delegate_nodes",
     "LoweringReport",
     "MethodReport",
     "NodeRow",
