@@ -65,8 +65,6 @@ class InductorBackend(BackendDetails):
     def compile_cache_identity(cls) -> dict[str, str] | None:
         """The blob's version, the C++ compiler, and this machine's CPU and core count, which AOTInductor
         compiles for."""
-        if cls.compile_cache_version is None:  # a subclass compiling its own way, without a version of its own
-            return None
         try:
             from torch._inductor.cpp_builder import get_cpp_compiler
 

@@ -65,7 +65,8 @@ class UnitCompiler:
         self._trusted = None if trusted_backends is None else list(trusted_backends)
 
     def compile(self, backend: type[BackendDetails], units: Sequence[CompileUnit]) -> list[CompiledUnit]:
-        identity = backend.compile_cache_identity() if self.cache is not None else None
+        cached = self.cache is not None and backend.compile_cache_version is not None  # no version: never cached
+        identity = backend.compile_cache_identity() if cached else None
         needs_form = identity is not None or self.executor is not None
         work = []
         known: dict[torch.Tensor, str] = {}  # digests by tensor: a weight read by two methods is hashed once

@@ -260,8 +260,9 @@ class BackendDetails(ABC):
     @classmethod
     def compile_cache_identity(cls) -> dict[str, str] | None:
         """What a compiled result depends on besides the sub-program and compile specs (the
-        backend's and its runtime's versions), as strings; None: never cached."""
-        return None if cls.compile_cache_version is None else {"compiler": cls.compile_cache_version}
+        backend's and its runtime's versions), as strings; None: never cached. Asked only of a backend
+        that declares a ``compile_cache_version`` (one without is never cached)."""
+        return {"compiler": str(cls.compile_cache_version)}
 
     @classmethod
     def named_data_keys(cls, processed: memoryview, compile_specs: list[CompileSpec]) -> list[str] | None:

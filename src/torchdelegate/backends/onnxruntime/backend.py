@@ -47,8 +47,6 @@ class OnnxRuntimeBackend(BackendDetails):
     @classmethod
     def compile_cache_identity(cls) -> dict[str, str] | None:
         """The blob's version and every library that writes the model."""
-        if cls.compile_cache_version is None:  # a subclass compiling its own way, without a version of its own
-            return None
         versions = {name: _version(name) for name in ("onnxruntime", "onnx", "onnxscript", "onnx_ir")}
         return {"compiler": str(cls.compile_cache_version), **versions}
 
