@@ -130,14 +130,23 @@ class UnitGraph:
         self.taken.add(self.join(blocks))
 
 
-def atoms_on_a_cycle(graph: Graph, atoms: Sequence[Sequence[Node]]) -> list[int]:
-    """The atoms (disjoint node lists) on one cycle of ``graph`` with each atom contracted to one block,
-    by index in order of first appearance on the cycle; [] if the contracted graph is acyclic. An atom
-    two of whose nodes a path outside it joins is a cycle of its own."""
+@dataclass(frozen=True)
+class AtomCycle:
+    """A cycle of a graph whose atoms are contracted: the atoms on it (by index, as the cycle was
+    found) and, in the order a path from the first of them takes, the nodes outside every atom that
+    it goes through."""
+
+    atoms: list[int]
+    through: list[Node]
+
+
+def atoms_on_a_cycle(graph: Graph, atoms: Sequence[Sequence[Node]]) -> AtomCycle | None:
+    """One cycle of ``graph`` with each atom (disjoint node lists) contracted to one block; None if the
+    contracted graph is acyclic. An atom two of whose nodes a path outside it joins is a cycle of its own."""
     blocks = UnitGraph(graph, atoms)
     order, successors = blocks.order()
     if len(order) == len(blocks.members):
-        return []
+        return None
     left = set(blocks.members) - set(order)
     predecessors: dict[int, list[int]] = {block: [] for block in left}
     for block in sorted(left):
@@ -152,12 +161,12 @@ def atoms_on_a_cycle(graph: Graph, atoms: Sequence[Sequence[Node]]) -> list[int]
         path.append(block)
         block = predecessors[block][0]
     atom_of = {node: index for index, atom in enumerate(atoms) for node in atom}
-    found: dict[int, None] = {}
-    for head in path[seen[block] :]:
-        index = atom_of.get(blocks.members[head][0])
-        if index is not None:
-            found.setdefault(index, None)
-    return list(found)
+    walked = [blocks.members[head][0] for head in path[seen[block] :]]  # the cycle, walked backwards
+    found = list(dict.fromkeys(atom_of[node] for node in walked if node in atom_of))
+    forward = walked[::-1]
+    start = next(i for i, node in enumerate(forward) if atom_of.get(node) == found[0])  # it holds an atom
+    forward = forward[start:] + forward[:start]
+    return AtomCycle(found, [node for node in forward if node not in atom_of])
 
 
 class CapabilityPartitioner(Partitioner):

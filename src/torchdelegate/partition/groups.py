@@ -187,41 +187,26 @@ def _check_membership(graph: Graph, groups: list[list[Node]]) -> None:
 def _check_acyclic(graph: Graph, kept: list[list[Node]], given: list[list[Node]]) -> None:
     """Refuse groups that cannot each be one partition, naming the groups and a node on the path."""
     cycle = atoms_on_a_cycle(graph, kept)
-    if not cycle:
+    if cycle is None:
         return
-    names = [_listed(given[index]) for index in cycle[:2]]
-    via = _outside_on_path(graph, [kept[index] for index in cycle])
-    in_a_group = any(node.name == via for index in cycle for node in given[index])
+    names = [_listed(given[index]) for index in cycle.atoms[:2]]
+    if len(cycle.atoms) > 1:
+        through = f" (through {cycle.through[0].name!r})" if cycle.through else ""
+        raise ValueError(
+            f"the node groups of {names[0]} and of {names[1]} {CYCLE} together{through}: each depends on "
+            "the other; merge them into one group or split one"
+        )
+    via = cycle.through[0].name  # an atom alone is on a cycle only through a node outside it
+    in_a_group = any(node.name == via for index in cycle.atoms for node in given[index])
     why = (
         f"{via!r}, which the operator support refuses (a group keeps only supported nodes); split the group there"
         if in_a_group
         else f"{via!r}, which is not in it; split the group there, or add that node to it"
     )
-    if len(cycle) == 1:
-        raise ValueError(f"the node group of {names[0]} {CYCLE}: a path leaves it and comes back through {why}")
-    raise ValueError(
-        f"the node groups of {names[0]} and of {names[1]} {CYCLE} together (through {via!r}): each depends on "
-        "the other; merge them into one group or split one"
-    )
+    raise ValueError(f"the node group of {names[0]} {CYCLE}: a path leaves it and comes back through {why}")
 
 
 def _listed(group: list[Node]) -> str:
     """A group's first node names, and ``...`` where there are more."""
     shown = ", ".join(repr(node.name) for node in group[:4])
     return shown + ("..." if len(group) > 4 else "")
-
-
-def _outside_on_path(graph: Graph, atoms: list[list[Node]]) -> str:
-    """A node outside ``atoms`` that a path from one of their nodes back into them goes through."""
-    inside = {node for atom in atoms for node in atom}
-    inside |= {user for node in list(inside) for user in node.users if is_tuple_item(user)}
-    reaches_inside: set[Node] = set()
-    for node in reversed(list(graph.nodes)):
-        if any(user in inside or user in reaches_inside for user in node.users):
-            reaches_inside.add(node)
-    for node in graph.nodes:
-        if node in inside:
-            for user in node.users:
-                if user not in inside and user in reaches_inside and not is_tuple_item(user):
-                    return user.name
-    return "a node outside"

@@ -250,7 +250,8 @@ def _graph_matches(pattern: Graph, graph: Graph) -> list[list[Node]]:
 
 def _cycle_of_matches(graph: Graph, kept: list[PatternMatch]) -> list[PatternMatch]:
     """Matches on a cycle of the graph with every kept match contracted to one block; [] if it is acyclic."""
-    return [kept[index] for index in atoms_on_a_cycle(graph, [match.nodes for match in kept])]
+    cycle = atoms_on_a_cycle(graph, [match.nodes for match in kept])
+    return [] if cycle is None else [kept[index] for index in cycle.atoms]
 
 
 class PatternPartitioner(CapabilityPartitioner):
