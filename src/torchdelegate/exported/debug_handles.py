@@ -61,7 +61,7 @@ def handle_table(program: ExportedProgram) -> list[dict[str, list[int]]]:
     """Each graph's (the program's, then its sub-graphs') ``node name -> handles``: what travels with a
     program serialized by torch, whose form has no place for them."""
     return [
-        {node.name: list(node_debug_handles(node)) for node in gm.graph.nodes if node_debug_handles(node)}
+        {node.name: list(handles) for node in gm.graph.nodes if (handles := node_debug_handles(node))}
         for gm in _graph_modules(program.graph_module)
     ]
 

@@ -69,7 +69,7 @@ class _MethodPlan:
     program: ExportedProgram
     root: _GraphPlan
     backends: list[str]
-    reported: ExportedProgram  # the program the report reads: the caller's, unless a partitioner changed it
+    reported: ReportedProgram  # what the report reads of the caller's program (or of the tagged one, unchecked)
     plan: PartitionPlan
     boundaries: dict[str, Boundary]
 
@@ -153,14 +153,13 @@ def _report(
         sizes.setdefault(job.method, {})[tag] = len(job.delegate.processed_bytes)
         cache.setdefault(job.method, {})[tag] = meta.get("compile_cache")
         info.setdefault(job.method, {})[tag] = meta.get("delegate_info")
-    reported = {plan.method: ReportedProgram.of(plan.reported) for plan in plans}
-    facts = [(plan.method, plan.plan, plan.boundaries) for plan in plans]
+    facts = [(plan.method, plan.reported, plan.plan, plan.boundaries) for plan in plans]
     held = held_state(programs)
     backends = list(dict.fromkeys(backend for plan in plans for backend in plan.backends))
 
     def make() -> LoweringReport:
         with cyclic_gc_paused():
-            methods = {method: method_report(method, reported[method], plan, found) for method, plan, found in facts}
+            methods = {method: method_report(method, read, plan, found) for method, read, plan, found in facts}
         per_method, unique = state_totals(held)
         return LoweringReport(backends, methods, per_method, unique).with_blob_sizes(sizes, cache, info)
 
@@ -209,7 +208,7 @@ def _plan_method(
         boundaries = {partition.tag: Boundary.of(partition) for partition in root.found.partitions}
     jobs.extend(root.ordered_jobs)
     # Checked to be the caller's graph, tags aside: the report reads that one, which outlives this lowering.
-    reported = program if validation_enabled() else tagged
+    reported = ReportedProgram.of(program if validation_enabled() else tagged)
     return _MethodPlan(method, tagged, root, backends, reported, plan, boundaries)
 
 

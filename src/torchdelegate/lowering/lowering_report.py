@@ -493,10 +493,7 @@ def _at_example_sizes(value: Any) -> Any:
     the program's shape environment and make the caller's dynamic dimension static."""
     if not isinstance(value, torch.Tensor) or all(isinstance(size, int) for size in value.shape):
         return value
-    sizes = [size if isinstance(size, int) else size.node.hint for size in value.shape]
-    if any(size is None for size in sizes):  # data-dependent: no example size
-        raise _NoExampleSize
-    return torch.empty(sizes, dtype=value.dtype, device="meta")
+    return torch.empty(_shape(value), dtype=value.dtype, device="meta")
 
 
 class _NoExampleSize(Exception):
@@ -555,7 +552,7 @@ def _flops(node: Node) -> int:
 
 
 def _shape(value: Any) -> Any:
-    """A tensor's sizes at the example export traced with (as ``_at_example_sizes``); other values as they are."""
+    """A tensor's sizes at the example export traced with; other values as they are."""
     if not isinstance(value, torch.Tensor):
         return value
     sizes = tuple(size if isinstance(size, int) else size.node.hint for size in value.shape)
