@@ -67,10 +67,10 @@ def _print_debug_handles(delegates: list[Any], report: dict[str, Any] | None, fu
         return
     print("debug handle maps (what each blob runs -> the graph's nodes):", file=out)
     for index, delegate in mapped:
-        nodes = delegate_nodes(delegate, report)
         named = "" if report is not None else "; the file has no report to name them"
-        print(f"  #{index} {delegate.name} ({delegate.backend_id}): {len(nodes)} entries{named}", file=out)
-        for identifier, found in nodes.items() if full else ():
+        count = len(delegate.debug_handle_map)
+        print(f"  #{index} {delegate.name} ({delegate.backend_id}): {count} entries{named}", file=out)
+        for identifier, found in delegate_nodes(delegate, report).items() if full else ():
             print(f"    {identifier} -> {', '.join(map(str, found)) or 'no node'}", file=out)
     if not full:
         print("  (--debug-handles prints every entry)", file=out)
@@ -130,7 +130,8 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
         for index, delegate in described:
             info = json.dumps(delegate.delegate_info, sort_keys=True, ensure_ascii=False)
             print(f"  #{index} {delegate.name} ({delegate.backend_id}): {info}", file=out)
-        _print_debug_handles(file.delegates, program.report, args.debug_handles, out)
+        saved = program.report  # read (inflated) once, for the maps' node names and the report below
+        _print_debug_handles(file.delegates, saved, args.debug_handles, out)
         digests = {r.data for r in file.named_data}
         unique = sum(file.segment_length(d, "named data") for d in digests)
         referenced = sum(file.segment_length(r.data, "named data") for r in file.named_data)
@@ -149,7 +150,6 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
                 f"{n} ({human_bytes(file.segment_length(d, 'asset'))})" for n, d in sorted(file.assets.items())
             )
             print(f"assets: {carried}", file=out)
-        saved = program.report
     if saved is None:
         if args.html or args.report or args.model_explorer:
             raise CommandError(f"{args.file} holds no partition report; {_NO_REPORT}")
