@@ -126,7 +126,9 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
             cache = checkpoint.cache_length(args.max_cache)
             if args.prefill_chunk is not None and args.prefill_chunk >= cache:
                 raise UsageError(f"--prefill-chunk {args.prefill_chunk}: give fewer tokens than the cache's {cache}")
-            programs = export_methods(checkpoint.model, cache, args.prefill_chunk)
+            if checkpoint.eager_reason is not None:
+                print(f"reading the weights whole ({checkpoint.eager_reason})", file=out)
+            programs = checkpoint.bound(export_methods(checkpoint.model, cache, args.prefill_chunk))
         except CheckpointError as error:
             raise CommandError(str(error)) from error
         chunk = args.prefill_chunk

@@ -35,10 +35,14 @@ SETTINGS = "torchdelegate_llm.json"
 @dataclass(frozen=True)
 class Checkpoint:
     directory: Path
-    model: Any  # a transformers PreTrainedModel
+    model: Any  # a transformers PreTrainedModel, built over fake tensors where ``weights`` is given
     assets: dict[str, bytes]
     stop_tokens: list[int]
     max_positions: int | None  # the positions the model was built for (None: its config does not say)
+    weights: dict[str, torch.Tensor] | None = None
+    """Each of the model's state names (``state_dict``'s) bound to its tensor in the safetensors files, by
+    memory map; None where the model was loaded whole (``eager_reason`` says why)."""
+    eager_reason: str | None = None
 
     def cache_length(self, asked: int | None, default: int = 256) -> int:
         """The static cache's length: ``asked``, else ``default``, at most the model's positions."""
@@ -51,14 +55,28 @@ class Checkpoint:
             return asked
         return default if self.max_positions is None else min(default, self.max_positions)
 
+    def bound(self, programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
+        """``programs`` exported from :attr:`model` with its state bound to the checkpoint's tensors."""
+        if self.weights is None:
+            return programs
+        from torchdelegate.exported.weightless_export import bind_weights
 
-def read_checkpoint(directory: Path) -> Checkpoint:
-    """The causal LM in ``directory`` (config, safetensors weights, ``tokenizer.json``), in float32."""
+        return bind_weights(programs, self.weights, prefix=EXPORTED_PREFIX)
+
+
+EXPORTED_PREFIX = "model."
+"""The exportable wrapper holds the model as ``model``: its programs' state names start with it."""
+
+
+def read_checkpoint(directory: Path, lazily: bool = True) -> Checkpoint:
+    """The causal LM in ``directory`` (config, safetensors weights, ``tokenizer.json``), computing in
+    float32. ``lazily``: built over fake tensors, its weights bound by memory map (``Checkpoint.weights``)
+    where the files allow; else (or not ``lazily``) loaded whole by transformers."""
     with loggers_quieted(QUIET_WHILE_LOADING, logging.ERROR):
-        return _read_checkpoint(directory)
+        return _read_checkpoint(directory, lazily)
 
 
-def _read_checkpoint(directory: Path) -> Checkpoint:
+def _read_checkpoint(directory: Path, lazily: bool) -> Checkpoint:
     if not directory.is_dir():
         raise CheckpointError(f"{str(directory)!r} is not a directory; give a transformers checkpoint directory")
     if not (directory / "config.json").is_file():
@@ -82,14 +100,24 @@ def _read_checkpoint(directory: Path) -> Checkpoint:
     read_tokenizer(assets["tokenizer.json"], f"{directory}/tokenizer.json")  # refused before the weights load
     if "chat_template.jinja" in assets:
         read_chat_template(assets["chat_template.jinja"], f"{directory}/chat_template.jinja")
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    positions = positions if isinstance(positions, int) else None
+    reason = "asked to" if not lazily else None
+    if lazily:
+        from torchdelegate.llm.lazy_checkpoint import weightless_model
+
+        built, reason = weightless_model(transformers, directory, config)
+        if built is not None:
+            model, weights = built
+            stop = _stop_tokens(model, _generation_config(transformers, directory))
+            return Checkpoint(directory, model, assets, stop, positions, weights)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             directory, local_files_only=True, dtype=torch.float32
         ).eval()
     except Exception as e:
         raise CheckpointError(f"{directory}: its weights cannot be loaded ({type(e).__name__}: {first_line(e)})") from e
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    return Checkpoint(directory, model, assets, _stop_tokens(model), positions if isinstance(positions, int) else None)
+    return Checkpoint(directory, model, assets, _stop_tokens(model), positions, None, reason)
 
 
 def read_tokenizer(data: bytes, where: str) -> Any:
@@ -157,12 +185,24 @@ def settings_asset(max_cache: int, chunk: int | None, stop_tokens: list[int]) ->
     return json.dumps(settings, sort_keys=True).encode()
 
 
-def _stop_tokens(model: Any) -> list[int]:
-    found: Any = getattr(model.generation_config, "eos_token_id", None)
+def _stop_tokens(model: Any, generation_config: Any = None) -> list[int]:
+    found: Any = getattr(generation_config or model.generation_config, "eos_token_id", None)
     if found is None:
         found = getattr(model.config, "eos_token_id", None)
     tokens = found if isinstance(found, (list, tuple)) else [] if found is None else [found]
     return sorted({int(t) for t in tokens})
+
+
+def _generation_config(transformers: Any, directory: Path) -> Any:
+    """The checkpoint's generation config as from_pretrained reads it: its file, else one from the model's config."""
+    if not (directory / "generation_config.json").is_file():
+        return None
+    try:
+        return transformers.GenerationConfig.from_pretrained(directory, local_files_only=True)
+    except Exception as e:
+        raise CheckpointError(
+            f"{directory}/generation_config.json cannot be read ({type(e).__name__}: {first_line(e)})"
+        ) from e
 
 
 QUIET_WHILE_LOADING = ["torchao", "torch.utils._pytree"]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from torchdelegate.errors import FormatError
+from torchdelegate.exported.mapped_pages import release_pages
 
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sIIQQ32s")
@@ -308,10 +309,8 @@ class Container:
         and named data is handed out read-only.
         """
         start, length, _, _ = self.segments[number]
-        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-        end = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
-        if self._mapping is not None and end > first and hasattr(mmap, "MADV_DONTNEED"):
-            self._mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
+        if self._mapping is not None:
+            release_pages(self._mapping, start, length)
 
     def verify_all(self) -> None:
         """Check every segment's checksum now."""
