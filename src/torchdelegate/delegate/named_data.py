@@ -9,7 +9,6 @@ At run time a backend reads the data through a :class:`NamedDataMap`, as zero-co
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -17,6 +16,7 @@ from types import MappingProxyType
 import torch
 
 from torchdelegate.errors import NamedDataConflictError
+from torchdelegate.exported.mapped_pages import sha256_releasing
 
 Buffer = bytes | memoryview
 
@@ -49,7 +49,7 @@ def _as_buffer(data: bytes | bytearray | memoryview | torch.Tensor) -> Buffer:
 
 
 def _digest(buffer: Buffer) -> bytes:
-    return hashlib.sha256(buffer).digest()
+    return sha256_releasing(buffer)
 
 
 def content_key(data: bytes | bytearray | memoryview | torch.Tensor) -> str:

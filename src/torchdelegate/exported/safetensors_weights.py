@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from torchdelegate.errors import CheckpointError
-from torchdelegate.exported.mapped_pages import release_pages
+from torchdelegate.exported.mapped_pages import register_mapping, release_pages
 
 DTYPES = {
     "F64": torch.float64,
@@ -98,6 +98,7 @@ class SafetensorsWeights(Mapping[str, torch.Tensor]):
         if mapping is None:
             with location.file.open("rb") as handle:
                 mapping = self._maps[location.file] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            register_mapping(mapping)
         count = (location.end - location.start) // max(1, torch.empty((), dtype=location.dtype).element_size())
         if count == 0:
             return torch.empty(location.shape, dtype=location.dtype)

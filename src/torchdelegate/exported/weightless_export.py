@@ -107,6 +107,7 @@ def bind_weights(
 class _Binder:
     def __init__(self, weights: Mapping[str, torch.Tensor], prefix: str, tensors: dict[str, torch.Tensor]) -> None:
         self.weights, self.prefix, self.tensors = weights, prefix, tensors
+        self.made: dict[tuple[str, bool], torch.Tensor] = {}  # one tensor per name: methods share it
 
     def value(self, fqn: str, like: torch.Tensor, method: str) -> torch.Tensor:
         given = self.tensors.get(fqn)
@@ -143,8 +144,15 @@ class _Binder:
     def _entry(self, fqn: str, value: Any, method: str) -> Any:
         if not isinstance(value, FakeTensor):
             return value
-        bound = self.value(fqn, value, method)
-        return torch.nn.Parameter(bound, requires_grad=False) if isinstance(value, torch.nn.Parameter) else bound
+        key = (fqn, isinstance(value, torch.nn.Parameter))
+        made = self.made.get(key)
+        if made is None:
+            bound = self.value(fqn, value, method)
+            made = torch.nn.Parameter(bound, requires_grad=False) if key[1] else bound
+            self.made[key] = made
+        elif made.shape != value.shape:
+            self.value(fqn, value, method)  # the shape error, named for this method
+        return made
 
 
 def _described(tensor: torch.Tensor) -> str:

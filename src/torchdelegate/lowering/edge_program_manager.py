@@ -168,13 +168,12 @@ def _own_state(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgra
 
 
 def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
-        type(a) is type(b)
-        and a.dtype == b.dtype
-        and a.shape == b.shape
-        and a.device == b.device
-        and bool(torch.equal(a.detach(), b.detach()))
-    )
+    """Equal values: two views of the same bytes are, without reading them (weights mapped from a file)."""
+    if not (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and a.device == b.device):
+        return False
+    if a.data_ptr() == b.data_ptr() and a.stride() == b.stride():
+        return True
+    return bool(torch.equal(a.detach(), b.detach()))
 
 
 def to_edge(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> EdgeProgramManager:

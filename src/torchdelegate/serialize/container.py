@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from torchdelegate.errors import FormatError
-from torchdelegate.exported.mapped_pages import release_pages
+from torchdelegate.exported.mapped_pages import release_pages, sha256_releasing, write_releasing
 
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sIIQQ32s")
@@ -167,10 +167,10 @@ def write_container(
             _pad(out, data_offset - HEADER.size - len(manifest_bytes))
             position = 0
             for entry, source in zip(manifest["segments"], sources, strict=True):
-                if source.recheck and hashlib.sha256(source.data).digest() != source.digest:
+                if source.recheck and sha256_releasing(source.data) != source.digest:
                     raise ChangedDataError(source.digest)
                 _pad(out, entry["offset"] - position)
-                out.write(source.data)
+                write_releasing(out, source.data)
                 position = entry["offset"] + len(source.data)
             out.flush()
             os.fsync(out.fileno())
