@@ -29,7 +29,9 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx import Graph, Node
 
 from torchdelegate.errors import QuantizationError, first_line
+from torchdelegate.exported.mapped_pages import release_address_range
 from torchdelegate.exported.programs import build_program
+from torchdelegate.exported.spilled_tensors import SpilledTensors
 from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_graph, copy_signature
 from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.partition.modules import module_path
@@ -140,12 +142,21 @@ class _Weights:
     def __init__(self, recipe: Recipe, group_size: int | None) -> None:
         self.recipe, self.group_size = recipe, group_size
         self._made: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = {}
+        self._spilled = SpilledTensors()
 
     def quantized(self, weight: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """(integers as int8, scales, zero points, group size) of ``weight`` [out, in]."""
+        """(integers as int8, scales, zero points, group size) of ``weight`` [out, in].
+
+        One weight at a time: a weight stored in another float dtype (a bfloat16 checkpoint's) is
+        converted to float32 here, its quantized tensors are spilled to a file as they are made, and
+        the pages of a weight mapped from a checkpoint are let go once it is read."""
         made = self._made.get(weight)
         if made is None:
-            made = self._made[weight] = self._quantize(weight, where)
+            qdata, scale, zero_point, group = self._quantize(weight, where)
+            spilled = (self._spilled.tensor(qdata), self._spilled.tensor(scale), self._spilled.tensor(zero_point))
+            made = self._made[weight] = (*spilled, group)
+            if weight.nbytes:
+                release_address_range(weight.data_ptr(), weight.nbytes)
         return made
 
     def _quantize(self, weight: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -158,7 +169,8 @@ class _Weights:
             )
         torchao = torchao_quantization()
         holder = torch.nn.Linear(columns, int(weight.shape[0]), bias=False, device="meta")
-        holder.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)  # shared, not copied
+        as_float = weight.detach() if weight.dtype == torch.float32 else weight.detach().float()
+        holder.weight = torch.nn.Parameter(as_float, requires_grad=False)  # shared, not copied, when float32
         try:
             torchao.quantize_(holder, _torchao_config(torchao, self.recipe, group, columns))
         except Exception as e:
@@ -207,7 +219,7 @@ def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_fl
         return program
     rewrite = _Rewrite(graph, signature, state, ops)
     for linear in layers:
-        spec = parameters[cast(Node, linear.args[1]).name]
+        spec = parameters[_weight_placeholder(cast(Node, linear.args[1])).name]
         assert spec.target is not None
         where = f"method {method!r}: linear layer {module_path(linear) or linear.name!r} (weight {spec.target!r})"
         qdata, scale, zero_point, group = weights.quantized(program.state_dict[spec.target], where)
@@ -231,15 +243,32 @@ def _selected(node: Node, parameters: dict[str, InputSpec], program: ExportedPro
     if node.op != "call_function" or node.target is not _aten.linear.default or len(node.args) < 2:
         return False
     weight = node.args[1]
-    spec = parameters.get(weight.name) if isinstance(weight, Node) else None
+    if not isinstance(weight, Node) or not _is_float32(weight):
+        return False
+    spec = parameters.get(_weight_placeholder(weight).name)
     if spec is None or spec.target is None:
         return False
     value = program.state_dict.get(spec.target)
     if not isinstance(value, torch.Tensor) or type(value) not in (torch.Tensor, torch.nn.Parameter):
         return False
-    if value.dtype != torch.float32 or value.dim() != 2:
+    if not value.dtype.is_floating_point or value.dim() != 2:
         return False
     return not keep_float.keeps([spec.target, spec.target.rpartition(".")[0], module_path(node)])
+
+
+def _weight_placeholder(weight: Node) -> Node:
+    """The placeholder a linear layer's weight reads: itself, or the one a conversion to float32
+    reads (a weight bound as a bfloat16 checkpoint stores it)."""
+    if weight.op == "call_function" and weight.target is _aten._to_copy.default and isinstance(weight.args[0], Node):
+        source = weight.args[0]
+        if source.op == "placeholder" and set(weight.kwargs) <= {"dtype"}:
+            return source
+    return weight
+
+
+def _is_float32(node: Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.dtype == torch.float32
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -324,7 +353,12 @@ class _Rewrite:
         return self._call(dequantize, (quantized, block, scale, zero_point, *bounds), linear)
 
     def finish(self) -> None:
-        """Float weights no layer reads any more leave the program."""
+        """Float weights no layer reads any more leave the program (and their conversions)."""
+        for node in list(self.graph.nodes):
+            if node.op == "call_function" and node.name in self.replaced and not node.users:
+                source = _weight_placeholder(node)
+                self.graph.erase_node(node)
+                self.replaced.add(source.name)
         for node in list(self.graph.nodes):
             if node.op == "placeholder" and node.name in self.replaced and not node.users:
                 spec = next(s for s in self.specs if s.arg.name == node.name)

@@ -25,6 +25,8 @@ import numpy as np
 
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.settings import require
+from torchdelegate.exported.mapped_pages import address_of, release_address_range
+from torchdelegate.exported.spilled_tensors import SpilledTensors
 from torchdelegate.quantization.linear import QuantizedLinear, linear_blockwise
 
 DOMAIN = "torchdelegate"
@@ -133,6 +135,12 @@ class _Rewrite:
     def __init__(self, ir: ModuleType, model: Any, half_scales: bool) -> None:
         self.ir, self.model, self.half_scales = ir, model, half_scales
         self.made: dict[tuple[str, str], Any] = {}
+        self.spilled = SpilledTensors()
+
+    def _initializer(self, name: str, array: np.ndarray) -> Any:
+        """A new initializer of ``array``'s values, spilled to a file when large: the packed forms of a
+        model's weights are never all in memory at once."""
+        return _initializer(self.ir, self.model, name, self.spilled.array(array))
 
     def layer(self, node: Any) -> None:
         x, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
@@ -150,6 +158,7 @@ class _Rewrite:
         blocks = -(-columns // block)
         key = f"{qdata.name}/{block}/{bits}"
         inputs = [x, self._made(key, "packed", lambda: _packed(integers, block, bits))]
+        _let_go(integers)
         inputs.append(self._scales(node, scale, rows, blocks, block != group))
         if points is not None and points.any():
             repeated = points if block == group else np.repeat(points.reshape(rows, 1), blocks, axis=1)
@@ -185,16 +194,18 @@ class _Rewrite:
         columns, block, bits, activation, unbiased = settings.pop()
         first, name = layers[0], "+".join(node.inputs[1].name for node in layers)
         packed = np.concatenate([_packed(integers, block, bits) for integers, _, _ in parts])
-        inputs = [first.inputs[0], _initializer(self.ir, self.model, f"{name}/{block}/{bits}.packed", packed)]
+        for integers, _, _ in parts:
+            _let_go(integers)
+        inputs = [first.inputs[0], self._initializer(f"{name}/{block}/{bits}.packed", packed)]
         scales = np.concatenate([scales for _, scales, _ in parts])
         half = self._half_scales(scales, name, first)
-        inputs.append(half if half is not None else _initializer(self.ir, self.model, f"{name}.scales", scales))
+        inputs.append(half if half is not None else self._initializer(f"{name}.scales", scales))
         if not unbiased:
             biases = np.concatenate([bias for _, _, bias in parts if bias is not None])
-            inputs += [None, None, _initializer(self.ir, self.model, f"{name}.bias", biases)]
+            inputs += [None, None, self._initializer(f"{name}.bias", biases)]
         rows = [integers.shape[0] for integers, _, _ in parts]
         product = self._product(inputs, columns, sum(rows), bits, block, activation)
-        sizes = _initializer(self.ir, self.model, f"{name}.rows", np.array(rows, dtype=np.int64))
+        sizes = self._initializer(f"{name}.rows", np.array(rows, dtype=np.int64))
         split = self.ir.node("Split", [product.outputs[0], sizes], {"axis": -1}, num_outputs=len(layers))
         self.model.graph.insert_before(first, product)
         self.model.graph.insert_before(first, split)
@@ -217,7 +228,7 @@ class _Rewrite:
         fits = np.all(np.isfinite(halves)) and np.all((np.abs(scales) >= np.finfo(np.float16).tiny) | (scales == 0))
         if not (self.half_scales and fits):
             return None
-        stored = _initializer(self.ir, self.model, f"{name}.float16", halves)
+        stored = self._initializer(f"{name}.float16", halves)
         cast = self.ir.node("Cast", [stored], {"to": self.ir.DataType.FLOAT})
         self.model.graph.insert_before(before, cast)
         return cast.outputs[0]
@@ -225,7 +236,7 @@ class _Rewrite:
     def _made(self, key: str, kind: str, array: Callable[[], np.ndarray]) -> Any:
         value = self.made.get((key, kind))
         if value is None:
-            value = self.made[(key, kind)] = _initializer(self.ir, self.model, f"{key}.{kind}", array())
+            value = self.made[(key, kind)] = self._initializer(f"{key}.{kind}", array())
         return value
 
     def _scales(self, node: Any, scale: Any, rows: int, blocks: int, repeated: bool) -> Any:
@@ -240,7 +251,7 @@ class _Rewrite:
             scales = np.repeat(scales, blocks, axis=1)
         made = self._half_scales(scales, scale.name, node)
         if made is None:
-            made = _initializer(self.ir, self.model, f"{scale.name}.blocks", scales) if repeated else scale
+            made = self._initializer(f"{scale.name}.blocks", scales) if repeated else scale
         self.made[(scale.name, f"scales/{blocks}")] = made
         return made
 
@@ -268,6 +279,13 @@ def _initializer(ir: ModuleType, model: Any, name: str, array: np.ndarray) -> An
     value.const_value = ir.Tensor(array, name=name)
     model.graph.register_initializer(value)
     return value
+
+
+def _let_go(array: np.ndarray) -> None:
+    """The pages of ``array`` (a quantized weight's integers, spilled) released once they are packed."""
+    address = address_of(array)
+    if address is not None:
+        release_address_range(address, array.nbytes)
 
 
 def _packed(integers: np.ndarray, block: int, bits: int) -> np.ndarray:

@@ -152,6 +152,7 @@ def _exported_blob(
         _restore_weights(model, lifted)
     if attention:
         fusions = dict(sorted({**fusions, "GroupQueryAttention": attention}.items()))
+    before = set(model.graph.initializers)
     try:
         products = blockwise.kernel_products(ir, model, half_scales=folds_constants)
     except ValueError as e:
@@ -160,13 +161,15 @@ def _exported_blob(
         fusions = dict(sorted({**fusions, "MatMulNBits": products}.items()))
     initializers = {}
     shared = {value.name for value, _ in lifted}
-    _zeros_made_at_load(ir, model, shared)
+    _zeros_made_at_load(ir, model, shared | (set(model.graph.initializers) - before))  # weights are not read
     for name, value in sorted(model.graph.initializers.items()):
         tensor = value.const_value
         if tensor is None or (tensor.nbytes < SMALLEST_SHARED and name not in shared):
             continue  # shape-like constants stay in the model: ONNX Runtime reads them while loading it
         array = np.ascontiguousarray(tensor.numpy())
-        # A tensor over the exporter's array is stored as a view; other dtypes (bfloat16) are copied.
+        # Stored as a view of the exporter's array (bfloat16's bytes seen as 16-bit integers); others copied.
+        if tensor.dtype == ir.DataType.BFLOAT16:
+            array = array.view(np.uint16)
         viewable = array.size and array.dtype.kind in "biuf" and array.dtype.itemsize in (1, 2, 4, 8)
         data = torch.from_numpy(array) if viewable else array.tobytes()
         key = store.add_by_content(data, alignment=WEIGHT_ALIGNMENT)
