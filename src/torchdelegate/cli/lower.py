@@ -59,7 +59,7 @@ def define(parser: argparse.ArgumentParser) -> None:
 
 
 def add_lowering_options(parser: argparse.ArgumentParser) -> None:
-    """--cache, --quantize (--group-size, --keep-float), --jobs and --cluster: for lower and llm export."""
+    """--cache, --quantize (--group-size, --keep-float, --embeddings), --jobs and --cluster: lower, llm export."""
     parser.add_argument(
         "--cache",
         metavar="DIR",
@@ -81,6 +81,12 @@ def add_lowering_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="PATTERN",
         help="--quantize: leave in float the layers whose weight or module path matches (fnmatch), e.g. lm_head",
+    )
+    parser.add_argument(
+        "--embeddings",
+        choices=["int8", "int4", "float"],
+        help="--quantize: the embedding tables too, weight-only: int8 (default; one scale per row), int4 (groups of "
+        "32), or float (left as they are)",
     )
     parser.add_argument("--jobs", "-j", type=int, metavar="N", help="compile partitions on N worker processes")
     parser.add_argument(
@@ -119,8 +125,8 @@ def chosen_partitioners(
     """The shipped partitioners of the backends asked for, in priority order; the quantize options checked."""
     from torchdelegate.partition.proposed import backend_partitioners
 
-    if args.quantize is None and (args.group_size is not None or args.keep_float):
-        raise UsageError("--group-size and --keep-float go with --quantize RECIPE")
+    if args.quantize is None and (args.group_size is not None or args.keep_float or args.embeddings is not None):
+        raise UsageError("--group-size, --keep-float and --embeddings go with --quantize RECIPE")
     try:
         return backend_partitioners(backend_ids, compile_specs)
     except (BackendNotFoundError, ValueError) as error:
@@ -151,14 +157,19 @@ def lowered_programs(
 
 
 def _quantized_programs(programs: dict[str, Any], args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
-    """--quantize RECIPE (--group-size, --keep-float): the recipe applied to every method."""
+    """--quantize RECIPE (--group-size, --keep-float, --embeddings): the recipe applied to every method."""
     from torchdelegate.errors import QuantizationError
+    from torchdelegate.quantization.embedding import quantized_embeddings
     from torchdelegate.quantization.linear import quantized_linears
     from torchdelegate.quantization.recipes import quantize
 
     before = {method: len(quantized_linears(program)) for method, program in programs.items()}
+    tables = {method: len(quantized_embeddings(program)) for method, program in programs.items()}
+    embeddings = None if args.embeddings == "float" else (args.embeddings or "int8")
     try:
-        quantized = quantize(programs, args.quantize, group_size=args.group_size, keep_float=args.keep_float)
+        quantized = quantize(
+            programs, args.quantize, group_size=args.group_size, keep_float=args.keep_float, embeddings=embeddings
+        )
     except QuantizationError as e:
         raise UsageError(str(e)) from e
     except ImportError as e:
@@ -171,6 +182,10 @@ def _quantized_programs(programs: dict[str, Any], args: argparse.Namespace, out:
     else:
         counts = ", ".join(f"{method} {count}" for method, count in layers.items())
         print(f"quantized with {args.quantize}: linear layers per method: {counts}", file=out)
+    looked_up = {method: len(quantized_embeddings(program)) - tables[method] for method, program in quantized.items()}
+    if embeddings is not None and any(looked_up.values()):
+        counts = ", ".join(f"{method} {count}" for method, count in looked_up.items())
+        print(f"quantized embeddings with {embeddings} (weights only): tables per method: {counts}", file=out)
     return quantized
 
 

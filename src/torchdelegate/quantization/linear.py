@@ -77,17 +77,7 @@ def quantized_linears(program: ExportedProgram) -> list[QuantizedLinear]:
     ops = affine_ops()
     if ops is None:
         return []
-    signature = program.graph_signature
-    state = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
-    state |= set(signature.inputs_to_lifted_tensor_constants)
-
-    inner = torch.ops.export.access_subclass_inner_tensor.default
-
-    def is_state(node: Node) -> bool:  # torch.export leaves a subclass weight's parts to be read from it
-        if _call(node, inner) and isinstance(node.args[0], Node):
-            node = node.args[0]
-        return node.name in state
-
+    is_state = state_predicate(program)
     found = []
     for node in program.graph.nodes:
         if node.op == "call_function" and node.target is _aten.linear.default:
@@ -95,6 +85,22 @@ def quantized_linears(program: ExportedProgram) -> list[QuantizedLinear]:
             if layer is not None:
                 found.append(layer)
     return found
+
+
+def state_predicate(program: ExportedProgram) -> Callable[[Node], bool]:
+    """Whether a node of ``program``'s graph reads a tensor the program carries (a parameter,
+    buffer or lifted constant, or a part torch.export reads from a tensor subclass weight)."""
+    signature = program.graph_signature
+    state = {*signature.inputs_to_parameters, *signature.inputs_to_buffers}
+    state |= set(signature.inputs_to_lifted_tensor_constants)
+    inner = torch.ops.export.access_subclass_inner_tensor.default
+
+    def is_state(node: Node) -> bool:
+        if is_call(node, inner) and isinstance(node.args[0], Node):
+            node = node.args[0]
+        return node.name in state
+
+    return is_state
 
 
 def layer_of(node: Node) -> QuantizedLinear | None:
@@ -120,18 +126,18 @@ def _toward_layer(node: Node, ops: tuple[Any, Any, Any]) -> Node | None:
     users = list(node.users)
     for target in (_aten.linear.default, ops[2], ops[1]):
         for user in users:
-            if _call(user, target):
+            if is_call(user, target):
                 return user
     return users[0] if users else None
 
 
 def _layer(linear: Node, ops: tuple[Any, Any, Any], is_state: Callable[[Node], bool]) -> QuantizedLinear | None:
     source, weight, bias = (*linear.args, None)[:3]
-    if not (isinstance(source, Node) and isinstance(weight, Node) and _call(weight, ops[2])):
+    if not (isinstance(source, Node) and isinstance(weight, Node) and is_call(weight, ops[2])):
         return None
     if len(weight.users) != 1 or (bias is not None and not isinstance(bias, Node)):
         return None
-    grouped = _grouped_integers(weight, is_state)
+    grouped = grouped_integers(weight, is_state)
     if grouped is None:
         return None
     qdata, scale, zero_point, group, columns = grouped
@@ -141,7 +147,7 @@ def _layer(linear: Node, ops: tuple[Any, Any, Any], is_state: Callable[[Node], b
     return QuantizedLinear(linear, weight, source, qdata, scale, zero_point, bias, activation, group)
 
 
-def _grouped_integers(dequantize: Node, is_state: Callable[[Node], bool]) -> tuple[Any, ...] | None:
+def grouped_integers(dequantize: Node, is_state: Callable[[Node], bool]) -> tuple[Any, ...] | None:
     """(integers, scales, zero points, group size, inputs) of a weight's
     ``dequantize_affine``: int8 integers [out, in] with float32 scales (and integer zero points)
     per group of the row, all state; None for any other dequantization."""
@@ -177,15 +183,15 @@ def _dynamic_activation(
     """The chain that quantizes ``linear``'s activation per token to int8 and back, and the float
     activation it reads: ``()`` if there is no such chain; None if there is a chain of another kind."""
     choose, quantize, dequantize = ops
-    if not _call(source, dequantize):
+    if not is_call(source, dequantize):
         return (), source
     quantized, block, scale, zero_point, input_dtype, quant_min, quant_max = _dequantize_args(source)
-    if not _call(quantized, quantize) or not all(_call(n, operator.getitem) for n in (scale, zero_point)):
+    if not is_call(quantized, quantize) or not all(is_call(n, operator.getitem) for n in (scale, zero_point)):
         return None, source
     chosen = scale.args[0]
     float_source = quantized.args[0]
     per_token = [1] * (len(block) - 1) + [columns]
-    if not _call(chosen, choose) or chosen.args[0] is not float_source or zero_point.args[0] is not chosen:
+    if not is_call(chosen, choose) or chosen.args[0] is not float_source or zero_point.args[0] is not chosen:
         return None, source
     if (scale.args[1], zero_point.args[1]) != (0, 1) or list(block) != per_token:
         return None, source
@@ -215,7 +221,7 @@ def _torchao_choice_defaults(rest: tuple[Any, ...]) -> bool:
     return eps is None and scale_dtype in (None, torch.float32) and point_dtype in (None, torch.int8) and not keepdim
 
 
-def _call(value: Any, target: Any) -> bool:
+def is_call(value: Any, target: Any) -> bool:
     return isinstance(value, Node) and value.op == "call_function" and value.target is target
 
 

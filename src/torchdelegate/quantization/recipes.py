@@ -74,6 +74,7 @@ def quantize(
     *,
     group_size: int | None = None,
     keep_float: Sequence[str] = (),
+    embeddings: str | None = None,
 ) -> ExportedProgram: ...
 
 
@@ -84,6 +85,7 @@ def quantize(
     *,
     group_size: int | None = None,
     keep_float: Sequence[str] = (),
+    embeddings: str | None = None,
 ) -> dict[str, ExportedProgram]: ...
 
 
@@ -93,14 +95,17 @@ def quantize(
     *,
     group_size: int | None = None,
     keep_float: Sequence[str] = (),
+    embeddings: str | None = None,
 ) -> ExportedProgram | dict[str, ExportedProgram]:
     """New programs whose float linear layers are quantized by ``recipe`` (``8da4w``, ``int4``, ``int8``).
 
     ``group_size``: inputs per scale (default 32 for the int4 recipes, one scale per row for
     int8); it must divide the inputs of every layer quantized. ``keep_float``: patterns
     (``fnmatch``) of weight names or module paths left in float, such as ``lm_head``. Layers
-    whose weight is not a float32 parameter (already quantized, say) are left as they are, and
-    embeddings are never quantized. Methods that share a weight share its quantized form.
+    whose weight is not a float parameter (already quantized, say) are left as they are.
+    ``embeddings``: ``int8`` (one scale per row) or ``int4`` (groups of 32 along a row)
+    quantizes the embedding tables too, weight-only; None leaves them in float. Methods that
+    share a weight share its quantized form.
     """
     chosen = recipe_named(recipe)
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
@@ -108,15 +113,34 @@ def quantize(
     group = group_size if group_size is not None else (DEFAULT_GROUP_SIZE if chosen.grouped else None)
     patterns = _KeptFloat([keep_float] if isinstance(keep_float, str) else list(keep_float))
     weights = _Weights(chosen, group)
+    tables = None if embeddings is None else _embedding_weights(embeddings)
     if isinstance(programs, ExportedProgram):
-        quantized: ExportedProgram | dict[str, ExportedProgram] = _quantized(programs, "forward", weights, patterns)
+        quantized: ExportedProgram | dict[str, ExportedProgram] = _quantized(
+            programs, "forward", weights, tables, patterns
+        )
     else:
-        quantized = {method: _quantized(program, method, weights, patterns) for method, program in programs.items()}
+        quantized = {
+            method: _quantized(program, method, weights, tables, patterns) for method, program in programs.items()
+        }
     for pattern in patterns.unmatched():
         warnings.warn(
-            f"keep_float pattern {pattern!r} matched no linear layer; nothing was kept in float for it", stacklevel=2
+            f"keep_float pattern {pattern!r} matched no linear layer or embedding; nothing was kept in float for it",
+            stacklevel=2,
         )
     return quantized
+
+
+EMBEDDING_RECIPES = ("int8", "int4")
+
+
+def _embedding_weights(name: str) -> _Weights:
+    """The weight-only recipe of embedding tables ``name`` names: int8 per row, int4 in groups of 32."""
+    if name not in EMBEDDING_RECIPES:
+        raise QuantizationError(
+            f"unknown embedding quantization {name!r}; give int8 (one scale per row) or int4 (groups of 32)"
+        )
+    recipe = RECIPES[name]
+    return _Weights(recipe, DEFAULT_GROUP_SIZE if recipe.grouped else None)
 
 
 class _KeptFloat:
@@ -203,7 +227,9 @@ def _torchao_config(torchao: ModuleType, recipe: Recipe, group: int, columns: in
     return torchao.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=granularity)
 
 
-def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_float: _KeptFloat) -> ExportedProgram:
+def _quantized(
+    program: ExportedProgram, method: str, weights: _Weights, tables: _Weights | None, keep_float: _KeptFloat
+) -> ExportedProgram:
     ops = affine_ops()
     if ops is None:
         torchao_quantization()  # registers torch.ops.torchao
@@ -214,8 +240,13 @@ def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_fl
     signature = copy_signature(program.graph_signature)
     parameters = {s.arg.name: s for s in signature.input_specs if s.kind == InputKind.PARAMETER}
     state = dict(program.state_dict)
-    layers = [n for n in graph.nodes if _selected(n, parameters, program, keep_float)]
-    if not layers:
+    layers = [n for n in graph.nodes if _selected(n, _aten.linear.default, parameters, program, keep_float)]
+    lookups = (
+        []
+        if tables is None
+        else [n for n in graph.nodes if _selected(n, _aten.embedding.default, parameters, program, keep_float)]
+    )
+    if not layers and not lookups:
         return program
     rewrite = _Rewrite(graph, signature, state, ops)
     for linear in layers:
@@ -224,6 +255,13 @@ def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_fl
         where = f"method {method!r}: linear layer {module_path(linear) or linear.name!r} (weight {spec.target!r})"
         qdata, scale, zero_point, group = weights.quantized(program.state_dict[spec.target], where)
         rewrite.layer(linear, spec.target, (qdata, scale, zero_point), group, weights.recipe)
+    for lookup in lookups:
+        assert tables is not None
+        spec = parameters[_weight_placeholder(cast(Node, lookup.args[0])).name]
+        assert spec.target is not None
+        where = f"method {method!r}: embedding {module_path(lookup) or lookup.name!r} (weight {spec.target!r})"
+        qdata, scale, zero_point, group = tables.quantized(program.state_dict[spec.target], where)
+        rewrite.lookup(lookup, spec.target, (qdata, scale, zero_point), group, tables.recipe)
     rewrite.finish()
     return build_program(
         program,
@@ -238,11 +276,14 @@ def _quantized(program: ExportedProgram, method: str, weights: _Weights, keep_fl
     )
 
 
-def _selected(node: Node, parameters: dict[str, InputSpec], program: ExportedProgram, keep_float: _KeptFloat) -> bool:
-    """A linear layer over a float32 2-D parameter that no pattern keeps in float."""
-    if node.op != "call_function" or node.target is not _aten.linear.default or len(node.args) < 2:
+def _selected(
+    node: Node, target: Any, parameters: dict[str, InputSpec], program: ExportedProgram, keep_float: _KeptFloat
+) -> bool:
+    """A linear layer (or an embedding, as ``target`` says) over a 2-D float parameter read as float32
+    that no pattern keeps in float."""
+    if node.op != "call_function" or node.target is not target or len(node.args) < 2:
         return False
-    weight = node.args[1]
+    weight = node.args[1] if target is _aten.linear.default else node.args[0]
     if not isinstance(weight, Node) or not _is_float32(weight):
         return False
     spec = parameters.get(_weight_placeholder(weight).name)
@@ -339,6 +380,22 @@ class _Rewrite:
                 self.ops[2], (nodes[0], [1, group], nodes[1], nodes[2], torch.int8, *bounds), linear
             )
         linear.args = (source, dequantized, *linear.args[2:])
+        self.replaced.add(weight.name)
+
+    def lookup(
+        self, embedding: Node, weight_name: str, tensors: tuple[torch.Tensor, ...], group: int, recipe: Recipe
+    ) -> None:
+        """An embedding's table read through its integers' dequantization (``quantization.embedding``)."""
+        stem = weight_name if f"{weight_name}_{_PARTS[0]}" not in self.placeholders else f"{weight_name}_embedding"
+        nodes = [self._placeholder(f"{stem}_{part}", t) for part, t in zip(_PARTS, tensors, strict=True)]
+        weight = embedding.args[0]
+        assert isinstance(weight, Node)
+        bounds = (-8, 7) if recipe.weight_bits == 4 else (-128, 127)
+        with self.graph.inserting_before(embedding):
+            dequantized = self._call(
+                self.ops[2], (nodes[0], [1, group], nodes[1], nodes[2], torch.int8, *bounds), embedding
+            )
+        embedding.args = (dequantized, *embedding.args[1:])
         self.replaced.add(weight.name)
 
     def _activation(self, source: Node, linear: Node) -> Node:

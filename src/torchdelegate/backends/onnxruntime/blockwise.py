@@ -27,10 +27,12 @@ from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.exported.mapped_pages import address_of, release_address_range
 from torchdelegate.exported.spilled_tensors import SpilledTensors
+from torchdelegate.quantization.embedding import QuantizedEmbedding, embedding_blockwise
 from torchdelegate.quantization.linear import QuantizedLinear, linear_blockwise
 
 DOMAIN = "torchdelegate"
 _NODE = "LinearBlockwise"
+_LOOKUP = "EmbeddingBlockwise"
 _KERNEL_DOMAIN = "com.microsoft"
 _ROWS_PER_STEP = 4096  # rows packed at a time: the temporaries stay a slice of a weight
 
@@ -45,6 +47,18 @@ def block_size(group_size: int, in_features: int) -> int | None:
     if group_size >= 16 and group_size & (group_size - 1) == 0:
         return group_size
     return None
+
+
+def lookup_block(group_size: int, columns: int) -> int | None:
+    """``GatherBlockQuantized``'s block for an embedding in groups of ``group_size`` along rows of
+    ``columns``: :func:`block_size`'s, where it divides a row (the kernel does not pad); else None."""
+    block = block_size(group_size, columns)
+    return block if block is not None and columns % block == 0 else None
+
+
+def lookup_runs_on_kernel(lookup: QuantizedEmbedding) -> bool:
+    """Whether ``GatherBlockQuantized`` holds this embedding's groups."""
+    return lookup_block(lookup.group_size, lookup.columns) is not None
 
 
 def runs_on_kernel(layer: QuantizedLinear) -> bool:
@@ -84,7 +98,33 @@ def translations() -> dict[Any, Any]:
             ],
         )
     )
+    onnx.defs.register_schema(
+        schema(
+            _LOOKUP,
+            DOMAIN,
+            1,
+            doc="torchdelegate's quantized embedding, rewritten to GatherBlockQuantized before a model is stored",
+            inputs=[
+                schema.FormalParameter("indices", "I"),
+                schema.FormalParameter("qdata", "Q"),
+                schema.FormalParameter("scale", "T"),
+                schema.FormalParameter("zero_point", "Z", param_option=optional),
+            ],
+            outputs=[schema.FormalParameter("y", "T")],
+            type_constraints=[
+                ("I", ["tensor(int32)", "tensor(int64)"], "the rows read"),
+                ("T", ["tensor(float)"], "float scales and rows"),
+                ("Q", ["tensor(int8)"], "the integers, one per int8"),
+                ("Z", ["tensor(int8)", "tensor(int16)", "tensor(int32)", "tensor(int64)"], "integer zero points"),
+            ],
+            attributes=[schema.Attribute("group_size", schema.AttrType.INT, "values per scale along a row")],
+        )
+    )
     node = values.Op(values.Opset(DOMAIN, 1), _NODE)
+    lookup = values.Op(values.Opset(DOMAIN, 1), _LOOKUP)
+
+    def translate_lookup(indices: Any, qdata: Any, scale: Any, zero_point: Any = None, group_size: int = 32) -> Any:
+        return lookup(indices, qdata, scale, zero_point, group_size=group_size)
 
     def translate(
         x: Any,
@@ -98,34 +138,41 @@ def translations() -> dict[Any, Any]:
         activation = int(dynamic_int8_activation)
         return node(x, qdata, scale, zero_point, bias, group_size=group_size, dynamic_int8_activation=activation)
 
-    return {linear_blockwise(): translate}
+    return {linear_blockwise(): translate, embedding_blockwise(): translate_lookup}
 
 
-def kernel_products(ir: ModuleType, model: Any, half_scales: bool = True) -> int:
+def kernel_products(ir: ModuleType, model: Any, half_scales: bool = True) -> dict[str, int]:
     """Rewrite every ``LinearBlockwise`` node of ``model`` (weights as initializers) into
-    ``MatMulNBits``; how many there were. Integers and zero points it no longer reads leave the model.
+    ``MatMulNBits`` and every ``EmbeddingBlockwise`` into ``GatherBlockQuantized``; how many of each
+    there were (kernels with none left out). Integers and zero points it no longer reads leave the model.
 
     ``half_scales``: scales stored as float16 behind a ``Cast``, which only a session that folds
     constants may be given (ONNX Runtime packs a layer's scales with its integers, and a ``Cast``
     it does not fold leaves them unknown when it packs)."""
     rewrite = _Rewrite(ir, model, half_scales)
     readers: dict[Any, list[Any]] = {}
+    lookups = []
     for node in list(model.graph):
         if node.op_type == _NODE and node.domain == DOMAIN:
             readers.setdefault(node.inputs[0], []).append(node)
+        elif node.op_type == _LOOKUP and node.domain == DOMAIN:
+            lookups.append(node)
     count = 0
     for layers in readers.values():
         if len(layers) < 2 or not rewrite.joined(layers):
             for node in layers:
                 rewrite.layer(node)
         count += len(layers)
-    if count:
+    for node in lookups:
+        rewrite.lookup(node)
+    if count or lookups:
         model.opset_imports.setdefault(_KERNEL_DOMAIN, 1)
         model.opset_imports.pop(DOMAIN, None)
         for value in list(model.graph.initializers.values()):
             if not value.uses() and value not in model.graph.outputs:
                 model.graph.initializers.pop(value.name)
-    return count
+    made = {"MatMulNBits": count, "GatherBlockQuantized": len(lookups)}
+    return {kernel: number for kernel, number in made.items() if number}
 
 
 class _Rewrite:
@@ -169,6 +216,39 @@ class _Rewrite:
             inputs += [None, bias]  # g_idx, then bias
         activation = node.attributes["dynamic_int8_activation"].as_int()
         replace_node(self.model, node, self._product(inputs, columns, rows, bits, block, activation))
+
+    def lookup(self, node: Any) -> None:
+        """An ``EmbeddingBlockwise`` node as ``GatherBlockQuantized`` over the table's integers packed
+        as the kernel reads them (MatMulNBits's layout: 4 or 8 bits, offset by half the range, with
+        zero points), its scales per block: only the rows read are dequantized."""
+        indices, qdata, scale, zero_point = [*node.inputs, None][:4]
+        group = node.attributes["group_size"].as_int()
+        integers = _constant(qdata, "integers")
+        rows, columns = integers.shape
+        block = lookup_block(group, columns)
+        if block is None:
+            raise ValueError(
+                f"an embedding in groups of {group} along {columns} values: GatherBlockQuantized takes blocks of a "
+                "power of two >= 16 that divide a row; quantize it with such a group size, or keep it in float"
+            )
+        points = np.zeros((rows, columns // group), np.int8) if zero_point is None else _constant(zero_point, "points")
+        bits = _bits(integers, points)
+        blocks = columns // block
+        packed = _packed(integers, block, bits).reshape(rows, blocks * block * bits // 8)
+        _let_go(integers)
+        scales = _constant(scale, "scales").reshape(rows, -1)
+        if block != group:
+            scales = np.repeat(scales, blocks, axis=1)
+            points = np.repeat(points.reshape(rows, 1), blocks, axis=1)
+        inputs = [
+            self._initializer(f"{qdata.name}/{block}/{bits}.rows", packed),
+            indices,
+            self._initializer(f"{scale.name}/{block}.row_scales", np.ascontiguousarray(scales, dtype=np.float32)),
+            self._initializer(f"{qdata.name}/{block}/{bits}.row_points", _packed_points(points, bits)),
+        ]
+        attributes = {"gather_axis": 0, "quantize_axis": 1, "block_size": block, "bits": bits}
+        gather = self.ir.node("GatherBlockQuantized", inputs, attributes, domain=_KERNEL_DOMAIN)
+        replace_node(self.model, node, gather)
 
     def joined(self, layers: list[Any]) -> bool:
         """Layers that read one input with one kernel setting (a decoder layer's query, key and value

@@ -34,6 +34,7 @@ from torchdelegate.errors import PreprocessError, first_line
 from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.exported.structural_copy import with_identifier_state_names
 from torchdelegate.exported.torch_warnings import loggers_quieted
+from torchdelegate.quantization.embedding import with_blockwise_embeddings
 from torchdelegate.quantization.linear import with_blockwise_linears
 
 
@@ -60,7 +61,9 @@ def export_partition(
         options = Options(compile_specs)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from None
-    program, quantized = with_blockwise_linears(cache_writes_in_place(recompose_linear(program)))
+    program, layers = with_blockwise_linears(cache_writes_in_place(recompose_linear(program)))
+    program, lookups = with_blockwise_embeddings(program)
+    quantized = layers + lookups
     folds_constants = options.level != "disable"
     if options.fusions:
         try:
@@ -127,7 +130,8 @@ def _exported_blob(
     """The partition as an ONNX model whose initializers are named data, with its header; and each
     ONNX node's debug handles.
 
-    ``quantized``: how many ``linear_blockwise`` calls it makes (``blockwise.py`` translates them);
+    ``quantized``: how many ``linear_blockwise`` and ``embedding_blockwise`` calls it makes (``blockwise.py``
+    translates them);
     ``folds_constants``: whether its sessions fold constants (float16 scales need it)."""
     ir = require("onnx_ir")
     require("onnxscript")
@@ -157,8 +161,7 @@ def _exported_blob(
         products = blockwise.kernel_products(ir, model, half_scales=folds_constants)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
-    if products:
-        fusions = dict(sorted({**fusions, "MatMulNBits": products}.items()))
+    fusions = dict(sorted({**fusions, **products}.items()))
     initializers = {}
     shared = {value.name for value, _ in lifted}
     _zeros_made_at_load(ir, model, shared | (set(model.graph.initializers) - before))  # weights are not read

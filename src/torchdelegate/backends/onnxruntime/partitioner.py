@@ -15,10 +15,11 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
-from torchdelegate.backends.onnxruntime.blockwise import runs_on_kernel
+from torchdelegate.backends.onnxruntime.blockwise import lookup_runs_on_kernel, runs_on_kernel
 from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value, values_made
+from torchdelegate.quantization.embedding import embedding_of, quantized_embeddings
 from torchdelegate.quantization.linear import affine_ops, layer_of, quantized_linears
 
 _UNSUPPORTED_DTYPES = frozenset(
@@ -59,16 +60,21 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
         """torchao's quantization ops and the linear layers they feed, where ``MatMulNBits`` runs
         the layer (``blockwise.py``): decomposed, they would become float arithmetic."""
         ops = affine_ops()
-        if ops is None or not any(runs_on_kernel(layer) for layer in quantized_linears(exported_program)):
+        if ops is None:
             return [], None
-        return [*ops, torch.ops.aten.linear.default], _in_layer_on_kernel
+        kept = []
+        if any(runs_on_kernel(layer) for layer in quantized_linears(exported_program)):
+            kept.append(torch.ops.aten.linear.default)
+        if any(lookup_runs_on_kernel(lookup) for lookup in quantized_embeddings(exported_program)):
+            kept.append(torch.ops.aten.embedding.default)
+        return ([*ops, *kept], _in_layer_on_kernel) if kept else ([], None)
 
     def operator_support(self, node: Node) -> bool | str:
         """True if the exporter translates this node's op, every value it makes is a tensor, and
         every tensor it reads or makes has a dtype that ONNX Runtime's CPU provider and numpy
-        share, or if it is part of a quantized linear layer ``MatMulNBits`` runs; otherwise why not."""
-        layer = layer_of(node) if isinstance(node.target, torch._ops.OpOverload) else None
-        if layer is not None and runs_on_kernel(layer):
+        share, or if it is part of a quantized linear layer or embedding ONNX Runtime's integer kernels
+        run; otherwise why not."""
+        if isinstance(node.target, torch._ops.OpOverload) and _in_layer_on_kernel(node):
             return True
         if not isinstance(node.target, torch._ops.OpOverload) or not _onnx_registry().is_registered(node.target):
             return f"torch.onnx has no translation for {node.target}"
@@ -88,7 +94,11 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
 
 
 def _in_layer_on_kernel(node: Node) -> bool:
-    """Whether ``node`` is part of a quantized linear layer ``MatMulNBits`` runs: read from the node's
-    own graph, so it answers for the nodes decomposition makes as for the program's own."""
+    """Whether ``node`` is part of a quantized linear layer ``MatMulNBits`` runs or of a quantized
+    embedding ``GatherBlockQuantized`` runs: read from the node's own graph, so it answers for the
+    nodes decomposition makes as for the program's own."""
     layer = layer_of(node)
-    return layer is not None and runs_on_kernel(layer)
+    if layer is not None:
+        return runs_on_kernel(layer)
+    lookup = embedding_of(node)
+    return lookup is not None and lookup_runs_on_kernel(lookup)
