@@ -257,3 +257,63 @@ def test_the_blockwise_operator_computes_what_torchaos_ops_compute() -> None:
         x = torch.randn(5, 64) * 3
         with torch.no_grad():
             torch.testing.assert_close(rewritten.module()(x), program.module()(x), atol=1e-6, rtol=1e-6)
+
+
+def _gathers(lowered: td.EdgeProgramManager) -> int:
+    """How many quantized embeddings ONNX Runtime's blobs run on GatherBlockQuantized."""
+    from torchdelegate.backends.onnxruntime.blob_header import unpacked
+
+    headers = [unpacked(memoryview(d.processed_bytes))[0] for d in _delegates(lowered) if d.backend_id == "onnxruntime"]
+    return sum(header.get("fusions", {}).get("GatherBlockQuantized", 0) for header in headers)
+
+
+@pytest.mark.parametrize("embeddings", ["int8", "int4"])
+def test_embeddings_quantized_by_torchdelegate_run_on_onnx_runtime_gather_of_integers(
+    embeddings: str, tmp_path: Path
+) -> None:
+    """The table is read as integers by GatherBlockQuantized (no float table in the file: its size
+    is the quantized tensors'), with outputs those of the quantized program run by torch."""
+    fp32 = _export(static_cache_module(tiny_llama(), CACHE))
+    programs = td.quantize(fp32, "int8", embeddings=embeddings)
+    state = programs["decode"].state_dict
+    assert "model.model.embed_tokens.weight" not in state
+    assert state["model.model.embed_tokens.weight_qdata"].dtype == torch.int8
+    groups = 64 // 32 if embeddings == "int4" else 1
+    assert state["model.model.embed_tokens.weight_scale"].shape == (512, groups)
+    lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], EXACT, tmp_path)
+    assert {d.backend_id for d in _delegates(lowered)} == {"onnxruntime"}
+    assert _gathers(lowered) == 2 and _integer_products(lowered) == 2 * 15
+
+
+def test_a_tied_table_is_quantized_once_for_the_head_and_once_for_the_lookup(tmp_path: Path) -> None:
+    from language_models import tiny_gpt2
+
+    programs = td.quantize(_export(static_cache_module(tiny_gpt2(), CACHE)), "8da4w", embeddings="int8")
+    state = programs["decode"].state_dict
+    assert {"model.transformer.wte.weight_qdata", "model.transformer.wte.weight_embedding_qdata"} <= set(state)
+    assert "model.transformer.wte.weight" not in state
+    lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], 0.1, tmp_path)
+    assert _gathers(lowered) == 2 * 2  # the tokens' table and the positions'
+
+
+def test_the_embedding_operator_computes_what_torchaos_ops_compute() -> None:
+    from torchdelegate.quantization.embedding import with_blockwise_embeddings
+
+    class Lookup(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(300, 64)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.table(tokens) * 2
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 300, (2, 7))
+    for embeddings in ("int8", "int4"):
+        program = td.quantize(torch.export.export(Lookup().eval(), (tokens,)), "int8", embeddings=embeddings)
+        rewritten, lookups = with_blockwise_embeddings(program)
+        assert lookups == 1
+        with torch.no_grad():
+            torch.testing.assert_close(rewritten.module()(tokens), program.module()(tokens), atol=0, rtol=0)
+    with pytest.raises(td.QuantizationError, match="unknown embedding quantization 'int2'; give int8"):
+        td.quantize(torch.export.export(Lookup().eval(), (tokens,)), "int8", embeddings="int2")

@@ -49,14 +49,40 @@ class SpilledTensors:
         mapping, offset = self._spill(contiguous.reshape(-1).view(np.uint8).data)
         return np.frombuffer(mapping, dtype=array.dtype, count=array.size, offset=offset).reshape(array.shape)
 
-    def _spill(self, data: memoryview) -> tuple[mmap.mmap, int]:
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A tensor to fill, its bytes in the file (a shared mapping: what is written reaches the file,
+        and its pages may be released once written); in memory when small."""
+        count = 1
+        for n in shape:
+            count *= n
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        if nbytes < self.smallest:
+            return torch.empty(shape, dtype=dtype)
+        file = self._opened()
+        start = self._end
+        os.ftruncate(file.fileno(), start + nbytes)
+        self._end = _aligned(start + nbytes)
+        mapping = mmap.mmap(file.fileno(), nbytes, access=mmap.ACCESS_WRITE, offset=start)
+        register_mapping(mapping)
+        return torch.frombuffer(mapping, dtype=dtype, count=count).view(shape)
+
+    def _opened(self) -> Any:
         if self._file is None:
             self._file = tempfile.TemporaryFile(prefix="torchdelegate-spill-")
+        return self._file
+
+    def _spill(self, data: memoryview) -> tuple[mmap.mmap, int]:
+        file = self._opened()
         start = self._end
         written = 0
         while written < len(data):
-            written += os.pwrite(self._file.fileno(), data[written:], start + written)
-        self._end = -(-(start + len(data)) // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
-        mapping = mmap.mmap(self._file.fileno(), len(data), access=mmap.ACCESS_COPY, offset=start)
+            written += os.pwrite(file.fileno(), data[written:], start + written)
+        self._end = _aligned(start + len(data))
+        mapping = mmap.mmap(file.fileno(), len(data), access=mmap.ACCESS_COPY, offset=start)
         register_mapping(mapping)
         return mapping, 0
+
+
+def _aligned(position: int) -> int:
+    """The next offset a mapping may start at."""
+    return -(-position // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY

@@ -29,6 +29,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx import Graph, Node
 
 from torchdelegate.errors import QuantizationError, first_line
+from torchdelegate.exported.freed_memory import return_freed_memory
 from torchdelegate.exported.mapped_pages import release_address_range
 from torchdelegate.exported.programs import build_program
 from torchdelegate.exported.spilled_tensors import SpilledTensors
@@ -57,6 +58,7 @@ RECIPES = {
     "int8": Recipe("int8", 8, False, False, "int8 weights, one scale per output row, float activations"),
 }
 DEFAULT_GROUP_SIZE = 32
+_SLICE_BYTES = 256 * 1024 * 1024  # float32 bytes of a weight quantized at a time
 
 
 def recipe_named(name: str) -> Recipe:
@@ -176,12 +178,32 @@ class _Weights:
         the pages of a weight mapped from a checkpoint are let go once it is read."""
         made = self._made.get(weight)
         if made is None:
-            qdata, scale, zero_point, group = self._quantize(weight, where)
-            spilled = (self._spilled.tensor(qdata), self._spilled.tensor(scale), self._spilled.tensor(zero_point))
-            made = self._made[weight] = (*spilled, group)
-            if weight.nbytes:
-                release_address_range(weight.data_ptr(), weight.nbytes)
+            made = self._made[weight] = self._quantized_by_rows(weight, where)
         return made
+
+    def _quantized_by_rows(
+        self, weight: torch.Tensor, where: str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """``weight`` quantized a slice of rows at a time (each row's groups are its own), into
+        tensors spilled to a file: torchao's temporaries stay a few times a slice, not the weight."""
+        rows = int(weight.shape[0])
+        step = max(1, _SLICE_BYTES // max(1, 4 * int(weight[0].numel()))) if weight.dim() else 1
+        parts: list[torch.Tensor] = []
+        group = 0
+        for start in range(0, rows, step):
+            qdata, scale, zero_point, group = self._quantize(weight[start : start + step], where)
+            if not parts:
+                parts = [self._spilled.empty((rows, *t.shape[1:]), t.dtype) for t in (qdata, scale, zero_point)]
+            for whole, part in zip(parts, (qdata, scale, zero_point), strict=True):
+                whole[start : start + step] = part
+                if part.nbytes:
+                    release_address_range(whole[start : start + step].data_ptr(), part.nbytes)
+            del qdata, scale, zero_point
+            if weight.nbytes:
+                piece = weight[start : start + step]
+                release_address_range(piece.data_ptr(), piece.nbytes)
+            return_freed_memory()  # torchao's temporaries, a few times the slice
+        return parts[0], parts[1], parts[2], group
 
     def _quantize(self, weight: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         columns = int(weight.shape[1])

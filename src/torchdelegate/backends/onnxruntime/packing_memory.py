@@ -5,14 +5,11 @@ it packs, and the heap it freed, returned to the system.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import sys
 import threading
 from collections.abc import Iterator
-from functools import cache
-from typing import Any
 
 from torchdelegate.delegate.named_data import NamedDataMap
+from torchdelegate.exported.freed_memory import return_freed_memory
 
 _RELEASE_INTERVAL = 0.02  # seconds between releases of the pages a packing session has read
 _TRIMS_EVERY = 10  # releases between two returns of the heap (a walk of all of it)
@@ -47,25 +44,3 @@ def pages_released_while_packing(named_data: NamedDataMap, keys: list[str]) -> I
         releasing.join()
         for key in keys:  # the packed copies are read now; the rest come back when read
             named_data.release_pages(key)
-
-
-@cache
-def _malloc_trim() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc's; musl has none
-    except Exception:
-        return None
-
-
-def return_freed_memory() -> None:
-    """Hand the heap memory a session's creation freed back to the system.
-
-    Packing weights frees weight-sized temporaries, which glibc keeps in the process (its
-    threshold for mapping large blocks on their own rises as they are freed): without this a
-    program of two methods stays resident at about 1.5 times its weights instead of one.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)

@@ -29,13 +29,14 @@ from torchdelegate.backends.onnxruntime.branches import branch_prefix
 from torchdelegate.backends.onnxruntime.confinement import confined_model
 from torchdelegate.backends.onnxruntime.in_place import in_place_outputs
 from torchdelegate.backends.onnxruntime.kept_binding import KeptBinding
-from torchdelegate.backends.onnxruntime.packing_memory import pages_released_while_packing, return_freed_memory
+from torchdelegate.backends.onnxruntime.packing_memory import pages_released_while_packing
 from torchdelegate.backends.onnxruntime.prepared import PREPARED, prepared_key, prepared_session, save_prepared
 from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES, Options, require
 from torchdelegate.cache.machine_cache import cache_directory, entry_lock, entry_path, entry_size, find_entry, new_entry
 from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import FormatError
+from torchdelegate.exported.freed_memory import return_freed_memory
 
 
 def delegate_handle(processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> _Delegate:
