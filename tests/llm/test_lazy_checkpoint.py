@@ -15,7 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
-from language_models import tiny_gpt2, tiny_llama  # noqa: E402
+from language_models import tiny_gpt2, tiny_llama, transformers_greedy  # noqa: E402
 
 from torchdelegate.llm.checkpoint import export_methods, read_checkpoint  # noqa: E402
 
@@ -71,6 +71,44 @@ def test_a_checkpoint_without_safetensors_is_loaded_whole_with_a_note(tmp_path: 
     )
     assert result.returncode == 0, result.stderr
     assert "reading the weights whole (" in result.stdout and (tmp_path / "m.tdp").is_file()
+
+
+def _export(directory: Path, output: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torchdelegate", "llm", "export", str(directory), "-o", str(output), *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def _greedy(program: Path, prompt: list[int], new: int) -> list[int]:
+    import torchdelegate as td
+    from torchdelegate.llm import Generator
+
+    with td.load(program) as loaded:
+        return list(Generator(loaded).generate(prompt, new).tokens)
+
+
+@pytest.mark.parametrize("quantize", [(), ("--quantize", "8da4w")])
+def test_a_bfloat16_checkpoint_is_read_as_stored_and_lowered_whole_to_onnx_runtime(
+    tmp_path: Path, quantize: tuple[str, ...]
+) -> None:
+    """Its weights are bound as bfloat16 and converted where the graph reads them: one ONNX Runtime
+    partition per method, greedy tokens those of transformers computing in float32 over the bfloat16
+    weights; quantized, each weight is converted one at a time."""
+    import torchdelegate as td
+
+    model = tiny_llama()
+    model.generation_config.eos_token_id = None
+    directory = _save(tmp_path / "checkpoint", model.to(torch.bfloat16))
+    assert json.loads((directory / "config.json").read_text())["dtype"] == "bfloat16"
+    result = _export(directory, tmp_path / "m.tdp", "--max-cache", "24", *quantize)
+    assert result.returncode == 0, result.stderr
+    with td.load(tmp_path / "m.tdp") as loaded:
+        assert [d.backend_id for d in loaded.delegates] == ["onnxruntime", "onnxruntime"]
+    prompt = [5, 9, 17, 33, 2, 7]
+    tokens = _greedy(tmp_path / "m.tdp", prompt, 8)
+    if not quantize:
+        assert tokens == transformers_greedy(model.to(torch.float32), prompt, 8)
+    else:
+        assert len(tokens) == 8
 
 
 SAMPLED_EXPORT = """

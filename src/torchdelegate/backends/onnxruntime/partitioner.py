@@ -86,9 +86,12 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
         for v in values_made(node):
             if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
                 return f"makes {v.dtype}, which the CPU provider does not run"
+        converts = node.target is torch.ops.aten._to_copy.default  # a bfloat16 weight read as stored, converted
         for source in node.all_input_nodes:
             v = source.meta.get("val")
             if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
+                if converts and v.dtype == torch.bfloat16:
+                    continue
                 return f"reads {v.dtype} ({source.name}), which the CPU provider does not run"
         return True
 
