@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         BackendNotFoundError,
         BackendRegistrationError,
         BackendUnavailableError,
+        CheckpointError,
         DelegateExecutionError,
         FormatError,
         GraphChangedError,
@@ -57,7 +58,9 @@ if TYPE_CHECKING:
         TorchDelegateError,
         UntrustedCodeError,
     )
+    from torchdelegate.exported.safetensors_weights import SafetensorsWeights
     from torchdelegate.exported.structural_copy import copy_program
+    from torchdelegate.exported.weightless_export import bind_weights, export_lazily, weightless
     from torchdelegate.lowering.edge_program_manager import EdgeProgramManager, to_edge, to_edge_transform_and_lower
     from torchdelegate.lowering.lowering_report import LoweringReport, lowering_report
     from torchdelegate.lowering.to_backend import to_backend
@@ -101,8 +104,10 @@ _EXPORTS = {
     "BackendNotFoundError": "torchdelegate.errors",
     "BackendRegistrationError": "torchdelegate.errors",
     "BackendUnavailableError": "torchdelegate.errors",
+    "bind_weights": "torchdelegate.exported.weightless_export",
     "call_delegate": "torchdelegate.delegate.lowered_module",
     "CapabilityPartitioner": "torchdelegate.partition",
+    "CheckpointError": "torchdelegate.errors",
     "CompileCache": "torchdelegate.cache.compile_cache",
     "CompileSpec": "torchdelegate.delegate.specs",
     "copy_program": "torchdelegate.exported.structural_copy",
@@ -116,6 +121,7 @@ _EXPORTS = {
     "DelegationSpec": "torchdelegate.delegate.specs",
     "disable_validation": "torchdelegate.lowering.validation",
     "EdgeProgramManager": "torchdelegate.lowering.edge_program_manager",
+    "export_lazily": "torchdelegate.exported.weightless_export",
     "find_pattern_matches": "torchdelegate.partition",
     "generate_grouped_partitions_from_list_of_nodes": "torchdelegate.partition",
     "generate_partitions_from_list_of_nodes": "torchdelegate.partition",
@@ -159,6 +165,7 @@ _EXPORTS = {
     "register_backend": "torchdelegate.delegate.backend_details",
     "registered_backend_ids": "torchdelegate.delegate.backend_details",
     "run_original_subprograms": "torchdelegate.delegate.lowered_module",
+    "SafetensorsWeights": "torchdelegate.exported.safetensors_weights",
     "same_graph_structure": "torchdelegate.report.structure",
     "SerializationError": "torchdelegate.errors",
     "SharedDataBackend": "torchdelegate.delegate.backend_details",
@@ -177,6 +184,7 @@ _EXPORTS = {
     "lowering_report": "torchdelegate.lowering.lowering_report",
     "UntrustedCodeError": "torchdelegate.errors",
     "validation_disabled": "torchdelegate.lowering.validation",
+    "weightless": "torchdelegate.exported.weightless_export",
 }
 """Each public name and the module that defines it. The package imports none of them until one is
 asked for: ``torchdelegate --help``, or a process that only runs a file, does not pay for torch's
@@ -266,6 +274,11 @@ __all__ = [
     "BackendRegistrationError",
     "BackendUnavailableError",
     "CapabilityPartitioner",
+    "CheckpointError",
+    "SafetensorsWeights",
+    "bind_weights",
+    "export_lazily",
+    "weightless",
     "DelegateMappingBuilder",
     "CompileCache",
     "CompileSpec",
