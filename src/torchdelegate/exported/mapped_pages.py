@@ -26,11 +26,11 @@ _mappings: dict[int, tuple[int, weakref.ref[mmap.mmap]]] = {}  # start address: 
 
 
 def release_pages(mapping: mmap.mmap, start: int, length: int) -> None:
-    """Let the OS drop the pages wholly inside ``[start, start + length)`` of a private, unwritten
-    mapping from this process's resident memory; they are read from the file again when touched.
+    """Let the OS drop the pages wholly inside ``[start, start + length)`` of a mapping from this
+    process's resident memory; they are read from the file again when touched.
 
-    Only for bytes nothing has written through the mapping: a written page would go back to the
-    file's bytes."""
+    For a private mapping, only bytes nothing has written through it (a written page would go back
+    to the file's bytes); a shared mapping's writes are the file's, and stay."""
     first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
     end = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
     if end > first and hasattr(mmap, "MADV_DONTNEED"):
@@ -38,7 +38,7 @@ def release_pages(mapping: mmap.mmap, start: int, length: int) -> None:
 
 
 def register_mapping(mapping: mmap.mmap) -> None:
-    """Make ``mapping`` (private, never written through) known by its addresses while it lives."""
+    """Make ``mapping`` (shared, or private and never written through) known by its addresses while it lives."""
     if len(mapping) == 0:
         return
     start = ctypes.addressof(ctypes.c_char.from_buffer(mapping))

@@ -3,8 +3,10 @@ they are made and read back by memory map.
 
 A model larger than memory cannot hold a second form of its weights either: a stage that makes one
 weight's new form at a time spills each as it is made, so the process holds a tensor's temporaries,
-not the model's. The pages are the file's (registered with ``mapped_pages``): hashing and saving
-read them a chunk at a time and let them go. Small tensors stay in memory.
+not the model's. The file is mapped in arenas of at least ``ARENA`` bytes (one mapping, and one file
+descriptor, per arena, not per tensor); the pages are registered with ``mapped_pages``, released as
+soon as a tensor is written, and read again a chunk at a time where they are hashed and saved.
+Small tensors stay in memory.
 """
 
 from __future__ import annotations
@@ -17,72 +19,66 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchdelegate.exported.mapped_pages import register_mapping
+from torchdelegate.exported.mapped_pages import register_mapping, release_address_range
 
 SMALLEST_SPILLED = 1 << 20
-"""Tensors of fewer bytes stay in memory: their pages are not worth a mapping each."""
+"""Tensors of fewer bytes stay in memory."""
+ARENA = 256 * 1024 * 1024
+"""Bytes of the file mapped at once; a larger tensor gets an arena of its own."""
+_ALIGNMENT = 64
 
 
 class SpilledTensors:
-    """An unlinked temporary file (in ``TMPDIR``) that tensors are appended to, each read back as a
-    view of its own private mapping. The file lives as long as a view does."""
+    """An unlinked temporary file (in ``TMPDIR``) tensors are written into, each a view of a shared
+    mapping of its arena. The file lives as long as a view does."""
 
     def __init__(self, smallest: int = SMALLEST_SPILLED) -> None:
         self.smallest = smallest
         self._file: Any = None
-        self._end = 0
-
-    def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor``'s bytes spilled, as a tensor of its dtype and shape; itself when small."""
-        if tensor.nbytes < self.smallest or tensor.device.type != "cpu":
-            return tensor
-        flat = tensor.detach().contiguous().reshape(-1)
-        mapping, offset = self._spill(flat.view(torch.uint8).numpy().data)
-        view = torch.frombuffer(mapping, dtype=tensor.dtype, count=flat.numel(), offset=offset)
-        return view.view(tensor.shape)
-
-    def array(self, array: np.ndarray) -> np.ndarray:
-        """``array``'s bytes spilled, as an array of its dtype and shape; itself when small."""
-        if array.nbytes < self.smallest:
-            return array
-        contiguous = np.ascontiguousarray(array)
-        mapping, offset = self._spill(contiguous.reshape(-1).view(np.uint8).data)
-        return np.frombuffer(mapping, dtype=array.dtype, count=array.size, offset=offset).reshape(array.shape)
+        self._end = 0  # the file's mapped length
+        self._arena: mmap.mmap | None = None
+        self._used = 0
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A tensor to fill, its bytes in the file (a shared mapping: what is written reaches the file,
-        and its pages may be released once written); in memory when small."""
-        count = 1
-        for n in shape:
-            count *= n
+        """A tensor to fill, its bytes in the file (what is written reaches the file; its pages may be
+        released once written); in memory when small."""
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         if nbytes < self.smallest:
             return torch.empty(shape, dtype=dtype)
-        file = self._opened()
-        start = self._end
-        os.ftruncate(file.fileno(), start + nbytes)
-        self._end = _aligned(start + nbytes)
-        mapping = mmap.mmap(file.fileno(), nbytes, access=mmap.ACCESS_WRITE, offset=start)
-        register_mapping(mapping)
-        return torch.frombuffer(mapping, dtype=dtype, count=count).view(shape)
+        arena, offset = self._region(nbytes)
+        return torch.frombuffer(arena, dtype=dtype, count=count, offset=offset).view(shape)
 
-    def _opened(self) -> Any:
-        if self._file is None:
-            self._file = tempfile.TemporaryFile(prefix="torchdelegate-spill-")
-        return self._file
+    def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``'s values spilled, as a tensor of its dtype and shape; itself when small."""
+        if tensor.nbytes < self.smallest or tensor.device.type != "cpu":
+            return tensor
+        spilled = self.empty(tuple(tensor.shape), tensor.dtype)
+        spilled.copy_(tensor.detach())
+        release_address_range(spilled.data_ptr(), spilled.nbytes)
+        return spilled
 
-    def _spill(self, data: memoryview) -> tuple[mmap.mmap, int]:
-        file = self._opened()
-        start = self._end
-        written = 0
-        while written < len(data):
-            written += os.pwrite(file.fileno(), data[written:], start + written)
-        self._end = _aligned(start + len(data))
-        mapping = mmap.mmap(file.fileno(), len(data), access=mmap.ACCESS_COPY, offset=start)
-        register_mapping(mapping)
-        return mapping, 0
+    def array(self, array: np.ndarray) -> np.ndarray:
+        """``array``'s values spilled, as an array of its dtype and shape; itself when small."""
+        if array.nbytes < self.smallest:
+            return array
+        arena, offset = self._region(array.nbytes)
+        spilled = np.frombuffer(arena, dtype=array.dtype, count=array.size, offset=offset).reshape(array.shape)
+        spilled[...] = array
+        release_address_range(spilled.__array_interface__["data"][0], spilled.nbytes)
+        return spilled
 
-
-def _aligned(position: int) -> int:
-    """The next offset a mapping may start at."""
-    return -(-position // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+    def _region(self, nbytes: int) -> tuple[mmap.mmap, int]:
+        """Where ``nbytes`` go: an arena and an offset in it."""
+        if self._arena is None or self._used + nbytes > len(self._arena):
+            if self._file is None:
+                self._file = tempfile.TemporaryFile(prefix="torchdelegate-spill-")
+            size = -(-max(ARENA, nbytes) // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+            os.ftruncate(self._file.fileno(), self._end + size)
+            self._arena = mmap.mmap(self._file.fileno(), size, access=mmap.ACCESS_WRITE, offset=self._end)
+            register_mapping(self._arena)
+            self._end += size
+            self._used = 0
+        offset = self._used
+        self._used += -(-nbytes // _ALIGNMENT) * _ALIGNMENT
+        return self._arena, offset
