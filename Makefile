@@ -5,7 +5,9 @@
 # lives in its own .venv-executorch, never a dependency of the package; then benchmarks/llm.py, a 200M-parameter
 # Llama on both sides (--size large for 1.1B); then benchmarks/llm_race.py, the same Llama generating with
 # torchdelegate, llama.cpp (.venv-llamacpp) and ONNX Runtime GenAI (.venv-genai), peers in their own
-# environments too. About an hour and a half.
+# environments too. About an hour and a half. make bench BIG=1 adds benchmarks/bigger_than_ram.py: an 8B-shaped
+# checkpoint (it writes ~16 GB, and ~5 GB of program) exported and run on this machine, and the 1.1B beside
+# ExecuTorch's llama flow (about an hour more).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -61,6 +63,7 @@ bench: $(STAMP) $(EXECUTORCH_STAMP) $(LLAMACPP_STAMP) $(GENAI_STAMP)
 	$(PY) benchmarks/llm.py --size base
 	$(PY) benchmarks/llm.py --size base --quantize 8da4w
 	$(PY) benchmarks/llm_race.py --size base
+	if [ -n "$(BIG)" ]; then $(PY) benchmarks/bigger_than_ram.py --executorch-python $(EXECUTORCH_VENV)/bin/python; fi
 
 # make soak: the differential property test over many more random programs (about 0.85 s each here).
 SOAK_EXAMPLES ?= 5000

@@ -94,16 +94,18 @@ def tensor_names(shape: dict[str, Any]) -> list[tuple[str, list[int]]]:
     return [*names, ("model.norm.weight", [hidden]), ("lm_head.weight", [vocab, hidden])]
 
 
-def write_checkpoint(directory: Path, shape_name: str, dtype_name: str) -> dict[str, Any]:
-    """A random-weight Llama of ``shape_name`` in ``dtype_name`` (bfloat16, float32) as safetensors
-    shards of at most 5 GB, written a slice at a time (a few MB in memory), with its config, no
-    stop token, and the demo's byte tokenizer."""
+def write_checkpoint(
+    directory: Path, shape_name: str | dict[str, Any], dtype_name: str, shard_bytes: int = SHARD_BYTES
+) -> dict[str, Any]:
+    """A random-weight Llama of ``shape_name`` (or that shape) in ``dtype_name`` (bfloat16, float32) as
+    safetensors shards of at most ``shard_bytes``, written a slice at a time (a few MB in memory), with
+    its config, no stop token, and the demo's byte tokenizer."""
     import torch
     from transformers import GenerationConfig, LlamaConfig
 
     from torchdelegate.demo.gpt2_checkpoint import byte_tokenizer
 
-    shape = SHAPES[shape_name]
+    shape = SHAPES[shape_name] if isinstance(shape_name, str) else shape_name
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
     code = {"bfloat16": "BF16", "float32": "F32"}[dtype_name]
     size = torch.empty((), dtype=dtype).element_size()
@@ -116,7 +118,7 @@ def write_checkpoint(directory: Path, shape_name: str, dtype_name: str) -> dict[
     held = 0
     for name, dims in tensor_names(shape):
         nbytes = size * _count(dims)
-        if shards[-1] and held + nbytes > SHARD_BYTES:
+        if shards[-1] and held + nbytes > shard_bytes:
             shards.append([])
             held = 0
         shards[-1].append((name, dims))

@@ -181,3 +181,33 @@ def test_the_race_page_shows_every_tool_s_figures_from_a_run() -> None:
     tools = " ".join(rows)
     assert "torchdelegate fp32 (defaults)" in tools and "llama.cpp Q4_0" in tools and "GenAI int4" in tools
     assert any(line.startswith("![") for line in lines)  # the plot
+
+
+def test_the_bigger_than_ram_checkpoint_is_one_transformers_reads_and_llm_export_lowers(tmp_path: Path) -> None:
+    """benchmarks/bigger_than_ram.py's writer, at a tiny shape: shards within their size, an index naming
+    every tensor, values transformers loads, and a file ``llm export`` writes from it."""
+    import transformers
+    from bigger_than_ram import tensor_names, write_checkpoint
+
+    from torchdelegate.cli.main import main
+
+    shape = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 300,
+        "max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+    }
+    directory = tmp_path / "checkpoint"
+    written = write_checkpoint(directory, shape, "bfloat16", shard_bytes=60_000)
+    shards = sorted(directory.glob("model-*.safetensors"))
+    assert written["shards"] == len(shards) > 1 and all(p.stat().st_size < 60_000 + 4096 for p in shards[:-1])
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == sorted(name for name, _ in tensor_names(shape))
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+    assert model.model.norm.weight.eq(1).all() and model.lm_head.weight.std() > 0.01
+    assert main(["llm", "export", str(directory), "-o", str(tmp_path / "m.tdp"), "--max-cache", "16"]) == 0
