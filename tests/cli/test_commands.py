@@ -273,7 +273,7 @@ def saved(exported: Path) -> Path:
         (
             ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--group-size", "8"),
             2,
-            "--group-size and --keep-float go with --quantize RECIPE",
+            "--group-size, --keep-float and --embeddings go with --quantize RECIPE",
         ),
         (
             ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--quantize", "int4", "--group-size", "3"),
