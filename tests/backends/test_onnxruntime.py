@@ -127,6 +127,24 @@ def test_a_program_prepared_on_this_machine_maps_its_packed_weights_instead_of_p
 
 
 @pytest.mark.usefixtures("cache_directory")
+def test_a_model_whose_packed_weights_exceed_the_caches_bound_is_not_prepared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry would hold the weights packed: past TORCHDELEGATE_CACHE_MAX_BYTES it is not written (it
+    would evict every other entry and stay alone), and the program still runs, packing at load."""
+    model, inputs, _ = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
+    monkeypatch.setenv("TORCHDELEGATE_CACHE_MAX_BYTES", str(1 << 20))
+    with td.load(tmp_path / "m.tdp") as program:
+        lines = program.prepare()
+        assert len(lines) == 1 and "not prepared: its packed weights (about" in lines[0], lines
+        assert "would not fit the machine cache's bound of 0.0 GB" in lines[0]
+        outputs = {method: program.run(method, x) for method, x in inputs.items()}
+    with torch.no_grad():
+        for method, x in inputs.items():
+            torch.testing.assert_close(outputs[method], model(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.usefixtures("cache_directory")
 def test_a_damaged_prepared_model_is_not_used_and_preparing_again_mends_it(tmp_path: Path) -> None:
     model, inputs, weights = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
     with td.load(tmp_path / "m.tdp") as program:

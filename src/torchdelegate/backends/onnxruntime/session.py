@@ -33,6 +33,7 @@ from torchdelegate.backends.onnxruntime.packing_memory import pages_released_whi
 from torchdelegate.backends.onnxruntime.prepared import PREPARED, prepared_key, prepared_session, save_prepared
 from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES, Options, require
 from torchdelegate.cache.machine_cache import cache_directory, entry_lock, entry_path, entry_size, find_entry, new_entry
+from torchdelegate.cache.store import MAX_BYTES_VARIABLE, max_bytes_setting
 from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import FormatError
@@ -319,6 +320,14 @@ def prepare_model(processed: memoryview, compile_specs: list[CompileSpec], named
         return None
     header, payload = model_of(processed, named_data)
     key = prepared_key(header, payload, settings, named_data)
+    weights = sum(len(named_data.get_data(k)) for k in external_keys(initializer_table(header)))
+    bound = max_bytes_setting()
+    if weights > bound:  # the entry holds the weights packed: about their size
+        return (
+            f"onnxruntime model {key[:12]}: not prepared: its packed weights (about {weights / 1e9:,.1f} GB) would "
+            f"not fit the machine cache's bound of {bound / 1e9:,.1f} GB; each load packs them instead (raise "
+            f"{MAX_BYTES_VARIABLE} to prepare it)"
+        )
     with entry_lock(PREPARED, key):  # another process preparing this model: its entry is used
         place = find_entry(PREPARED, key, verify=True, quiet=True)  # a damaged one is written again
         if place is None:
