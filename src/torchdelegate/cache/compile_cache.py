@@ -18,7 +18,7 @@ import warnings
 from typing import Any
 
 from torchdelegate.cache.compiled_entry import Entry, EntryError, decode, encode
-from torchdelegate.cache.store import STALE_SECONDS, Store, max_bytes_setting
+from torchdelegate.cache.store import STALE_SECONDS, FileParts, Store, max_bytes_setting
 
 ENTRIES, BINDINGS = "compile", "compile-bindings"
 _ENTRY, _BINDINGS = "entry", "bindings.json"
@@ -48,7 +48,7 @@ class CompileCache:
         first; none (a warning) when what lists them is damaged."""
         try:
             data = self.store.read(BINDINGS, structure, _BINDINGS)
-            found = [] if data is None else json.loads(data)
+            found = [] if data is None else json.loads(bytes(data))
         except ValueError as e:
             return self._damaged_bindings(structure, str(e))
         if not (
@@ -84,7 +84,7 @@ class CompileCache:
             updated = [bound, *(b for b in known if b != bound)][:_KEEP_BINDINGS]
             self._publish(BINDINGS, structure, _BINDINGS, json.dumps(updated).encode())
 
-    def _publish(self, kind: str, key: str, name: str, data: bytes) -> None:
+    def _publish(self, kind: str, key: str, name: str, data: FileParts) -> None:
         try:
             self.store.publish(kind, key, {name: data})
         except OSError as e:

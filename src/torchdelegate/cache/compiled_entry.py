@@ -23,7 +23,8 @@ import torch
 
 from torchdelegate.delegate.backend_details import PreprocessResult, delegate_info_problem, json_data_problem
 from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput
-from torchdelegate.serialize.container import FramePayload, canonical_json, framed, span_of, unframed
+from torchdelegate.exported.mapped_pages import hash_releasing, sha256_releasing
+from torchdelegate.serialize.container import FramePayload, canonical_json, span_of, unframed
 from torchdelegate.serialize.manifest import from_pairs
 
 MAGIC = b"TDCUNIT1"
@@ -163,7 +164,9 @@ def refit(entry: Entry, state: Mapping[str, torch.Tensor], digests: Mapping[str,
     )
 
 
-def encode(entry: Entry) -> bytes:
+def encode(entry: Entry) -> list[bytes | memoryview]:
+    """The entry's bytes as the parts that make them, in order: the named data it made stays where it
+    is (spilled weights, say), read a chunk at a time when the parts are hashed and written."""
     payload = FramePayload()
     header = {
         "blob": payload.place(entry.blob),
@@ -180,16 +183,25 @@ def encode(entry: Entry) -> bytes:
         "debug_handle_map": entry.debug_handle_map,
         "delegate_info": entry.delegate_info,
     }
-    rest = framed(header, *payload.parts)
-    return MAGIC + hashlib.sha256(rest).digest() + rest
+    text = canonical_json(header)
+    parts: list[bytes | memoryview] = [len(text).to_bytes(8, "little"), text, *payload.parts]
+    digest = hashlib.sha256()
+    for part in parts:
+        hash_releasing(digest, part)
+    return [MAGIC + digest.digest(), *parts]
 
 
-def decode(data: bytes) -> Entry:
-    """The entry ``data`` holds; an ``EntryError`` saying why it is not whole."""
-    if len(data) < 48 or data[:8] != MAGIC:
+def encoded_bytes(entry: Entry) -> bytes:
+    """The entry's bytes, whole (an entry that travels between processes)."""
+    return b"".join(encode(entry))
+
+
+def decode(data: bytes | memoryview) -> Entry:
+    """The entry ``data`` holds (its named data views of ``data``); an ``EntryError`` saying why it is not whole."""
+    if len(data) < 48 or bytes(data[:8]) != MAGIC:
         raise EntryError(f"it is not a compile cache entry of this version ({len(data)} bytes)")
     rest = memoryview(data)[40:]
-    if hashlib.sha256(rest).digest() != data[8:40]:
+    if sha256_releasing(rest) != bytes(data[8:40]):
         raise EntryError("its checksum does not match (truncated or damaged)")
     try:
         header, payload = unframed(rest)

@@ -23,10 +23,12 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from torchdelegate.exported.mapped_pages import hash_releasing, mapped_file, sha256_releasing, write_releasing
 
 CACHE_VARIABLE = "TORCHDELEGATE_CACHE"
 MAX_BYTES_VARIABLE = "TORCHDELEGATE_CACHE_MAX_BYTES"
@@ -150,9 +152,10 @@ class Store:
         return place
 
     # ------------------------------------------------------------------ reading
-    def read(self, kind: str, key: str, name: str) -> bytes | None:
-        """One file of an entry, checked against the entry's manifest; None if there is no entry (or one
-        still being written at a URL). An entry that is there but damaged is a ``ValueError`` saying how."""
+    def read(self, kind: str, key: str, name: str) -> bytes | memoryview | None:
+        """One file of an entry, checked against the entry's manifest (in a local store, a view of the
+        file's mapped pages); None if there is no entry (or one still being written at a URL). An entry
+        that is there but damaged is a ``ValueError`` saying how."""
         place = self.entry_place(kind, key)
         try:
             manifest = self._read_bytes(f"{place}/{MANIFEST}")
@@ -163,10 +166,10 @@ class Store:
         if record is None:
             raise ValueError(f"its manifest lists no {name!r}")
         try:
-            data = self._read_bytes(f"{place}/{name}")
+            data = mapped_file(f"{place}/{name}") if self.local else self._read_bytes(f"{place}/{name}")
         except OSError as e:
             raise ValueError(f"{name!r} cannot be read ({e})") from e
-        if len(data) != record["size"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
+        if len(data) != record["size"] or sha256_releasing(data).hex() != record["sha256"]:
             raise ValueError(f"{name!r} does not match its manifest (damaged)")
         self.touch(kind, key)
         return data
@@ -247,12 +250,16 @@ class Store:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def publish(self, kind: str, key: str, files: Mapping[str, bytes]) -> None:
-        """Write an entry of ``files`` (name -> bytes) whole, replacing one there."""
+    def publish(self, kind: str, key: str, files: Mapping[str, FileParts]) -> None:
+        """Write an entry of ``files`` (name -> bytes, or the parts that make them, written one after
+        another a chunk at a time: an entry as large as a model's weights never exists whole in
+        memory) whole, replacing one there."""
         if self.local:
             with self.new_entry(kind, key) as scratch:
                 for name, data in files.items():
-                    (scratch / name).write_bytes(data)
+                    with open(scratch / name, "wb") as out:
+                        for part in _parts(data):
+                            write_releasing(out, part)
             return
         place = self.entry_place(kind, key)
         self._fs.makedirs(place, exist_ok=True)
@@ -260,8 +267,13 @@ class Store:
             self._fs.rm_file(f"{place}/{MANIFEST}")  # not whole until its new manifest is written
         records = {}
         for name, data in sorted(files.items()):
-            self._fs.pipe_file(f"{place}/{name}", data)
-            records[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            digest, size = hashlib.sha256(), 0
+            with self._fs.open(f"{place}/{name}", "wb") as out:
+                for part in _parts(data):
+                    hash_releasing(digest, part)
+                    write_releasing(out, part)
+                    size += len(part)
+            records[name] = {"size": size, "sha256": digest.hexdigest()}
         self._fs.pipe_file(f"{place}/{MANIFEST}", _manifest_bytes(records))
 
     # ------------------------------------------------------------------ housekeeping
@@ -415,3 +427,11 @@ def _seconds(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return 0.0
+
+
+FileParts = bytes | memoryview | Sequence[bytes | memoryview]
+"""A file's bytes, or the parts that make them, in order."""
+
+
+def _parts(data: FileParts) -> Sequence[bytes | memoryview]:
+    return [data] if isinstance(data, (bytes, memoryview)) else data

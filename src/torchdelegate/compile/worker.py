@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Any
 
-from torchdelegate.cache.compiled_entry import encode, template
+from torchdelegate.cache.compiled_entry import encoded_bytes, template
 from torchdelegate.compile.unit_form import UnitForm
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, get_backend, registered_backend_ids
 from torchdelegate.delegate.compile_units import CompileUnit, preprocess_unit
@@ -77,7 +77,7 @@ def compile_request(data: bytes) -> bytes:
     entry = template(result, header["digests"])
     if isinstance(entry, str):
         raise WorkerError(f"its result cannot travel back: {entry}")
-    return encode(entry)
+    return encoded_bytes(entry)
 
 
 def _backend(backend_id: str, module: str) -> type[BackendDetails]:

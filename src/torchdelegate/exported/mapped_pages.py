@@ -13,6 +13,7 @@ import bisect
 import ctypes
 import hashlib
 import mmap
+import os
 import threading
 import weakref
 from typing import Any, BinaryIO
@@ -80,12 +81,18 @@ def address_of(data: Any) -> int | None:
 
 def sha256_releasing(data: bytes | memoryview) -> bytes:
     """The SHA-256 of ``data``, read a chunk at a time, each chunk's mapped pages released after."""
-    if isinstance(data, bytes) or not _starts:
-        return hashlib.sha256(data).digest()
     digest = hashlib.sha256()
+    hash_releasing(digest, data)
+    return digest.digest()
+
+
+def hash_releasing(digest: Any, data: bytes | memoryview) -> None:
+    """``digest.update(data)`` a chunk at a time, each chunk's mapped pages released after."""
+    if isinstance(data, bytes) or not _starts:
+        digest.update(data)
+        return
     for chunk in _chunks(data):
         digest.update(chunk)
-    return digest.digest()
 
 
 def write_releasing(out: BinaryIO, data: bytes | memoryview) -> None:
@@ -105,3 +112,15 @@ def _chunks(data: memoryview) -> Any:
         yield chunk
         if base is not None:
             release_address_range(base + offset, len(chunk))
+
+
+def mapped_file(path: str) -> memoryview:
+    """A file's bytes, read-only, as a view of a private mapping registered here (its pages read when
+    touched and released where they are hashed or written a chunk at a time); empty for an empty file."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size == 0:
+            return memoryview(b"")
+        mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+    register_mapping(mapping)
+    return memoryview(mapping).toreadonly()
