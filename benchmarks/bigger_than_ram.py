@@ -181,8 +181,11 @@ def measured(command: list[str], timeout: float) -> dict[str, Any]:
     done = threading.Event()
 
     def sample() -> None:
+        pids, listed = [process.pid], time.perf_counter()
         while not done.wait(0.02):
-            peak[0] = max(peak[0], _anonymous_bytes(process.pid))
+            if time.perf_counter() - listed > 1.0:  # the process tree, listed once a second
+                pids, listed = _descendants(process.pid), time.perf_counter()
+            peak[0] = max(peak[0], _anonymous_bytes(pids))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -201,10 +204,10 @@ def measured(command: list[str], timeout: float) -> dict[str, Any]:
     }
 
 
-def _anonymous_bytes(root: int) -> int:
-    """RssAnon of ``root`` and its descendants."""
+def _anonymous_bytes(pids: list[int]) -> int:
+    """The RssAnon of these processes, summed."""
     total = 0
-    for pid in _descendants(root):
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/status") as status:
                 total += next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon")), 0)

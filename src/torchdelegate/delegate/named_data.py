@@ -16,7 +16,7 @@ from types import MappingProxyType
 import torch
 
 from torchdelegate.errors import NamedDataConflictError
-from torchdelegate.exported.mapped_pages import sha256_releasing
+from torchdelegate.exported.mapped_pages import address_of, release_address_range, sha256_releasing
 
 Buffer = bytes | memoryview
 
@@ -249,8 +249,12 @@ class NamedDataMap:
         """A hint that ``key``'s bytes need not stay in memory now: a backend that made its own
         form of them (packed weights) says so once it has. A map over a file lets the OS drop
         them from the process's resident memory (they are read from the file again if touched);
-        data held in memory, as here, stays."""
-        del key
+        here, data that is a view of a mapped file (weights bound from a checkpoint, tensors
+        spilled while lowering) is let go the same way, and data held in memory stays."""
+        view = self.get_data(key)
+        address = address_of(view)
+        if address is not None:
+            release_address_range(address, len(view))
 
     def keys(self) -> Iterator[str]:
         return iter(self._output.entries)

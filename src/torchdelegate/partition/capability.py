@@ -33,10 +33,12 @@ for every computation, its partition or the reason it was not delegated by each 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 from torch.fx import Graph, Node
 
 from torchdelegate.delegate.specs import DelegationSpec
@@ -233,7 +235,11 @@ class CapabilityPartitioner(Partitioner):
 
     def plan(self, exported_program: ExportedProgram) -> PartitionPlan:
         """Where each computation of ``exported_program`` goes, and why; the program is not changed."""
-        return self._plan_blocks(UnitGraph(exported_program.graph), self.backends)
+        token = _PLANNED.set(exported_program)
+        try:
+            return self._plan_blocks(UnitGraph(exported_program.graph), self.backends)
+        finally:
+            _PLANNED.reset(token)
 
     def _plan_blocks(
         self, blocks: UnitGraph, backends: Sequence[tuple[OperatorSupport, DelegationSpec]]
@@ -359,3 +365,20 @@ def _components(claimed: dict[int, None], level: dict[int, int], successors: dic
         if successor in claimed and level[successor] == level[block]
     )
     return components(claimed, pairs)
+
+
+_PLANNED: ContextVar[ExportedProgram | None] = ContextVar("torchdelegate_planned_program", default=None)
+
+
+def planned_program() -> ExportedProgram | None:
+    """The program a capability partitioner is planning now, for an operator support that needs more
+    than the node it is asked about (which placeholders are the program's weights); None outside."""
+    return _PLANNED.get()
+
+
+def is_state_placeholder(node: Node) -> bool:
+    """Whether ``node`` is a placeholder of the planned program's parameters, buffers or constants."""
+    program = planned_program()
+    if program is None or node.op != "placeholder":
+        return False
+    return any(s.arg.name == node.name and s.kind != InputKind.USER_INPUT for s in program.graph_signature.input_specs)

@@ -18,7 +18,12 @@ from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
 from torchdelegate.backends.onnxruntime.blockwise import lookup_runs_on_kernel, runs_on_kernel
 from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
-from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value, values_made
+from torchdelegate.partition.capability import (
+    CapabilityPartitioner,
+    is_state_placeholder,
+    non_tensor_value,
+    values_made,
+)
 from torchdelegate.quantization.embedding import embedding_of, quantized_embeddings
 from torchdelegate.quantization.linear import affine_ops, layer_of, quantized_linears
 
@@ -86,12 +91,12 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
         for v in values_made(node):
             if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
                 return f"makes {v.dtype}, which the CPU provider does not run"
-        converts = node.target is torch.ops.aten._to_copy.default  # a bfloat16 weight read as stored, converted
+        converts = node.target is torch.ops.aten._to_copy.default
         for source in node.all_input_nodes:
             v = source.meta.get("val")
             if isinstance(v, torch.Tensor) and v.dtype in _UNSUPPORTED_DTYPES:
-                if converts and v.dtype == torch.bfloat16:
-                    continue
+                if converts and v.dtype == torch.bfloat16 and is_state_placeholder(source):
+                    continue  # a bfloat16 weight read as stored (a named data's bytes), converted here
                 return f"reads {v.dtype} ({source.name}), which the CPU provider does not run"
         return True
 

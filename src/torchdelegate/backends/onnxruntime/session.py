@@ -173,14 +173,13 @@ def _built_session(
     """
     ort = require("onnxruntime")
     initializers = initializer_table(header)
-    packing = pack_weights and settings.prepacking
     with named_data.reading(external_keys(initializers)) as files:  # checksums checked meanwhile
         supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
         model_bytes = confined_model(require("onnx"), bytes(model), supplied, "onnxruntime blob")
         options = settings.session_options(pack_weights)
         if prepared_into is not None:
             save_prepared(options, prepared_into)
-        with pages_released_while_packing(named_data, list(files) if packing else []):
+        with pages_released_while_packing(named_data, list(files)):  # read to fold or check, if not packed
             session = _session(ort, model_bytes, options, files)
     return session, files
 
