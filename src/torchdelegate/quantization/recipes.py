@@ -58,7 +58,7 @@ RECIPES = {
     "int8": Recipe("int8", 8, False, False, "int8 weights, one scale per output row, float activations"),
 }
 DEFAULT_GROUP_SIZE = 32
-_SLICE_BYTES = 256 * 1024 * 1024  # float32 bytes of a weight quantized at a time
+_SLICE_BYTES = 64 * 1024 * 1024  # float32 bytes of a weight quantized at a time
 
 
 def recipe_named(name: str) -> Recipe:
