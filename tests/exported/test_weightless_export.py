@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from torchdelegate.errors import CheckpointError
+from torchdelegate.exported import weightless_export
 from torchdelegate.exported.safetensors_weights import SafetensorsWeights
 from torchdelegate.exported.weightless_export import bind_weights, export_lazily, weightless
 
@@ -78,14 +79,21 @@ def test_pages_read_are_let_go_on_release(tmp_path: Path) -> None:
     assert torch.equal(weights["up.weight"], _saved(tmp_path / "again.safetensors").up.weight)
 
 
-def test_a_bfloat16_checkpoint_is_bound_as_stored_and_converted_where_the_graph_reads_it(tmp_path: Path) -> None:
+def test_a_bfloat16_checkpoint_is_bound_as_stored_and_converted_where_the_graph_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = _saved(tmp_path / "block.safetensors", torch.bfloat16)
+    rounded = model.to(torch.bfloat16).to(torch.float32)
+    small = export_lazily(Block, TOKENS, weights=tmp_path / "block.safetensors")  # tensors of bytes: converted
+    assert all(v.dtype == torch.float32 for v in small.state_dict.values())
+    assert not [n for n in small.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    monkeypatch.setattr(weightless_export, "SMALLEST_BOUND_AS_STORED", 0)  # as a model's large weights are
     program = export_lazily(Block, TOKENS, weights=tmp_path / "block.safetensors")
     assert program.state_dict["up.weight"].dtype == torch.bfloat16
     casts = [n for n in program.graph.nodes if n.target is torch.ops.aten._to_copy.default]
     assert len(casts) == len(program.state_dict)
-    rounded = model.to(torch.bfloat16).to(torch.float32)
-    torch.testing.assert_close(program.module()(*TOKENS), rounded(*TOKENS), rtol=0, atol=1e-6)
+    for lowered in (small, program):
+        torch.testing.assert_close(lowered.module()(*TOKENS), rounded(*TOKENS), rtol=0, atol=1e-6)
 
 
 def test_a_sharded_checkpoint_is_read_through_its_index(tmp_path: Path) -> None:

@@ -27,6 +27,10 @@ from torchdelegate.exported.programs import build_program
 from torchdelegate.exported.safetensors_weights import SafetensorsWeights
 from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_graph, copy_signature
 
+SMALLEST_BOUND_AS_STORED = 1 << 20
+"""A tensor stored in another float dtype and smaller than this is converted when bound (a copy of its
+size); a larger one is bound as stored, converted where the graph reads it."""
+
 WeightFiles = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, torch.Tensor]
 """Safetensors files (a file, several, their directory), or tensors by name (a :class:`SafetensorsWeights`)."""
 
@@ -95,7 +99,8 @@ def bind_weights(
     An entry named ``prefix + name`` is bound to the files' tensor ``name`` (``tensors``, by
     the entry's own name, first). Methods bound to one checkpoint share each tensor. The shapes
     must agree; a floating-point tensor stored in another floating dtype is bound as stored and
-    converted where the graph reads it. The programs given are not changed.
+    converted where the graph reads it (converted when bound if smaller than
+    ``SMALLEST_BOUND_AS_STORED``). The programs given are not changed.
     """
     source = weights if isinstance(weights, Mapping) else SafetensorsWeights(weights)
     binder = _Binder(source, prefix, dict(tensors or {}))
@@ -129,6 +134,8 @@ class _Binder:
                 f"method {method!r}: state {fqn!r} is {_described(like)} in the program but "
                 f"{_described(value)} in the checkpoint"
             )
+        if value.dtype != like.dtype and value.nbytes < SMALLEST_BOUND_AS_STORED:
+            return value.to(like.dtype)  # a norm's weight: converted here, no conversion in the graph
         return value
 
     def bound(self, program: ExportedProgram, method: str) -> ExportedProgram:

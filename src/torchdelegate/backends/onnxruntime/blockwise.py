@@ -216,6 +216,9 @@ class _Rewrite:
             inputs += [None, bias]  # g_idx, then bias
         activation = node.attributes["dynamic_int8_activation"].as_int()
         replace_node(self.model, node, self._product(inputs, columns, rows, bits, block, activation))
+        _let_go(_constant(scale, "scales"))
+        if points is not None:
+            _let_go(points)
 
     def lookup(self, node: Any) -> None:
         """An ``EmbeddingBlockwise`` node as ``GatherBlockQuantized`` over the table's integers packed
@@ -249,6 +252,8 @@ class _Rewrite:
         attributes = {"gather_axis": 0, "quantize_axis": 1, "block_size": block, "bits": bits}
         gather = self.ir.node("GatherBlockQuantized", inputs, attributes, domain=_KERNEL_DOMAIN)
         replace_node(self.model, node, gather)
+        for read in (_constant(scale, "scales"), points if zero_point is None else _constant(zero_point, "points")):
+            _let_go(read)
 
     def joined(self, layers: list[Any]) -> bool:
         """Layers that read one input with one kernel setting (a decoder layer's query, key and value
@@ -274,8 +279,9 @@ class _Rewrite:
         columns, block, bits, activation, unbiased = settings.pop()
         first, name = layers[0], "+".join(node.inputs[1].name for node in layers)
         packed = np.concatenate([_packed(integers, block, bits) for integers, _, _ in parts])
-        for integers, _, _ in parts:
+        for integers, scales, _ in parts:
             _let_go(integers)
+            _let_go(scales)
         inputs = [first.inputs[0], self._initializer(f"{name}/{block}/{bits}.packed", packed)]
         scales = np.concatenate([scales for _, scales, _ in parts])
         half = self._half_scales(scales, name, first)
@@ -362,7 +368,8 @@ def _initializer(ir: ModuleType, model: Any, name: str, array: np.ndarray) -> An
 
 
 def _let_go(array: np.ndarray) -> None:
-    """The pages of ``array`` (a quantized weight's integers, spilled) released once they are packed."""
+    """The pages of ``array`` (a quantized weight's integers, scales or zero points, spilled) released once
+    they are packed: the next read of them comes from the file."""
     address = address_of(array)
     if address is not None:
         release_address_range(address, array.nbytes)
