@@ -95,7 +95,7 @@ def test_a_bfloat16_checkpoint_is_read_as_stored_and_lowered_whole_to_onnx_runti
     weights; quantized, each weight is converted one at a time."""
     import torchdelegate as td
 
-    model = tiny_llama()
+    model = tiny_llama(hidden_size=512)  # MLP weights of 1 MiB: bound as stored, converted in the graph
     model.generation_config.eos_token_id = None
     directory = _save(tmp_path / "checkpoint", model.to(torch.bfloat16))
     assert json.loads((directory / "config.json").read_text())["dtype"] == "bfloat16"
@@ -107,6 +107,8 @@ def test_a_bfloat16_checkpoint_is_read_as_stored_and_lowered_whole_to_onnx_runti
     tokens = _greedy(tmp_path / "m.tdp", prompt, 8)
     if not quantize:
         assert tokens == transformers_greedy(model.to(torch.float32), prompt, 8)
+        weights = (directory / "model.safetensors").stat().st_size
+        assert (tmp_path / "m.tdp").stat().st_size < 1.5 * weights  # the large ones as stored (fp32: 2x)
     else:
         assert len(tokens) == 8
 
