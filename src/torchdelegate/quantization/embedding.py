@@ -20,8 +20,8 @@ from torch.export import ExportedProgram
 from torch.fx import Graph, Node
 
 from torchdelegate.exported.debug_handles import stand_for
-from torchdelegate.exported.structural_copy import copy_graph, copy_meta, keep_name, program_around
-from torchdelegate.quantization.linear import affine_ops, grouped_integers, is_call, state_predicate
+from torchdelegate.exported.structural_copy import copy_meta, keep_name
+from torchdelegate.quantization.linear import affine_ops, grouped_integers, is_call, rewritten, state_predicate
 
 _aten = torch.ops.aten
 
@@ -122,16 +122,7 @@ def embedding_blockwise() -> Any:
 def with_blockwise_embeddings(program: ExportedProgram) -> tuple[ExportedProgram, int]:
     """A copy of ``program`` whose quantized embeddings are each one ``embedding_blockwise`` (its
     tensors shared), and how many there were; ``program`` itself when there are none."""
-    lookups = quantized_embeddings(program)
-    if not lookups:
-        return program, 0
-    graph, attrs = copy_graph(program.graph_module)
-    by_name = {node.name: node for node in graph.nodes}
-    for lookup in lookups:
-        _replace(graph, lookup, by_name)
-    graph.eliminate_dead_code()
-    graph.lint()
-    return program_around(program, graph, attrs), len(lookups)
+    return rewritten(program, quantized_embeddings(program), _replace)
 
 
 def _replace(graph: Graph, lookup: QuantizedEmbedding, by_name: dict[str, Node]) -> None:

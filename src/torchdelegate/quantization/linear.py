@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.export import ExportedProgram
@@ -289,16 +289,27 @@ def _per_token_int8(x: torch.Tensor) -> torch.Tensor:
 def with_blockwise_linears(program: ExportedProgram) -> tuple[ExportedProgram, int]:
     """A copy of ``program`` whose quantized linear layers are each one ``linear_blockwise``
     (its tensors shared), and how many there were; ``program`` itself when there are none."""
-    layers = quantized_linears(program)
-    if not layers:
+    return rewritten(program, quantized_linears(program), _replace)
+
+
+def rewritten(
+    program: ExportedProgram, found: Sequence[Found], replace: Callable[[Graph, Found, dict[str, Node]], None]
+) -> tuple[ExportedProgram, int]:
+    """A copy of ``program`` (its tensors shared) with ``replace`` applied to each of ``found`` (read from
+    ``program``'s graph; ``replace`` finds the copy's nodes by name), the nodes left unused removed; and
+    how many; ``program`` itself when ``found`` is empty."""
+    if not found:
         return program, 0
     graph, attrs = copy_graph(program.graph_module)
     by_name = {node.name: node for node in graph.nodes}
-    for layer in layers:
-        _replace(graph, layer, by_name)
+    for item in found:
+        replace(graph, item, by_name)
     graph.eliminate_dead_code()
     graph.lint()
-    return program_around(program, graph, attrs), len(layers)
+    return program_around(program, graph, attrs), len(found)
+
+
+Found = TypeVar("Found")
 
 
 def _replace(graph: Graph, layer: QuantizedLinear, by_name: dict[str, Node]) -> None:
