@@ -65,10 +65,61 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
         graph.output.extend(outputs)
         branches.append(Branch([v.name for v in inputs], [v.name for v in outputs]))
     graph.initializer.extend(shared[name] for name in sorted(shared))
+    _hoist_conversions(onnx, graph, set(shared))
     model = onnx.helper.make_model(graph, opset_imports=_opsets(onnx, protos), producer_name="torchdelegate")
     model.ir_version = max(proto.ir_version for proto in protos)
     model.functions.extend(_functions(protos))
     return model, branches
+
+
+def _hoist_conversions(onnx: Any, graph: Any, weights: set[str]) -> None:
+    """Each ``Cast`` of a shared weight that branches make (float16 scales read as float) made once, at
+    the top level, and read from there by every branch: ONNX Runtime folds a constant once per graph,
+    so a conversion in every branch would be a folded copy per branch."""
+    made: dict[tuple[str, int], str] = {}
+    hoisted = []
+    for node in graph.node:
+        leaf = next((a.g for a in node.attribute if a.name == "then_branch"), None) if node.op_type == "If" else None
+        if leaf is None:
+            continue
+        returned = {value.name for value in leaf.output}
+        renamed: dict[str, str] = {}
+        kept = []
+        for inner in leaf.node:
+            to: int = next((int(a.i) for a in inner.attribute if a.name == "to"), -1)
+            converts = inner.op_type == "Cast" and inner.domain in ("", "ai.onnx") and to >= 0
+            if not (
+                converts and len(inner.input) == 1 and inner.input[0] in weights and inner.output[0] not in returned
+            ):
+                kept.append(inner)
+                continue
+            key = (inner.input[0], to)
+            if key not in made:
+                made[key] = name = f"shared:{inner.input[0]}:as{to}"
+                hoisted.append(onnx.helper.make_node("Cast", [inner.input[0]], [name], name=name, to=to))
+            renamed[inner.output[0]] = made[key]
+        if renamed:
+            del leaf.node[:]
+            leaf.node.extend(kept)
+            _read_from(leaf, renamed)
+            kept_info = [value for value in leaf.value_info if value.name not in renamed]
+            del leaf.value_info[:]
+            leaf.value_info.extend(kept_info)
+    if hoisted:
+        nodes = list(graph.node)
+        del graph.node[:]
+        graph.node.extend([*hoisted, *nodes])
+
+
+def _read_from(graph: Any, renamed: dict[str, str]) -> None:
+    """Every node of ``graph`` and its sub-graphs reads ``renamed[name]`` where it read ``name``."""
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                _read_from(attribute.g, renamed)
+            for sub in attribute.graphs:
+                _read_from(sub, renamed)
 
 
 def _kind(value: Any) -> tuple[int, int | None]:
