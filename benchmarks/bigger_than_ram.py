@@ -273,6 +273,8 @@ class Run:
                 f"write {shape} {dtype}", [sys.executable, __file__, "checkpoint", str(directory), shape, dtype]
             )
             figures["checkpoint"] = json.loads(figures["stdout"].strip().splitlines()[-1])
+        index = json.loads((directory / "model.safetensors.index.json").read_text())
+        self.data.setdefault("checkpoints", {})[shape] = {"bytes": index["metadata"]["total_size"], "dtype": dtype}
         return directory
 
     def export(self, name: str, checkpoint: Path, flags: list[str]) -> Path:
@@ -302,7 +304,8 @@ class Run:
         self.export("1.1b-8da4w", large, ["--quantize", "8da4w"])
         if not args.skip_executorch:
             self.executorch("1.1b-fp32", large, False)
-            self.executorch("1.1b-8da4w", large, True)
+            if not args.skip_executorch_8da4w:
+                self.executorch("1.1b-8da4w", large, True)
         if not args.skip_8b:
             big = self.checkpoint("8b", "bfloat16")
             program = self.export("8b-8da4w", big, ["--quantize", "8da4w"])
@@ -325,10 +328,6 @@ def page(data: dict[str, Any]) -> list[str]:
             f"{run['peak_anonymous_bytes'] / 1e9:.2f} | {size} |"
         )
     rows = []
-    for shape, dtype in (("1.1b", "float32"), ("8b", "bfloat16")):
-        written_run = runs.get(f"write {shape} {dtype}")
-        if written_run is not None:
-            data.setdefault("checkpoints", {})[shape] = written_run["checkpoint"]
     checkpoints = data.get("checkpoints", {})
     if "export 1.1b-fp32" in runs and "1.1b" in checkpoints:
         weights = checkpoints["1.1b"]["bytes"]
@@ -373,6 +372,9 @@ def main() -> None:
     parser.add_argument("--work", default=str(Path.home() / ".cache" / "torchdelegate-bigger-than-ram"))
     parser.add_argument("--skip-8b", action="store_true", help="only the 1.1B exports")
     parser.add_argument("--skip-executorch", action="store_true")
+    parser.add_argument(
+        "--skip-executorch-8da4w", action="store_true", help="ExecuTorch's fp32 export only (its 8da4w takes longest)"
+    )
     parser.add_argument("--executorch-python", default=str(HERE.parent / ".venv-executorch" / "bin" / "python"))
     parser.add_argument("--idle-wait", type=float, default=120.0)
     args = parser.parse_args()
