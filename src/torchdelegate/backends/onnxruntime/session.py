@@ -180,7 +180,7 @@ def _built_session(
         if prepared_into is not None:
             save_prepared(options, prepared_into)
         with pages_released_while_packing(named_data, list(files)):  # read to fold or check, if not packed
-            session = _session(ort, model_bytes, options, files)
+            session = _session(ort, model_bytes, options, files, folds=pack_weights)
     return session, files
 
 
@@ -285,8 +285,11 @@ def _unread_inputs(session: Any, selector: str | None) -> dict[str, np.ndarray]:
     return unread
 
 
-def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memoryview]) -> Any:
-    """An InferenceSession of ``model`` whose external tensors are read in place from ``files``."""
+def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memoryview], folds: bool = True) -> Any:
+    """An InferenceSession of ``model`` whose external tensors are read in place from ``files``.
+
+    ``folds=False`` (a session only checked, never run): no constant folding, whose float copies of
+    converted weights (float16 scales) would cost their size for nothing."""
     if files:
         # No copy, whatever their number: the session reads the views it is given.
         options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
@@ -294,7 +297,10 @@ def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memor
             list(files), list(files.values()), [len(view) for view in files.values()]
         )
     # Settings come from compile specs only, never from the model's metadata (ORT_LOAD_CONFIG_FROM_MODEL).
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"], read_config_from_model=0)
+    disabled = [] if folds else ["ConstantFolding"]
+    return ort.InferenceSession(
+        model, options, providers=["CPUExecutionProvider"], read_config_from_model=0, disabled_optimizers=disabled
+    )
 
 
 def _as_tensor(value: Any) -> torch.Tensor:
