@@ -268,6 +268,10 @@ class Run:
 
     def checkpoint(self, shape: str, dtype: str) -> Path:
         directory = self.work / f"checkpoint-{shape}-{dtype}"
+        single = directory / "model.safetensors"
+        if single.is_file():  # a checkpoint save_pretrained wrote (llm_race.py's, say), put here
+            self.data.setdefault("checkpoints", {})[shape] = {"bytes": single.stat().st_size, "dtype": dtype}
+            return directory
         if not (directory / "model.safetensors.index.json").is_file():
             figures = self.phase(
                 f"write {shape} {dtype}", [sys.executable, __file__, "checkpoint", str(directory), shape, dtype]
@@ -277,10 +281,12 @@ class Run:
         self.data.setdefault("checkpoints", {})[shape] = {"bytes": index["metadata"]["total_size"], "dtype": dtype}
         return directory
 
-    def export(self, name: str, checkpoint: Path, flags: list[str]) -> Path:
+    def export(self, name: str, checkpoint: Path, flags: list[str], keep: bool = False) -> Path:
         output = self.work / f"{name}.tdp"
         figures = self.phase(f"export {name}", [OURS, "llm", "export", str(checkpoint), "-o", str(output), *flags])
         figures["file_bytes"] = output.stat().st_size
+        if not keep:
+            output.unlink()  # the disk is for the 8B model's files
         return output
 
     def generate(self, name: str, program: Path) -> dict[str, Any]:
@@ -293,9 +299,11 @@ class Run:
         command = [self.args.executorch_python, str(HERE / "executorch_llama_flow.py"), str(checkpoint)]
         command += [str(self.work / f"{name}.pte"), "--quantize" if quantize else "--float"]
         try:
-            self.phase(f"executorch {name}", command)
+            figures = self.phase(f"executorch {name}", command)
+            figures["file_bytes"] = json.loads(figures["stdout"].strip().splitlines()[-1])["file_bytes"]
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             self.data["runs"][f"executorch {name}"] = {"failed": str(e)[-2000:]}
+        (self.work / f"{name}.pte").unlink(missing_ok=True)
 
     def __call__(self) -> None:
         args = self.args
@@ -308,7 +316,7 @@ class Run:
                 self.executorch("1.1b-8da4w", large, True)
         if not args.skip_8b:
             big = self.checkpoint("8b", "bfloat16")
-            program = self.export("8b-8da4w", big, ["--quantize", "8da4w"])
+            program = self.export("8b-8da4w", big, ["--quantize", "8da4w"], keep=True)
             self.data["bandwidth"] = bandwidth()
             self.generate("8b-8da4w", program)
         self.data["date"] = datetime.date.today().isoformat()
