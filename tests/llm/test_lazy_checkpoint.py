@@ -139,12 +139,12 @@ print(json.dumps({"code": code, "baseline": baseline, "peak": max(peak[0], anony
 
 def _export_growth(directory: Path, vocabulary: int) -> tuple[int, int]:
     """(the checkpoint's bytes, the peak growth of anonymous memory while ``llm export`` runs) for a
-    4-layer Llama of ``vocabulary`` tokens: the vocabulary sets the size of the weights, not the graph."""
+    2-layer Llama of ``vocabulary`` tokens: the vocabulary sets the size of the weights, not the graph."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         hidden_size=512,
         intermediate_size=1536,
-        num_hidden_layers=4,
+        num_hidden_layers=2,
         num_attention_heads=8,
         num_key_value_heads=4,
         vocab_size=vocabulary,
