@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import torch
 
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.settings import require
@@ -184,10 +185,16 @@ class _Rewrite:
         self.made: dict[tuple[str, str], Any] = {}
         self.spilled = SpilledTensors()
 
-    def _initializer(self, name: str, array: np.ndarray) -> Any:
-        """A new initializer of ``array``'s values, spilled to a file when large: the packed forms of a
-        model's weights are never all in memory at once."""
-        return _initializer(self.ir, self.model, name, self.spilled.array(array))
+    def _initializer(self, name: str, array: np.ndarray, spilled: bool = False) -> Any:
+        """A new initializer of ``array``'s values, spilled to a file when large (unless ``spilled``
+        already): the packed forms of a model's weights are never all in memory at once."""
+        return _initializer(self.ir, self.model, name, array if spilled else self.spilled.array(array))
+
+    def _packed(self, integers: np.ndarray, block: int, bits: int) -> np.ndarray:
+        """:func:`_packed` into a spilled array: a weight's packed form is never whole in memory."""
+        rows, columns = integers.shape
+        shape = (rows, -(-columns // block), block * bits // 8)
+        return _packed(integers, block, bits, self.spilled.empty(shape, torch.uint8).numpy())
 
     def layer(self, node: Any) -> None:
         x, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
@@ -204,7 +211,7 @@ class _Rewrite:
         bits = _bits(integers, points)
         blocks = -(-columns // block)
         key = f"{qdata.name}/{block}/{bits}"
-        inputs = [x, self._made(key, "packed", lambda: _packed(integers, block, bits))]
+        inputs = [x, self._made(key, "packed", lambda: self._packed(integers, block, bits), spilled=True)]
         _let_go(integers)
         inputs.append(self._scales(node, scale, rows, blocks, block != group))
         if points is not None and points.any():
@@ -237,14 +244,14 @@ class _Rewrite:
         points = np.zeros((rows, columns // group), np.int8) if zero_point is None else _constant(zero_point, "points")
         bits = _bits(integers, points)
         blocks = columns // block
-        packed = _packed(integers, block, bits).reshape(rows, blocks * block * bits // 8)
+        packed = self._packed(integers, block, bits).reshape(rows, blocks * block * bits // 8)
         _let_go(integers)
         scales = _constant(scale, "scales").reshape(rows, -1)
         if block != group:
             scales = np.repeat(scales, blocks, axis=1)
             points = np.repeat(points.reshape(rows, 1), blocks, axis=1)
         inputs = [
-            self._initializer(f"{qdata.name}/{block}/{bits}.rows", packed),
+            self._initializer(f"{qdata.name}/{block}/{bits}.rows", packed, spilled=True),
             indices,
             self._initializer(f"{scale.name}/{block}.row_scales", np.ascontiguousarray(scales, dtype=np.float32)),
             self._initializer(f"{qdata.name}/{block}/{bits}.row_points", _packed_points(points, bits)),
@@ -278,11 +285,14 @@ class _Rewrite:
             return False
         columns, block, bits, activation, unbiased = settings.pop()
         first, name = layers[0], "+".join(node.inputs[1].name for node in layers)
-        packed = np.concatenate([_packed(integers, block, bits) for integers, _, _ in parts])
+        total = sum(integers.shape[0] for integers, _, _ in parts)
+        packed = self.spilled.empty((total, columns // block, block * bits // 8), torch.uint8).numpy()
+        start = 0
         for integers, scales, _ in parts:
-            _let_go(integers)
+            _packed(integers, block, bits, packed[start : start + integers.shape[0]])
+            start += integers.shape[0]
             _let_go(scales)
-        inputs = [first.inputs[0], self._initializer(f"{name}/{block}/{bits}.packed", packed)]
+        inputs = [first.inputs[0], self._initializer(f"{name}/{block}/{bits}.packed", packed, spilled=True)]
         scales = np.concatenate([scales for _, scales, _ in parts])
         half = self._half_scales(scales, name, first)
         inputs.append(half if half is not None else self._initializer(f"{name}.scales", scales))
@@ -319,10 +329,10 @@ class _Rewrite:
         self.model.graph.insert_before(before, cast)
         return cast.outputs[0]
 
-    def _made(self, key: str, kind: str, array: Callable[[], np.ndarray]) -> Any:
+    def _made(self, key: str, kind: str, array: Callable[[], np.ndarray], spilled: bool = False) -> Any:
         value = self.made.get((key, kind))
         if value is None:
-            value = self.made[(key, kind)] = self._initializer(f"{key}.{kind}", array())
+            value = self.made[(key, kind)] = self._initializer(f"{key}.{kind}", array(), spilled)
         return value
 
     def _scales(self, node: Any, scale: Any, rows: int, blocks: int, repeated: bool) -> Any:
@@ -375,13 +385,14 @@ def _let_go(array: np.ndarray) -> None:
         release_address_range(address, array.nbytes)
 
 
-def _packed(integers: np.ndarray, block: int, bits: int) -> np.ndarray:
+def _packed(integers: np.ndarray, block: int, bits: int, out: np.ndarray | None = None) -> np.ndarray:
     """``[N, blocks, block * bits / 8]`` uint8: each value plus half the range (so int4's -8 is 0),
-    two per byte low nibble first at 4 bits; a row's last block padded with zeros of the layer."""
+    two per byte low nibble first at 4 bits; a row's last block padded with zeros of the layer.
+    Written into ``out`` (spilled) when given, the pages of each step's integers and output let go."""
     rows, columns = integers.shape
     blocks = -(-columns // block)
     offset = 1 << (bits - 1)
-    packed = np.empty((rows, blocks, block * bits // 8), dtype=np.uint8)
+    packed = np.empty((rows, blocks, block * bits // 8), dtype=np.uint8) if out is None else out
     for start in range(0, rows, _ROWS_PER_STEP):
         stop = min(rows, start + _ROWS_PER_STEP)
         unsigned = np.full((stop - start, blocks * block), offset, dtype=np.uint8)
@@ -390,6 +401,8 @@ def _packed(integers: np.ndarray, block: int, bits: int) -> np.ndarray:
             unsigned &= 0x0F
             unsigned = unsigned[:, 0::2] | (unsigned[:, 1::2] << 4)
         packed[start:stop] = unsigned.reshape(stop - start, blocks, -1)
+        _let_go(integers[start:stop])
+        _let_go(packed[start:stop])
     return packed
 
 
