@@ -11,8 +11,8 @@ sampled every 20 ms:
   RSS, peak anonymous memory, file size;
 - ``torchdelegate llm generate F --prompt TEXT --max-new-tokens N``: its time to first token and
   speeds, peak RSS against the file's size; the machine's memory bandwidth measured in the same run
-  (``llm_race.py bandwidth``) over the bytes a token reads (the file less its token embedding, of
-  which a token reads one row) bounds the speed;
+  (``llm_race.py bandwidth``) over the bytes a token reads (the file less its int8 token embedding,
+  of which a token reads one row) bounds the speed;
 - the same export at 1.1B, fp32 (no flags) and ``--quantize 8da4w``, from a fp32 checkpoint, and
   ExecuTorch 1.5.1's documented llama export (``export_llm``) of that checkpoint where it fits.
 
@@ -20,6 +20,7 @@ Writes ``benchmarks/results/<date>-bigger-than-ram.md`` and ``.json``.
 
     python benchmarks/bigger_than_ram.py [--work DIR] [--skip-8b] [--skip-executorch]
     python benchmarks/bigger_than_ram.py checkpoint DIR SHAPE DTYPE   (a phase: writes a checkpoint)
+    python benchmarks/bigger_than_ram.py page JSON                      (the page again from a run's data)
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ def page(data: dict[str, Any]) -> list[str]:
         ratio = run["peak_rss_bytes"] / file_bytes
         rows.append(("8B generation: peak RSS ≤ 1.15 × the file", f"{ratio:.2f} ×", ratio <= 1.15))
         shape = SHAPES["8b"]
-        embedding = shape["vocab_size"] * shape["hidden_size"] * 2
+        embedding = shape["vocab_size"] * shape["hidden_size"]  # int8, llm export --quantize's default; a row read
         bound = data["bandwidth"]["bytes_per_s"] / (file_bytes - embedding)
         rows.append(
             (
@@ -373,6 +374,10 @@ BASELINE_RSS = 0
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "page":
+        data = json.loads(Path(sys.argv[2]).read_text())
+        print(written(Path(sys.argv[2]).parent, Path(sys.argv[2]).stem, data, page(data)).read_text())
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "checkpoint":
         print(json.dumps(write_checkpoint(Path(sys.argv[2]), sys.argv[3], sys.argv[4])))
         return
