@@ -16,7 +16,7 @@ from types import MappingProxyType
 import torch
 
 from torchdelegate.errors import NamedDataConflictError
-from torchdelegate.exported.mapped_pages import address_of, release_address_range, sha256_releasing
+from torchdelegate.exported.mapped_pages import release_buffer, sha256_releasing
 
 Buffer = bytes | memoryview
 
@@ -251,10 +251,7 @@ class NamedDataMap:
         them from the process's resident memory (they are read from the file again if touched);
         here, data that is a view of a mapped file (weights bound from a checkpoint, tensors
         spilled while lowering) is let go the same way, and data held in memory stays."""
-        view = self.get_data(key)
-        address = address_of(view)
-        if address is not None:
-            release_address_range(address, len(view))
+        release_buffer(self.get_data(key))
 
     def keys(self) -> Iterator[str]:
         return iter(self._output.entries)

@@ -68,6 +68,18 @@ def release_address_range(address: int, length: int) -> None:
         release_pages(mapping, address - start, length)
 
 
+def release_buffer(data: Any) -> None:
+    """Release the pages of a contiguous tensor, an array or a buffer where they lie in a registered
+    mapping (a weight mapped from a checkpoint, a spilled tensor); elsewhere nothing."""
+    if hasattr(data, "data_ptr"):  # a torch tensor: this module does not import torch
+        address, length = int(data.data_ptr()), int(data.nbytes)
+    else:
+        length = memoryview(data).nbytes
+        address = address_of(data) or 0
+    if address and length:
+        release_address_range(address, length)
+
+
 def address_of(data: Any) -> int | None:
     """Where a buffer's bytes start in memory (None for an empty one)."""
     view = memoryview(data)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchdelegate.exported.mapped_pages import register_mapping, release_address_range
+from torchdelegate.exported.mapped_pages import register_mapping, release_buffer
 
 SMALLEST_SPILLED = 1 << 20
 """Tensors of fewer bytes stay in memory."""
@@ -55,7 +55,7 @@ class SpilledTensors:
             return tensor
         spilled = self.empty(tuple(tensor.shape), tensor.dtype)
         spilled.copy_(tensor.detach())
-        release_address_range(spilled.data_ptr(), spilled.nbytes)
+        release_buffer(spilled)
         return spilled
 
     def array(self, array: np.ndarray) -> np.ndarray:
@@ -65,7 +65,7 @@ class SpilledTensors:
         arena, offset = self._region(array.nbytes)
         spilled = np.frombuffer(arena, dtype=array.dtype, count=array.size, offset=offset).reshape(array.shape)
         spilled[...] = array
-        release_address_range(spilled.__array_interface__["data"][0], spilled.nbytes)
+        release_buffer(spilled)
         return spilled
 
     def _region(self, nbytes: int) -> tuple[mmap.mmap, int]:

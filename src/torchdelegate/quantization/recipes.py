@@ -30,7 +30,7 @@ from torch.fx import Graph, Node
 
 from torchdelegate.errors import QuantizationError, first_line
 from torchdelegate.exported.freed_memory import return_freed_memory
-from torchdelegate.exported.mapped_pages import release_address_range
+from torchdelegate.exported.mapped_pages import release_buffer
 from torchdelegate.exported.programs import build_program
 from torchdelegate.exported.spilled_tensors import SpilledTensors
 from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_graph, copy_signature
@@ -197,11 +197,10 @@ class _Weights:
             for whole, part in zip(parts, (qdata, scale, zero_point), strict=True):
                 whole[start : start + step] = part
                 if part.nbytes:
-                    release_address_range(whole[start : start + step].data_ptr(), part.nbytes)
+                    release_buffer(whole[start : start + step])
             del qdata, scale, zero_point
             if weight.nbytes:
-                piece = weight[start : start + step]
-                release_address_range(piece.data_ptr(), piece.nbytes)
+                release_buffer(weight[start : start + step])
             return_freed_memory()  # torchao's temporaries, a few times the slice
         return parts[0], parts[1], parts[2], group
 

@@ -26,7 +26,7 @@ import torch
 
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.settings import require
-from torchdelegate.exported.mapped_pages import address_of, release_address_range
+from torchdelegate.exported.mapped_pages import release_buffer
 from torchdelegate.exported.spilled_tensors import SpilledTensors
 from torchdelegate.quantization.embedding import QuantizedEmbedding, embedding_blockwise
 from torchdelegate.quantization.linear import QuantizedLinear, linear_blockwise
@@ -212,7 +212,7 @@ class _Rewrite:
         blocks = -(-columns // block)
         key = f"{qdata.name}/{block}/{bits}"
         inputs = [x, self._made(key, "packed", lambda: self._packed(integers, block, bits), spilled=True)]
-        _let_go(integers)
+        release_buffer(integers)
         inputs.append(self._scales(node, scale, rows, blocks, block != group))
         if points is not None and points.any():
             repeated = points if block == group else np.repeat(points.reshape(rows, 1), blocks, axis=1)
@@ -223,9 +223,9 @@ class _Rewrite:
             inputs += [None, bias]  # g_idx, then bias
         activation = node.attributes["dynamic_int8_activation"].as_int()
         replace_node(self.model, node, self._product(inputs, columns, rows, bits, block, activation))
-        _let_go(_constant(scale, "scales"))
+        release_buffer(_constant(scale, "scales"))
         if points is not None:
-            _let_go(points)
+            release_buffer(points)
 
     def lookup(self, node: Any) -> None:
         """An ``EmbeddingBlockwise`` node as ``GatherBlockQuantized`` over the table's integers packed
@@ -245,7 +245,7 @@ class _Rewrite:
         bits = _bits(integers, points)
         blocks = columns // block
         packed = self._packed(integers, block, bits).reshape(rows, blocks * block * bits // 8)
-        _let_go(integers)
+        release_buffer(integers)
         scales = _constant(scale, "scales").reshape(rows, -1)
         if block != group:
             scales = np.repeat(scales, blocks, axis=1)
@@ -260,7 +260,7 @@ class _Rewrite:
         gather = self.ir.node("GatherBlockQuantized", inputs, attributes, domain=_KERNEL_DOMAIN)
         replace_node(self.model, node, gather)
         for read in (_constant(scale, "scales"), points if zero_point is None else _constant(zero_point, "points")):
-            _let_go(read)
+            release_buffer(read)
 
     def joined(self, layers: list[Any]) -> bool:
         """Layers that read one input with one kernel setting (a decoder layer's query, key and value
@@ -291,7 +291,7 @@ class _Rewrite:
         for integers, scales, _ in parts:
             _packed(integers, block, bits, packed[start : start + integers.shape[0]])
             start += integers.shape[0]
-            _let_go(scales)
+            release_buffer(scales)
         inputs = [first.inputs[0], self._initializer(f"{name}/{block}/{bits}.packed", packed, spilled=True)]
         scales = np.concatenate([scales for _, scales, _ in parts])
         half = self._half_scales(scales, name, first)
@@ -377,14 +377,6 @@ def _initializer(ir: ModuleType, model: Any, name: str, array: np.ndarray) -> An
     return value
 
 
-def _let_go(array: np.ndarray) -> None:
-    """The pages of ``array`` (a quantized weight's integers, scales or zero points, spilled) released once
-    they are packed: the next read of them comes from the file."""
-    address = address_of(array)
-    if address is not None:
-        release_address_range(address, array.nbytes)
-
-
 def _packed(integers: np.ndarray, block: int, bits: int, out: np.ndarray | None = None) -> np.ndarray:
     """``[N, blocks, block * bits / 8]`` uint8: each value plus half the range (so int4's -8 is 0),
     two per byte low nibble first at 4 bits; a row's last block padded with zeros of the layer.
@@ -401,8 +393,8 @@ def _packed(integers: np.ndarray, block: int, bits: int, out: np.ndarray | None 
             unsigned &= 0x0F
             unsigned = unsigned[:, 0::2] | (unsigned[:, 1::2] << 4)
         packed[start:stop] = unsigned.reshape(stop - start, blocks, -1)
-        _let_go(integers[start:stop])
-        _let_go(packed[start:stop])
+        release_buffer(integers[start:stop])
+        release_buffer(packed[start:stop])
     return packed
 
 
