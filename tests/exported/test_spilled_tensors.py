@@ -35,3 +35,17 @@ def test_many_spilled_tensors_keep_their_values_in_few_mappings() -> None:
     filled = spilled.empty((1024, 1024), torch.int8)
     filled[:] = 7
     assert int(filled.sum()) == 7 * 1024 * 1024
+
+
+def test_a_disk_without_room_is_an_error_naming_the_directory_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks are reserved before they are mapped: a full disk is an OSError that says where and
+    what to do, where writing into the mapping would have killed the process with SIGBUS."""
+    import shutil
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    more_than_free = shutil.disk_usage(tmp_path).free + (1 << 30)
+    with pytest.raises(OSError, match=f"no room left in {tmp_path}.*point TMPDIR at a larger disk"):
+        SpilledTensors().empty((more_than_free,), torch.uint8)

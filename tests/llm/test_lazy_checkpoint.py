@@ -109,8 +109,28 @@ def test_a_bfloat16_checkpoint_is_read_as_stored_and_lowered_whole_to_onnx_runti
         assert tokens == transformers_greedy(model.to(torch.float32), prompt, 8)
         weights = (directory / "model.safetensors").stat().st_size
         assert (tmp_path / "m.tdp").stat().st_size < 1.5 * weights  # the large ones as stored (fp32: 2x)
+        _each_conversion_is_made_once_for_both_methods(tmp_path / "m.tdp")
     else:
         assert len(tokens) == 8
+
+
+def _each_conversion_is_made_once_for_both_methods(path: Path) -> None:
+    """prefill and decode are branches of one model: the Cast of each bfloat16 weight both read sits at
+    its top level, once (ONNX Runtime folds a constant once per graph: in each branch, a float copy
+    of the weight per branch)."""
+    import onnx
+    from onnx_graphs import delegate_nodes
+
+    import torchdelegate as td
+    from torchdelegate.backends.onnxruntime.blob_header import model_of
+
+    with td.load(path) as program:
+        blob = program.file.data(program.delegates[0].blob, "blob")
+        top = onnx.ModelProto.FromString(bytes(model_of(blob, program.named_data)[1])).graph.node
+        branches = [delegate_nodes(program, i) for i in range(len(program.delegates))]
+    casts = [node for node in top if node.op_type == "Cast"]
+    assert casts and len({node.input[0] for node in casts}) == len(casts)
+    assert not any(n.op_type == "Cast" and n.input[0] in {c.input[0] for c in casts} for b in branches for n in b)
 
 
 SAMPLED_EXPORT = """

@@ -140,26 +140,6 @@ def test_a_llama_quantized_by_torchao_runs_its_products_on_onnx_runtime_integer_
     assert _kernel_calls(tmp_path / "quantized.tdp") == [9, 9]
 
 
-def test_the_float16_scales_both_methods_read_are_converted_once_for_both(tmp_path: Path) -> None:
-    """prefill and decode are branches of one model: the Cast of each shared float16 scale sits at its
-    top level, once (ONNX Runtime folds a constant once per graph: in each branch, once per branch)."""
-    import onnx
-    from onnx_graphs import delegate_nodes
-
-    from torchdelegate.backends.onnxruntime.blob_header import model_of
-
-    programs = td.quantize(_export(static_cache_module(tiny_llama(), CACHE)), "8da4w")
-    td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner()]).save(tmp_path / "q.tdp")
-    with td.load(tmp_path / "q.tdp") as program:
-        blob = program.file.data(program.delegates[0].blob, "blob")
-        top = onnx.ModelProto.FromString(bytes(model_of(blob, program.named_data)[1])).graph.node
-        branches = [delegate_nodes(program, i) for i in range(len(program.delegates))]
-    casts = [node for node in top if node.op_type == "Cast"]
-    assert len(branches) == 2 and casts  # the scales kept as named data (the large ones), float16 once each
-    assert len({node.input[0] for node in casts}) == len(casts)
-    assert not any(n.op_type == "Cast" and n.input[0] in {c.input[0] for c in casts} for b in branches for n in b)
-
-
 def _kernel_calls(path: Path) -> list[int]:
     """How many MatMulNBits nodes each ONNX Runtime delegate of a saved program runs."""
     from onnx_graphs import delegate_nodes
@@ -253,8 +233,8 @@ class _Twice(torch.nn.Module):
 
 @pytest.mark.parametrize("level", ["all", "disable"])
 def test_a_weight_two_layers_read_is_packed_once_and_any_optimization_level_runs_it(level: str) -> None:
-    """At level ``disable`` ONNX Runtime folds no constant: the scales stay float32 (a float16
-    ``Cast`` it does not fold would reach its weight packing as unknown)."""
+    """At level ``disable`` ONNX Runtime folds no constant: the kernel's scales are float32 initializers,
+    which it packs at any level."""
     torch.manual_seed(0)
     program = td.quantize(torch.export.export(_Twice().eval(), (torch.randn(3, 64),)), "8da4w")
     x = torch.randn(3, 64)

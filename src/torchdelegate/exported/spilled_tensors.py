@@ -11,6 +11,7 @@ Small tensors stay in memory.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import tempfile
@@ -74,7 +75,7 @@ class SpilledTensors:
             if self._file is None:
                 self._file = tempfile.TemporaryFile(prefix="torchdelegate-spill-")
             size = -(-max(ARENA, nbytes) // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
-            os.ftruncate(self._file.fileno(), self._end + size)
+            _reserve(self._file.fileno(), self._end, size)
             self._arena = mmap.mmap(self._file.fileno(), size, access=mmap.ACCESS_WRITE, offset=self._end)
             register_mapping(self._arena)
             self._end += size
@@ -82,3 +83,20 @@ class SpilledTensors:
         offset = self._used
         self._used += -(-nbytes // _ALIGNMENT) * _ALIGNMENT
         return self._arena, offset
+
+
+def _reserve(descriptor: int, start: int, size: int) -> None:
+    """The file's blocks from ``start`` to ``start + size``, reserved on disk now: a full disk is an
+    ``OSError`` here, where writing into a mapping of blocks that cannot be had would kill the
+    process with SIGBUS."""
+    try:
+        os.posix_fallocate(descriptor, start, size)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:  # a file system that cannot reserve: extended without reserving
+            os.ftruncate(descriptor, start + size)
+            return
+        raise OSError(
+            errno.ENOSPC,
+            f"no room left in {tempfile.gettempdir()} for {size / 2**20:.0f} MiB more of spilled tensors "
+            f"({start / 2**30:.1f} GiB spilled so far): free disk space there, or point TMPDIR at a larger disk",
+        ) from None

@@ -25,7 +25,7 @@ from torch.export.graph_signature import InputKind
 from torchdelegate.errors import CheckpointError
 from torchdelegate.exported.programs import build_program
 from torchdelegate.exported.safetensors_weights import SafetensorsWeights
-from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_graph, copy_signature
+from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_graph, copy_signature, rebuilt
 
 SMALLEST_BOUND_AS_STORED = 1 << 20
 """A tensor stored in another float dtype and smaller than this is converted when bound (a copy of its
@@ -139,14 +139,21 @@ class _Binder:
         return value
 
     def bound(self, program: ExportedProgram, method: str) -> ExportedProgram:
-        state = {k: self._entry(k, v, method) for k, v in program.state_dict.items()}
-        constants = {k: self._entry(k, v, method) for k, v in program.constants.items()}
-        changed = {
-            k: v.dtype
-            for k, v in (*state.items(), *constants.items())
-            if isinstance(v, torch.Tensor) and _stored_dtype(program, k) not in (None, v.dtype)
-        }
-        return _program_with(program, state, constants, changed)
+        """``program`` over the bound tensors: around the same graph when no dtype changed, else
+        a copy of the graph that converts each changed entry where it is read."""
+        converted: dict[str, torch.dtype] = {}
+
+        def entry(fqn: str, value: Any) -> Any:
+            made = self._entry(fqn, value, method)
+            if isinstance(value, torch.Tensor) and made.dtype != value.dtype:
+                converted[fqn] = made.dtype
+            return made
+
+        state = {k: entry(k, v) for k, v in program.state_dict.items()}
+        constants = {k: entry(k, v) for k, v in program.constants.items()}
+        if not converted:
+            return rebuilt(program, state_dict=state, constants=constants)
+        return _program_with(program, state, constants, converted)
 
     def _entry(self, fqn: str, value: Any, method: str) -> Any:
         if not isinstance(value, FakeTensor):
@@ -164,11 +171,6 @@ class _Binder:
 
 def _described(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
-
-
-def _stored_dtype(program: ExportedProgram, fqn: str) -> torch.dtype | None:
-    value = program.state_dict.get(fqn, program.constants.get(fqn))
-    return value.dtype if isinstance(value, torch.Tensor) else None
 
 
 def _program_with(

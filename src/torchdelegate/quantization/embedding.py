@@ -21,7 +21,7 @@ from torch.fx import Graph, Node
 
 from torchdelegate.exported.debug_handles import stand_for
 from torchdelegate.exported.structural_copy import copy_meta, keep_name
-from torchdelegate.quantization.linear import affine_ops, grouped_integers, is_call, rewritten, state_predicate
+from torchdelegate.quantization.linear import affine_ops, grouped_integers, is_call, recognised, rewritten
 
 _aten = torch.ops.aten
 
@@ -50,17 +50,7 @@ class QuantizedEmbedding:
 
 def quantized_embeddings(program: ExportedProgram) -> list[QuantizedEmbedding]:
     """Every quantized embedding of the program's graph whose tensors are state it carries, in graph order."""
-    ops = affine_ops()
-    if ops is None:
-        return []
-    is_state = state_predicate(program)
-    found = []
-    for node in program.graph.nodes:
-        if is_call(node, _aten.embedding.default):
-            lookup = _lookup(node, ops[2], is_state)
-            if lookup is not None:
-                found.append(lookup)
-    return found
+    return recognised(program, _aten.embedding.default, lambda node, ops, is_state: _lookup(node, ops[2], is_state))
 
 
 def embedding_of(node: Node) -> QuantizedEmbedding | None:

@@ -74,17 +74,22 @@ class QuantizedLinear:
 def quantized_linears(program: ExportedProgram) -> list[QuantizedLinear]:
     """Every quantized linear layer of the program's graph whose integers, scales and zero points
     are state it carries, in graph order."""
+    return recognised(program, _aten.linear.default, _layer)
+
+
+def recognised(
+    program: ExportedProgram,
+    target: Any,
+    recognise: Callable[[Node, tuple[Any, Any, Any], Callable[[Node], bool]], Found | None],
+) -> list[Found]:
+    """What ``recognise(node, torchao's affine ops, is_state)`` makes of each call to ``target`` in
+    ``program``'s graph, in graph order (nothing without torchao)."""
     ops = affine_ops()
     if ops is None:
         return []
     is_state = state_predicate(program)
-    found = []
-    for node in program.graph.nodes:
-        if node.op == "call_function" and node.target is _aten.linear.default:
-            layer = _layer(node, ops, is_state)
-            if layer is not None:
-                found.append(layer)
-    return found
+    calls = (node for node in program.graph.nodes if is_call(node, target))
+    return [found for found in (recognise(node, ops, is_state) for node in calls) if found is not None]
 
 
 def state_predicate(program: ExportedProgram) -> Callable[[Node], bool]:

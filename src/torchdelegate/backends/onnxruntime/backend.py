@@ -36,7 +36,9 @@ class OnnxRuntimeBackend(BackendDetails):
 
     backend_id = "onnxruntime"
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
-    compile_cache_version = f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined, info"
+    compile_cache_version = (
+        f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined, info, float32 scales"
+    )
     weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
     load_options = {
         "intra_op_num_threads": "threads of ONNX Runtime's intra-op pool (an integer; 0: ONNX Runtime's choice)",

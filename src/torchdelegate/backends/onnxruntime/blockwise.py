@@ -10,8 +10,8 @@ scales. The private node never reaches ONNX Runtime.
 Dynamic int8 activations (8da4w) run on the kernel's int8 arithmetic (``accuracy_level`` 4),
 which quantizes each block of an activation row symmetrically where torchao quantizes each row
 asymmetrically: outputs differ from torchao's by that rounding. Weight-only layers compute in
-float (``accuracy_level`` 1). Scales are stored as float16 where each fits (it moves by at most
-2^-11 of itself), so weight-only outputs differ from torchao's by that much and float rounding.
+float (``accuracy_level`` 1). Scales are stored as float32, as the kernel packs them: a narrower
+copy would need a float32 one made at load, which ONNX Runtime keeps beside the packed weights.
 """
 
 from __future__ import annotations
@@ -142,15 +142,11 @@ def translations() -> dict[Any, Any]:
     return {linear_blockwise(): translate, embedding_blockwise(): translate_lookup}
 
 
-def kernel_products(ir: ModuleType, model: Any, half_scales: bool = True) -> dict[str, int]:
+def kernel_products(ir: ModuleType, model: Any) -> dict[str, int]:
     """Rewrite every ``LinearBlockwise`` node of ``model`` (weights as initializers) into
     ``MatMulNBits`` and every ``EmbeddingBlockwise`` into ``GatherBlockQuantized``; how many of each
-    there were (kernels with none left out). Integers and zero points it no longer reads leave the model.
-
-    ``half_scales``: scales stored as float16 behind a ``Cast``, which only a session that folds
-    constants may be given (ONNX Runtime packs a layer's scales with its integers, and a ``Cast``
-    it does not fold leaves them unknown when it packs)."""
-    rewrite = _Rewrite(ir, model, half_scales)
+    there were (kernels with none left out). Integers and zero points it no longer reads leave the model."""
+    rewrite = _Rewrite(ir, model)
     readers: dict[Any, list[Any]] = {}
     lookups = []
     for node in list(model.graph):
@@ -180,8 +176,8 @@ class _Rewrite:
     """The kernel's tensors of one model, each made once: layers that read one weight (a module
     called twice) share its packed integers, scales and zero points."""
 
-    def __init__(self, ir: ModuleType, model: Any, half_scales: bool) -> None:
-        self.ir, self.model, self.half_scales = ir, model, half_scales
+    def __init__(self, ir: ModuleType, model: Any) -> None:
+        self.ir, self.model = ir, model
         self.made: dict[tuple[str, str], Any] = {}
         self.spilled = SpilledTensors()
 
@@ -294,8 +290,7 @@ class _Rewrite:
             release_buffer(scales)
         inputs = [first.inputs[0], self._initializer(f"{name}/{block}/{bits}.packed", packed, spilled=True)]
         scales = np.concatenate([scales for _, scales, _ in parts])
-        half = self._half_scales(scales, name, first)
-        inputs.append(half if half is not None else self._initializer(f"{name}.scales", scales))
+        inputs.append(self._initializer(f"{name}.scales", scales))
         if not unbiased:
             biases = np.concatenate([bias for _, _, bias in parts if bias is not None])
             inputs += [None, None, self._initializer(f"{name}.bias", biases)]
@@ -317,18 +312,6 @@ class _Rewrite:
         attributes["accuracy_level"] = 4 if activation else 1
         return self.ir.node("MatMulNBits", inputs, attributes, domain=_KERNEL_DOMAIN)
 
-    def _half_scales(self, scales: np.ndarray, name: str, before: Any) -> Any:
-        """``scales`` as float16 behind a ``Cast`` (half the bytes; each moves by at most 2^-11 of
-        itself), when the session folds it and every scale survives the trip; else None."""
-        halves = scales.astype(np.float16)
-        fits = np.all(np.isfinite(halves)) and np.all((np.abs(scales) >= np.finfo(np.float16).tiny) | (scales == 0))
-        if not (self.half_scales and fits):
-            return None
-        stored = self._initializer(f"{name}.float16", halves)
-        cast = self.ir.node("Cast", [stored], {"to": self.ir.DataType.FLOAT})
-        self.model.graph.insert_before(before, cast)
-        return cast.outputs[0]
-
     def _made(self, key: str, kind: str, array: Callable[[], np.ndarray], spilled: bool = False) -> Any:
         value = self.made.get((key, kind))
         if value is None:
@@ -336,19 +319,15 @@ class _Rewrite:
         return value
 
     def _scales(self, node: Any, scale: Any, rows: int, blocks: int, repeated: bool) -> Any:
-        """The kernel's float scales ``[N, blocks]`` (one per row repeated for every block when
-        ``repeated``): float16 behind a ``Cast`` when every scale survives the trip (half the
-        bytes; each moves by at most 2^-11 of itself), else float32."""
+        """The kernel's float scales ``[N, blocks]``: the layer's own, or one per row repeated for
+        every block when ``repeated``."""
         made = self.made.get((scale.name, f"scales/{blocks}"))
-        if made is not None:
-            return made
-        scales = _constant(scale, "scales").reshape(rows, -1)
-        if repeated:
-            scales = np.repeat(scales, blocks, axis=1)
-        made = self._half_scales(scales, scale.name, node)
         if made is None:
-            made = self._initializer(f"{scale.name}.blocks", scales) if repeated else scale
-        self.made[(scale.name, f"scales/{blocks}")] = made
+            made = scale
+            if repeated:
+                scales = _constant(scale, "scales").reshape(rows, -1)
+                made = self._initializer(f"{scale.name}.blocks", np.repeat(scales, blocks, axis=1))
+            self.made[(scale.name, f"scales/{blocks}")] = made
         return made
 
 

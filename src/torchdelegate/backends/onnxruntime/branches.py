@@ -73,7 +73,7 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
 
 
 def _hoist_conversions(onnx: Any, graph: Any, weights: set[str]) -> None:
-    """Each ``Cast`` of a shared weight that branches make (float16 scales read as float) made once, at
+    """Each ``Cast`` of a shared weight that branches make (bfloat16 weights read as float) made once, at
     the top level, and read from there by every branch: ONNX Runtime folds a constant once per graph,
     so a conversion in every branch would be a folded copy per branch."""
     made: dict[tuple[str, int], str] = {}

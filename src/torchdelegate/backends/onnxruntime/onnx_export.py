@@ -64,16 +64,15 @@ def export_partition(
     program, layers = with_blockwise_linears(cache_writes_in_place(recompose_linear(program)))
     program, lookups = with_blockwise_embeddings(program)
     quantized = layers + lookups
-    folds_constants = options.level != "disable"
     if options.fusions:
         try:
-            return _accepted_blob(program, True, compile_specs, store, where, quantized, folds_constants)
+            return _accepted_blob(program, True, compile_specs, store, where, quantized)
         except Refused as e:
             warnings.warn(
                 f"onnxruntime: {where}: {e}; this partition is exported without onnxscript's fusions", stacklevel=2
             )
     try:
-        return _accepted_blob(program, False, compile_specs, store, where, quantized, folds_constants)
+        return _accepted_blob(program, False, compile_specs, store, where, quantized)
     except Refused as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
 
@@ -106,14 +105,13 @@ def _accepted_blob(
     store: NamedDataStore,
     where: str,
     quantized: int = 0,
-    folds_constants: bool = True,
 ) -> PreprocessResult:
     """The blob, once ONNX Runtime has loaded it as ``init`` will; only then do its weights join ``store``.
 
     The check packs no weights: a packed copy of every weight would double the lowering's memory.
     """
     attempt = NamedDataStore()
-    blob, handles = _exported_blob(program, fuse, attempt, where, quantized, folds_constants)
+    blob, handles = _exported_blob(program, fuse, attempt, where, quantized)
     output = attempt.get_named_data_store_output()
     try:
         header, payload = unpacked(memoryview(blob))
@@ -125,14 +123,13 @@ def _accepted_blob(
 
 
 def _exported_blob(
-    program: ExportedProgram, fuse: bool, store: NamedDataStore, where: str, quantized: int, folds_constants: bool
+    program: ExportedProgram, fuse: bool, store: NamedDataStore, where: str, quantized: int
 ) -> tuple[bytes, dict[str, tuple[int, ...]]]:
     """The partition as an ONNX model whose initializers are named data, with its header; and each
     ONNX node's debug handles.
 
     ``quantized``: how many ``linear_blockwise`` and ``embedding_blockwise`` calls it makes (``blockwise.py``
-    translates them);
-    ``folds_constants``: whether its sessions fold constants (float16 scales need it)."""
+    translates them)."""
     ir = require("onnx_ir")
     require("onnxscript")
     try:
@@ -158,7 +155,7 @@ def _exported_blob(
         fusions = dict(sorted({**fusions, "GroupQueryAttention": attention}.items()))
     before = set(model.graph.initializers)
     try:
-        products = blockwise.kernel_products(ir, model, half_scales=folds_constants)
+        products = blockwise.kernel_products(ir, model)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
     fusions = dict(sorted({**fusions, **products}.items()))
