@@ -122,6 +122,11 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_refused_by_name(tmp_path: P
     (tmp_path / "broken.safetensors").write_bytes(b"\xff" * 16)
     with pytest.raises(CheckpointError, match="is not a safetensors file"):
         SafetensorsWeights(tmp_path / "broken.safetensors")
+    torch.save(state, tmp_path / "saved.pt")
+    with pytest.raises(CheckpointError, match="it is a zip archive, as torch.save writes; save the weights with"):
+        SafetensorsWeights(tmp_path / "saved.pt")
+    with pytest.raises(TypeError, match=r"given a Block already built, .* \(lambda: Block\(...\)\)"):
+        export_lazily(model, TOKENS, weights=tmp_path / "block.safetensors")  # type: ignore[arg-type]
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no model.safetensors or model.safetensors.index.json"):
         SafetensorsWeights(tmp_path / "empty")

@@ -73,6 +73,19 @@ def test_a_checkpoint_without_safetensors_is_loaded_whole_with_a_note(tmp_path: 
     assert "reading the weights whole (" in result.stdout and (tmp_path / "m.tdp").is_file()
 
 
+def test_weights_under_names_the_model_does_not_use_are_refused_not_made_random(tmp_path: Path) -> None:
+    """Neither read lazily nor by transformers (which would leave every weight random): refused, by name."""
+    from safetensors.torch import load_file, save_file
+
+    from torchdelegate.errors import CheckpointError
+
+    directory = _save(tmp_path / "checkpoint", tiny_llama())
+    state = load_file(directory / "model.safetensors")
+    save_file({f"transformer.{k}": v for k, v in state.items()}, directory / "model.safetensors", {"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"its weights hold no tensor for lm_head.weight, model.embed_tokens"):
+        read_checkpoint(directory)
+
+
 def _export(directory: Path, output: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "torchdelegate", "llm", "export", str(directory), "-o", str(output), *flags]
     return subprocess.run(command, capture_output=True, text=True, timeout=600)

@@ -115,13 +115,23 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
     weights.unlink()
     _refused(_command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: its weights cannot")
     bert = tmp_path / "bert"
-    transformers.BertModel(
-        transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
-    ).save_pretrained(bert)
+    shape = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    transformers.BertModel(transformers.BertConfig(**shape)).save_pretrained(bert)
     _tokenizer().save_pretrained(bert)  # type: ignore[attr-defined]
-    _refused(
+    _refused(  # a base model: no head, which transformers would make random
         _command("llm", "export", bert, "-o", "m.tdp", cwd=tmp_path),
-        "BertLMHeadModel does not export with a static cache",
+        f"{bert}: its weights hold no tensor for cls.predictions.bias",
+    )
+    opt = tmp_path / "opt"
+    transformers.OPTForCausalLM(
+        transformers.OPTConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64, word_embed_proj_dim=32
+        )
+    ).save_pretrained(opt)
+    _tokenizer().save_pretrained(opt)  # type: ignore[attr-defined]
+    _refused(
+        _command("llm", "export", opt, "-o", "m.tdp", cwd=tmp_path),
+        "OPTForCausalLM does not export with a static cache",
     )
     weights.write_bytes(good)
     _refused(

@@ -246,6 +246,28 @@ def test_a_weight_two_layers_read_is_packed_once_and_any_optimization_level_runs
     torch.testing.assert_close(lowered.exported_program().module()(x), expected, atol=ORT_DYNAMIC_BOUND, rtol=0)
 
 
+def test_a_weight_past_the_largest_packed_size_runs_as_blocks_of_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An LLM's head packs to hundreds of MB, which ONNX Runtime packs once per branch before it drops
+    the second copy: past ``LARGEST_PACKED`` a weight runs as blocks of rows, outputs unchanged, the
+    blocks of a weight two layers read made once."""
+    from torchdelegate.backends.onnxruntime import blockwise
+
+    torch.manual_seed(0)
+    program = td.quantize(torch.export.export(_Twice().eval(), (torch.randn(3, 64),)), "8da4w")
+    x = torch.randn(3, 64)
+    whole = td.to_edge_transform_and_lower(program, partitioner=[OnnxRuntimePartitioner()])
+    monkeypatch.setattr(blockwise, "LARGEST_PACKED", 700)  # 64 rows of 32 bytes: blocks of 22, 22 and 20 rows
+    blocks = td.to_edge_transform_and_lower(program, partitioner=[OnnxRuntimePartitioner()])
+    blocks.save(tmp_path / "blocks.tdp")
+    assert _kernel_calls(tmp_path / "blocks.tdp") == [6]
+    with td.load(tmp_path / "blocks.tdp") as loaded:
+        out = loaded.run("forward", x)
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    torch.testing.assert_close(out, whole.exported_program().module()(x), atol=1e-6, rtol=0)
+
+
 def test_the_blockwise_operator_computes_what_torchaos_ops_compute() -> None:
     from torchdelegate.quantization.linear import with_blockwise_linears
 

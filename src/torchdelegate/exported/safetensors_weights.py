@@ -148,6 +148,11 @@ def read_header(file: Path) -> dict[str, TensorLocation]:
         prefix = handle.read(8)
         if len(prefix) < 8:
             raise CheckpointError(f"{file} is not a safetensors file: it has no header")
+        if prefix.startswith(b"PK\x03\x04"):
+            raise CheckpointError(
+                f"{file} is not a safetensors file: it is a zip archive, as torch.save writes; save the weights with "
+                "safetensors.torch.save_file (or save_pretrained)"
+            )
         (length,) = struct.unpack("<Q", prefix)
         if length > min(_MAX_HEADER, size - 8):
             raise CheckpointError(f"{file} is not a safetensors file: its header length {length} is not in the file")

@@ -58,6 +58,11 @@ def export_lazily(
     state is bound to the safetensors files ``weights`` names (:func:`bind_weights`). The model's
     ``state_dict`` names are the files' tensor names; ``tensors`` gives the state the files do
     not hold (a non-persistent buffer the constructor computes), by the same names."""
+    if isinstance(build_model, torch.nn.Module):
+        raise TypeError(
+            f"export_lazily was given a {type(build_model).__name__} already built, with its weights in memory; give "
+            f"a function that builds it (lambda: {type(build_model).__name__}(...)), which runs without weights"
+        )
     with weightless():
         model = build_model()
     if not isinstance(model, torch.nn.Module):

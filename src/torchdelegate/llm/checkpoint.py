@@ -112,12 +112,19 @@ def _read_checkpoint(directory: Path, lazily: bool) -> Checkpoint:
             stop = _stop_tokens(model, _generation_config(transformers, directory))
             return Checkpoint(directory, model, assets, stop, positions, weights)
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, local_files_only=True, dtype=torch.float32
-        ).eval()
+        model, loading = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, dtype=torch.float32, output_loading_info=True
+        )
     except Exception as e:
         raise CheckpointError(f"{directory}: its weights cannot be loaded ({type(e).__name__}: {first_line(e)})") from e
-    return Checkpoint(directory, model, assets, _stop_tokens(model), positions, None, reason)
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:  # transformers would make them random: a file that generates noise
+        raise CheckpointError(
+            f"{directory}: its weights hold no tensor for {', '.join(missing[:3])}"
+            + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            + f" of {type(model).__name__}; save the checkpoint with this model's save_pretrained (its tensor names)"
+        )
+    return Checkpoint(directory, model.eval(), assets, _stop_tokens(model), positions, None, reason)
 
 
 def read_tokenizer(data: bytes, where: str) -> Any:

@@ -37,7 +37,8 @@ class OnnxRuntimeBackend(BackendDetails):
     backend_id = "onnxruntime"
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
     compile_cache_version = (
-        f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined, info, float32 scales"
+        f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined, info, float32 scales, "
+        "row blocks"
     )
     weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
     load_options = {

@@ -36,6 +36,8 @@ _NODE = "LinearBlockwise"
 _LOOKUP = "EmbeddingBlockwise"
 _KERNEL_DOMAIN = "com.microsoft"
 _ROWS_PER_STEP = 4096  # rows packed at a time: the temporaries stay a slice of a weight
+LARGEST_PACKED = 64 * 1024 * 1024
+"""Bytes of packed integers one ``MatMulNBits`` holds at most: a larger weight runs as blocks of rows."""
 
 
 def block_size(group_size: int, in_features: int) -> int | None:
@@ -218,7 +220,7 @@ class _Rewrite:
         if bias is not None:
             inputs += [None, bias]  # g_idx, then bias
         activation = node.attributes["dynamic_int8_activation"].as_int()
-        replace_node(self.model, node, self._product(inputs, columns, rows, bits, block, activation))
+        replace_node(self.model, node, self._products(node, inputs, columns, rows, bits, block, activation))
         release_buffer(_constant(scale, "scales"))
         if points is not None:
             release_buffer(points)
@@ -304,6 +306,39 @@ class _Rewrite:
             take_place(self.model, node.outputs[0], output)
             self.model.graph.remove(node, safe=True)
         return True
+
+    def _products(
+        self, node: Any, inputs: list[Any], columns: int, rows: int, bits: int, block: int, activation: int
+    ) -> Any:
+        """The layer's ``MatMulNBits``; for a weight whose packed integers pass ``LARGEST_PACKED`` (an
+        LLM's head), one per block of rows, their outputs joined by a ``Concat``.
+
+        ONNX Runtime packs a weight once for each branch that reads it (prefill's and decode's) and
+        lets the second copy go only once the first is found: a load's peak passes its end by the
+        largest packed weight, which blocks of rows keep small."""
+        per_row = -(-columns // block) * block * bits // 8
+        count = -(-rows * per_row // LARGEST_PACKED)
+        if count <= 1:
+            return self._product(inputs, columns, rows, bits, block, activation)
+        step = -(-rows // count)
+        outputs = []
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            part = [inputs[0], *(None if v is None else self._rows(v, rows, start, stop) for v in inputs[1:])]
+            product = self._product(part, columns, stop - start, bits, block, activation)
+            self.model.graph.insert_before(node, product)
+            outputs.append(product.outputs[0])
+        return self.ir.node("Concat", outputs, {"axis": -1})
+
+    def _rows(self, value: Any, rows: int, start: int, stop: int) -> Any:
+        """Rows ``start:stop`` of the initializer ``value`` (``rows`` rows, however it is shaped), a view
+        of its array, made once."""
+
+        def view() -> np.ndarray:
+            array = _constant(value, "rows")
+            return (array if array.shape[0] == rows else array.reshape(rows, -1))[start:stop]
+
+        return self._made(value.name, f"rows{start}-{stop}", view, True)
 
     def _product(self, inputs: list[Any], columns: int, rows: int, bits: int, block: int, activation: int) -> Any:
         """The ``MatMulNBits`` node: int8 arithmetic (``accuracy_level`` 4) for dynamic int8 activations,
