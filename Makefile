@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 demo: $(STAMP)
 	$(VENV)/bin/torchdelegate demo

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -89,6 +88,26 @@ def define(parser: argparse.ArgumentParser) -> None:
     chat.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
     _add_sampling(chat, 256)
     chat.set_defaults(handler=llm_chat_command)
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server for a program llm export wrote",
+        description="Serve OpenAI's /v1/chat/completions, /v1/completions and /v1/models (and /health) over HTTP. "
+        "Worker processes each run one request at a time, sharing one copy of the prepared weights; more "
+        "requests wait in a bounded queue. Needs the serve extra: pip install 'torchdelegate[serve]'.",
+    )
+    serve.add_argument("file", type=Path)
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine)")
+    serve.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0: any free port)")
+    serve.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    serve.add_argument(
+        "--queue", type=int, default=16, metavar="N", help="requests that may wait for a worker (default 16; more: 429)"
+    )
+    serve.add_argument(
+        "--api-key", metavar="KEY", help="refuse (401) every request without 'Authorization: Bearer KEY'"
+    )
+    add_verbose(serve)
+    add_backend_options(serve)
+    serve.set_defaults(handler=llm_serve_command)
 
 
 def _add_sampling(parser: argparse.ArgumentParser, tokens: int) -> None:
@@ -128,6 +147,8 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
                 raise UsageError(f"--prefill-chunk {args.prefill_chunk}: give fewer tokens than the cache's {cache}")
             if checkpoint.eager_reason is not None:
                 print(f"reading the weights whole ({checkpoint.eager_reason})", file=out)
+            elif checkpoint.weights is not None:
+                print("reading the weights by memory map from the safetensors files, as stored", file=out)
             programs = checkpoint.bound(export_methods(checkpoint.model, cache, args.prefill_chunk))
         except CheckpointError as error:
             raise CommandError(str(error)) from error
@@ -152,15 +173,15 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
 
 def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
     sampling = _sampling(args)
-    with loaded(args.file, None, (), args.backend_options) as program:
-        model = _LanguageModel(program)
+    with loaded(args.file, None, (), args.backend_options) as program, _read_as_text():
+        model = _language_model(program)
         if args.chat:
-            text = model.chat_template().render([{"role": "user", "content": args.prompt}])
-            prompt = model.tokenizer.encode(text, add_special_tokens=False).ids
+            prompt = model.chat_prompt([{"role": "user", "content": args.prompt}], _WITHOUT_CHAT)
         else:
-            prompt = model.tokenizer.encode(args.prompt).ids
-        model.check_fits(prompt)
-        generation = model.generator.generate(prompt, args.max_new_tokens, sampling, on_token=_Stream(model, out))
+            prompt = model.encode(args.prompt)
+        model.refuse_unfitting(prompt)
+        generator = model.generator()
+        generation = generator.generate(prompt, args.max_new_tokens, sampling, on_token=_Stream(model, out))
     print("", file=out)
     if args.ids:
         print(f"token ids: {generation.tokens}", file=out)
@@ -181,11 +202,11 @@ def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
     not hold yet. When the conversation outgrows the cache, the earlier turns are dropped."""
     sampling = _sampling(args)
     interactive = sys.stdin.isatty()
-    with loaded(args.file, None, (), args.backend_options) as program:
-        model = _LanguageModel(program)
+    with loaded(args.file, None, (), args.backend_options) as program, _read_as_text():
+        model = _language_model(program)
         conversation = _Conversation(model, args.system)
         print(
-            f"chatting with {args.file.name} ({model.settings['max_cache']} positions of context); "
+            f"chatting with {args.file.name} ({model.max_cache} positions of context); "
             "/reset starts over, /exit or end of input ends",
             file=out,
         )
@@ -198,7 +219,7 @@ def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
             elif message:
                 try:
                     generation = conversation.reply(message, args.max_new_tokens, sampling, out)
-                except CommandError as error:  # this message is refused; the conversation goes on
+                except (CommandError, ValueError) as error:  # this message is refused; the conversation goes on
                     print(f"torchdelegate: error: {error}", file=sys.stderr)
                     continue
                 stats = generation.stats
@@ -210,6 +231,57 @@ def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
                     file=out,
                 )
     return EXIT_OK
+
+
+def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the file until SIGTERM or Ctrl-C; the weights are prepared first (in a process of its
+    own) so that every worker maps the same packed copy."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise CommandError(
+            f"llm serve needs the serve extra ({e.name} is missing): pip install 'torchdelegate[serve]'"
+        ) from e
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: give 1 or more")
+    if args.queue < 0:
+        raise UsageError(f"--queue {args.queue}: give 0 or more")
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port {args.port}: give 0 to 65535")
+    import os
+
+    from torchdelegate.cli.command import backend_options
+    from torchdelegate.llm.serving.http_app import listening_socket, serve
+    from torchdelegate.llm.serving.worker_pool import WorkerPool, prepared_in_child
+
+    try:
+        listening = listening_socket(args.host, args.port)
+    except OSError as e:
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+    with listening, loaded(args.file, None, (), args.backend_options) as program, _read_as_text():
+        model = _language_model(program)
+        options = _per_worker_threads(backend_options(args.backend_options), program, args.workers)
+        for line in prepared_in_child(str(args.file), options):
+            print(line, file=out, flush=True)
+        pool = WorkerPool(str(args.file), args.workers, args.queue, options)
+        try:
+            serve(model, pool, listening, args.api_key or os.environ.get("TORCHDELEGATE_API_KEY") or None, out)
+        except RuntimeError as e:
+            raise CommandError(str(e)) from e
+    return EXIT_OK
+
+
+def _per_worker_threads(options: dict[str, dict[str, str]], program: Any, workers: int) -> dict[str, dict[str, str]]:
+    """``options`` with ONNX Runtime's threads shared out among the workers (the cores over the
+    workers, at least one each) unless given: workers that each took every core would fight."""
+    import os
+
+    if not any(d.backend_id == "onnxruntime" for d in program.delegates):
+        return options
+    onnxruntime = dict(options.get("onnxruntime", {}))
+    onnxruntime.setdefault("intra_op_num_threads", str(max(1, (os.cpu_count() or 1) // workers)))
+    return {**options, "onnxruntime": onnxruntime}
 
 
 def _next_message(interactive: bool, out: TextIO) -> str | None:
@@ -235,71 +307,12 @@ def _sampling(args: argparse.Namespace) -> Any:
         raise UsageError(str(error)) from error
 
 
-class _LanguageModel:
-    """What a file ``llm export`` wrote carries to generate text: its settings, tokenizer and generator."""
-
-    def __init__(self, program: Any) -> None:
-        from torchdelegate.llm import Generator
-        from torchdelegate.llm.checkpoint import SETTINGS
-
-        if SETTINGS not in program.asset_names or "tokenizer.json" not in program.asset_names:
-            raise CommandError(f"{program.path} carries no tokenizer: make it with torchdelegate llm export")
-        self.program = program
-        program.initialize()  # the first token's time is then the prompt's, not the sessions'
-        self.settings = json.loads(program.asset(SETTINGS))
-        self.tokenizer = _tokenizer(program)
-        stop_tokens, max_cache = self.settings["stop_tokens"], self.settings["max_cache"]
-        self.generator = Generator(program, stop_tokens=stop_tokens, max_positions=max_cache)
-
-    def check_fits(self, prompt: list[int]) -> None:
-        if len(prompt) >= self.settings["max_cache"]:
-            raise CommandError(
-                f"the prompt is {len(prompt)} tokens and the program's cache holds {self.settings['max_cache']}; "
-                "shorten it, or export with a larger --max-cache"
-            )
-
-    def chat_template(self) -> _ChatTemplate:
-        program, names = self.program, self.program.asset_names
-        config = json.loads(program.asset("tokenizer_config.json")) if "tokenizer_config.json" in names else {}
-        template = program.asset("chat_template.jinja").decode() if "chat_template.jinja" in names else None
-        template = template or config.get("chat_template")
-        if not isinstance(template, str):
-            raise CommandError(
-                f"{program.path} carries no chat template (its checkpoint had none): use llm generate without --chat"
-            )
-        return _ChatTemplate(program.path, template, config)
-
-
-class _ChatTemplate:
-    """The checkpoint's chat template, which turns a conversation into the text the model reads.
-
-    The template comes from the file: it is rendered in jinja2's immutable sandbox, which gives it
-    no access to Python beyond the values passed."""
-
-    def __init__(self, path: Path, template: str, config: dict[str, Any]) -> None:
-        from torchdelegate.errors import CheckpointError
-        from torchdelegate.llm.checkpoint import read_chat_template
-
-        self.path = path
-        self.special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
-        try:
-            self.template = read_chat_template(template, f"{path}: its chat template")
-        except CheckpointError as e:
-            raise CommandError(str(e)) from e
-
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """``messages`` as the text the model reads, ending where the assistant's reply begins."""
-        try:
-            return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
-        except Exception as e:
-            raise CommandError(f"{self.path}: its chat template cannot be rendered ({type(e).__name__}: {e})") from e
-
-
 class _Conversation:
     """The messages so far, and the tokens the KV cache holds at positions 0, 1, ..."""
 
-    def __init__(self, model: _LanguageModel, system: str | None) -> None:
-        self.model, self.template = model, model.chat_template()
+    def __init__(self, model: Any, system: str | None) -> None:
+        self.model, self.generator = model, model.generator()
+        model.chat_template(_WITHOUT_CHAT)  # no template: refused before the first message
         self.opening = [{"role": "system", "content": system}] if system else []
         self.reset()
 
@@ -309,65 +322,55 @@ class _Conversation:
 
     def reply(self, message: str, max_new_tokens: int, sampling: Any, out: TextIO) -> Any:
         """Answer ``message``, streaming the reply to ``out``; a message that does not fit the cache even
-        alone is refused (CommandError) and leaves the conversation as it was."""
+        alone is refused (ValueError) and leaves the conversation as it was."""
+        from torchdelegate.llm.language_model import common_prefix
+
         turn = {"role": "user", "content": message}
-        self.model.check_fits(self._prompt([*self.opening, turn]))
-        prompt = self._prompt([*self.messages, turn])
-        if len(prompt) >= self.model.settings["max_cache"]:
+        self.model.refuse_unfitting(self.model.chat_prompt([*self.opening, turn]))
+        prompt = self.model.chat_prompt([*self.messages, turn])
+        if len(prompt) >= self.model.max_cache:
             print("(the conversation outgrew the cache: earlier turns are forgotten)", file=out)
             self.messages = list(self.opening)
-            prompt = self._prompt([*self.messages, turn])
+            prompt = self.model.chat_prompt([*self.messages, turn])
         self.messages.append(turn)
-        held = min(_common_prefix(self.cached, prompt), len(prompt) - 1)
+        held = min(common_prefix(self.cached, prompt), len(prompt) - 1)
         stream = _Stream(self.model, out)
-        generation = self.model.generator.generate(prompt, max_new_tokens, sampling, on_token=stream, cached=held)
+        generation = self.generator.generate(prompt, max_new_tokens, sampling, on_token=stream, cached=held)
         self.cached = prompt + generation.tokens[:-1]  # the last token chosen was never read
-        self.messages.append({"role": "assistant", "content": stream.text()})
+        self.messages.append({"role": "assistant", "content": self.model.decode(generation.tokens)})
         return generation
 
-    def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        return list(self.model.tokenizer.encode(self.template.render(messages), add_special_tokens=False).ids)
+
+_WITHOUT_CHAT = "use llm generate without --chat"
 
 
-def _common_prefix(first: list[int], second: list[int]) -> int:
-    length = min(len(first), len(second))
-    return next((i for i in range(length) if first[i] != second[i]), length)
+def _language_model(program: Any) -> Any:
+    from torchdelegate.llm.language_model import LanguageModel
+
+    return LanguageModel(program)
 
 
-def _token_text(value: Any) -> str:
-    """A special token's text as tokenizer_config.json gives it (a string, or an object with ``content``)."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else ""
-
-
-def _tokenizer(program: Any) -> Any:
+@contextlib.contextmanager
+def _read_as_text() -> Any:
+    """What the file carries (tokenizer, chat template) and the prompt's fit, refused as a command error."""
     from torchdelegate.errors import CheckpointError
-    from torchdelegate.llm.checkpoint import read_tokenizer
 
     try:
-        return read_tokenizer(program.asset("tokenizer.json"), f"{program.path}: its tokenizer.json")
-    except ImportError as e:
-        raise CommandError("generating text needs the tokenizers library: pip install tokenizers") from e
-    except CheckpointError as e:
-        raise CommandError(str(e)) from e
+        yield
+    except (CheckpointError, ValueError) as error:
+        raise CommandError(str(error)) from error
 
 
 class _Stream:
-    """Prints each token's text as it comes: the decoded text so far, less what was printed."""
+    """Prints each token's text as it comes."""
 
-    def __init__(self, model: _LanguageModel, out: TextIO) -> None:
-        self.tokenizer, self.out = model.tokenizer, out
-        self.tokens: list[int] = []
-        self.printed = ""
+    def __init__(self, model: Any, out: TextIO) -> None:
+        from torchdelegate.llm.language_model import TextStream
+
+        self.text, self.out = TextStream(model), out
 
     def __call__(self, token: int) -> None:
-        self.tokens.append(token)
-        text = self.text()
-        if text.startswith(self.printed) and not text.endswith("\ufffd"):  # a character still being spelled
-            self.out.write(text[len(self.printed) :])
+        gained = self.text.add(token)
+        if gained:
+            self.out.write(gained)
             self.out.flush()
-            self.printed = text
-
-    def text(self) -> str:
-        return str(self.tokenizer.decode(self.tokens, skip_special_tokens=True))

@@ -1,0 +1,148 @@
+"""A program ``llm export`` wrote, as text in and text out: the settings, tokenizer and chat template
+the file carries, and the generator over its ``prefill`` and ``decode``.
+
+``llm generate``, ``llm chat`` and ``llm serve`` all read a file through this class, so a prompt
+becomes the same tokens and tokens the same text whichever command runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torchdelegate.errors import CheckpointError
+from torchdelegate.llm.checkpoint import SETTINGS, read_chat_template, read_tokenizer
+from torchdelegate.llm.generation import Generator
+from torchdelegate.runtime.program import Program
+
+NO_TEMPLATE = "give a prompt, not messages"
+
+
+class LanguageModel:
+    """``program``'s generation settings (``max_cache``, ``stop_tokens``), tokenizer and chat
+    template, and a generator over its methods (:meth:`generator`, which makes the sessions: a
+    process that only reads and writes text, such as a server's front, never makes them).
+
+    A file without the tokenizer ``llm export`` stores is a ``CheckpointError``."""
+
+    def __init__(self, program: Program) -> None:
+        if SETTINGS not in program.asset_names or "tokenizer.json" not in program.asset_names:
+            raise CheckpointError(f"{program.path} carries no tokenizer: make it with torchdelegate llm export")
+        self.program = program
+        self._generator: Generator | None = None
+        self._template: ChatTemplate | None = None
+        self.settings = json.loads(program.asset(SETTINGS))
+        self.max_cache: int = self.settings["max_cache"]
+        self.stop_tokens: list[int] = list(self.settings["stop_tokens"])
+        try:
+            self.tokenizer = read_tokenizer(program.asset("tokenizer.json"), f"{program.path}: its tokenizer.json")
+        except ImportError as e:
+            raise CheckpointError("generating text needs the tokenizers library: pip install tokenizers") from e
+
+    def generator(self) -> Generator:
+        """The generator over the program's ``prefill`` and ``decode``, its sessions made now, so a
+        first token's time is the prompt's, not the sessions'."""
+        if self._generator is None:
+            self.program.initialize()
+            self._generator = Generator(self.program, stop_tokens=self.stop_tokens, max_positions=self.max_cache)
+        return self._generator
+
+    def encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        """``text``'s token ids; ``special_tokens=False``: without those the tokenizer adds (a
+        rendered chat template holds its own)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=special_tokens).ids)
+
+    def chat_prompt(self, messages: list[dict[str, str]], instead: str = NO_TEMPLATE) -> list[int]:
+        """The token ids of ``messages`` rendered by the checkpoint's chat template (``instead``: see
+        :meth:`chat_template`)."""
+        return self.encode(self.chat_template(instead).render(messages), special_tokens=False)
+
+    def decode(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
+    def refuse_unfitting(self, prompt: list[int]) -> None:
+        """A ``ValueError`` when ``prompt`` leaves the cache no room for a new token."""
+        if len(prompt) >= self.max_cache:
+            raise ValueError(
+                f"the prompt is {len(prompt)} tokens and the program's cache holds {self.max_cache}; "
+                "shorten it, or export with a larger --max-cache"
+            )
+
+    def chat_template(self, instead: str = NO_TEMPLATE) -> ChatTemplate:
+        """The checkpoint's chat template; a ``CheckpointError`` ending with ``instead`` (what to do
+        without one) if its checkpoint had none."""
+        if self._template is not None:
+            return self._template
+        program, names = self.program, self.program.asset_names
+        config = json.loads(program.asset("tokenizer_config.json")) if "tokenizer_config.json" in names else {}
+        template = program.asset("chat_template.jinja").decode() if "chat_template.jinja" in names else None
+        template = template or config.get("chat_template")
+        if not isinstance(template, str):
+            raise CheckpointError(f"{program.path} carries no chat template (its checkpoint had none): {instead}")
+        self._template = ChatTemplate(program.path, template, config)
+        return self._template
+
+
+class ChatTemplate:
+    """The checkpoint's chat template, which turns a conversation into the text the model reads.
+
+    It is rendered in jinja2's immutable sandbox, which gives a template from a file no access to
+    Python beyond the values passed."""
+
+    def __init__(self, path: str | Path, template: str, config: dict[str, Any]) -> None:
+        self.path = path
+        self.special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
+        self.template = read_chat_template(template, f"{path}: its chat template")
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """``messages`` as the text the model reads, ending where the assistant's reply begins; a
+        ``CheckpointError`` when the template cannot render them."""
+        try:
+            return str(self.template.render(messages=messages, add_generation_prompt=True, **self.special))
+        except Exception as e:
+            raise CheckpointError(f"{self.path}: its chat template cannot be rendered ({type(e).__name__}: {e})") from e
+
+
+class TextStream:
+    """The text of tokens as they come: each :meth:`add` returns what the decoded text gained,
+    holding back a character still being spelled by the tokens to come.
+
+    Only a window of the last tokens is decoded each time, from the token before the last text
+    given out (decoding from there keeps the space a tokenizer drops at the start of a text), so a
+    long reply costs each token the same."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+        self.tokens: list[int] = []
+        self.start = 0  # the window's first token
+        self.given = 0  # the tokens whose text is given out
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        before = self.model.decode(self.tokens[self.start : self.given])
+        text = self.model.decode(self.tokens[self.start :])
+        if len(text) <= len(before) or text.endswith("\ufffd"):
+            return ""
+        self.start, self.given = self.given, len(self.tokens)
+        return text[len(before) :]
+
+    def rest(self) -> str:
+        """What is left once no token follows (an unfinished character included)."""
+        before = self.model.decode(self.tokens[self.start : self.given])
+        text = self.model.decode(self.tokens[self.start :])
+        self.start = self.given = len(self.tokens)
+        return text[len(before) :]
+
+
+def common_prefix(first: list[int], second: list[int]) -> int:
+    """How many leading tokens ``first`` and ``second`` share."""
+    length = min(len(first), len(second))
+    return next((i for i in range(length) if first[i] != second[i]), length)
+
+
+def _token_text(value: Any) -> str:
+    """A special token's text as tokenizer_config.json gives it (a string, or an object with ``content``)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""

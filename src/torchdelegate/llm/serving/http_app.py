@@ -1,0 +1,356 @@
+"""The HTTP side of ``llm serve``: OpenAI's routes on Starlette, run by uvicorn.
+
+The front process reads and writes text only (the file's tokenizer and chat template): it never
+makes a session, so the weights live in the workers alone. It turns a request into prompt tokens,
+hands them to the :class:`~torchdelegate.llm.serving.worker_pool.WorkerPool`, and turns the tokens
+that come back into text, whole or as server-sent events, cut at the first stop sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import signal
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from torchdelegate.errors import CheckpointError
+from torchdelegate.llm.language_model import LanguageModel, TextStream
+from torchdelegate.llm.serving.openai_requests import GenerationRequest, RequestError, generation_request, parsed_body
+from torchdelegate.llm.serving.worker_pool import Job, JobEnd, WorkerPool
+from torchdelegate.llm.serving.worker_process import CANCELLED, sampling_fields
+
+COMPLETION_TOKENS = 16
+"""``/v1/completions``' default ``max_tokens``, as OpenAI's; a chat's reply may fill the cache."""
+GRACEFUL_SECONDS = 30
+"""How long a stopping server lets requests in flight finish before it fails them."""
+_FINISH = {"stop token": "stop", "max new tokens": "length", "cache full": "length", CANCELLED: "stop"}
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (0: a free port), made before anything slow so that an
+    address that cannot be had is refused at once (``OSError``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def serve(model: LanguageModel, pool: WorkerPool, listening: socket.socket, api_key: str | None, out: TextIO) -> None:
+    """Serve ``model``'s file on ``listening`` until SIGTERM or Ctrl-C; the line ``serving NAME at
+    http://HOST:PORT/v1`` is printed once every worker is ready. A worker that cannot load the
+    program stops the server with a ``RuntimeError``; a stop asked for while the workers load stops
+    it too, and is a clean exit like one asked for later. The socket is closed when it returns."""
+    host, bound = listening.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    ready = (
+        f"serving {model_name(model)} at http://{shown}:{bound}/v1 with {pool.size} worker(s); Ctrl-C or SIGTERM stops"
+    )
+    # uvicorn stops gracefully on either signal, then passes it on to the handler it found: a quiet one,
+    # so that a stop asked for is a clean exit, not a KeyboardInterrupt or a death by SIGTERM.
+    before = {number: signal.signal(number, _stop_asked) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with listening:
+            asyncio.run(_served(model, pool, api_key, listening, lambda: print(ready, file=out, flush=True)))
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+    print("stopped", file=out, flush=True)
+
+
+async def _served(model: LanguageModel, pool: WorkerPool, api_key: str | None, listening: socket.socket,
+                  announce: Any) -> None:  # fmt: skip
+    """Start the workers (a stop signal meanwhile ends it here), then serve until a stop signal;
+    the workers are stopped whatever happens."""
+    import uvicorn
+
+    loop = asyncio.get_running_loop()
+    starting = asyncio.ensure_future(pool.start())
+    for number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(number, starting.cancel)
+    try:
+        try:
+            await starting
+        except asyncio.CancelledError:
+            return
+        finally:
+            for number in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(number)
+                signal.signal(number, _stop_asked)
+        announce()
+        app = server_app(model, pool, api_key)
+        config = uvicorn.Config(
+            app, lifespan="off", log_level="warning", timeout_graceful_shutdown=GRACEFUL_SECONDS, access_log=False
+        )
+        await uvicorn.Server(config).serve(sockets=[listening])
+    finally:
+        await pool.close()
+
+
+def _stop_asked(number: int, frame: Any) -> None:
+    """What a stop signal does once uvicorn has stopped: nothing more."""
+
+
+def model_name(model: LanguageModel) -> str:
+    """The name requests give in ``model``: the file's name without its suffix."""
+    return Path(model.program.path).stem
+
+
+def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> Any:
+    """The Starlette application: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
+    ``/health``; with ``api_key``, every request without ``Authorization: Bearer <key>`` is a 401."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    name = model_name(model)
+    created = int(Path(model.program.path).stat().st_mtime)
+    card = {"id": name, "object": "model", "created": created, "owned_by": "torchdelegate"}
+
+    async def health(request: Request) -> Response:
+        status = pool.status()
+        healthy = status["workers"] > 0 and not pool.closing
+        return JSONResponse({"status": "ok" if healthy else "unavailable", **status}, 200 if healthy else 503)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def one_model(request: Request) -> Response:
+        asked = request.path_params["model"]
+        if asked != name:
+            raise RequestError(
+                404, f"the model {asked!r} does not exist: this server serves {name!r}", "model", code="model_not_found"
+            )
+        return JSONResponse(card)
+
+    async def chat(request: Request) -> Response:
+        return await _generate(request, True)
+
+    async def completions(request: Request) -> Response:
+        return await _generate(request, False)
+
+    async def _generate(request: Request, chat: bool) -> Response:
+        wanted = generation_request(parsed_body(await request.body()), chat, name)
+        prompt = _prompt_tokens(model, wanted)
+        room = model.max_cache - len(prompt)
+        asked = wanted.max_tokens or (room if chat else COMPLETION_TOKENS)
+        job = pool.submit(prompt, min(asked, room), sampling_fields(wanted.sampling))
+        reply = _Reply(model, pool, job, wanted)
+        if wanted.stream:
+            return StreamingResponse(reply.events(), media_type="text/event-stream")
+        whole = asyncio.ensure_future(reply.whole())
+        left = asyncio.ensure_future(_client_left(request))
+        try:
+            await asyncio.wait([whole, left], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            pool.cancel(job)  # the client left: its worker is freed
+        if not whole.done():
+            whole.cancel()
+            return Response(status_code=499)  # no one reads it
+        return JSONResponse(whole.result())
+
+    async def refused(request: Request, error: Exception) -> Response:
+        assert isinstance(error, RequestError)
+        return JSONResponse(error.body(), error.status)
+
+    async def http_error(request: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        return JSONResponse(RequestError(error.status_code, message).body(), error.status_code)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", one_model, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    middleware = [Middleware(_KeyCheck, key=api_key)] if api_key else []
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={RequestError: refused, HTTPException: http_error},
+    )
+
+
+async def _client_left(request: Any) -> None:
+    """Returns when the client of ``request`` (its body read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _KeyCheck:
+    """Refuses (401, OpenAI's error shape) every request whose ``Authorization`` is not ``Bearer <key>``."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = RequestError(
+                    401,
+                    "no valid API key: send the header 'Authorization: Bearer <key>' with the server's key",
+                    code="invalid_api_key",
+                )
+                body = json.dumps(error.body()).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def _prompt_tokens(model: LanguageModel, wanted: GenerationRequest) -> list[int]:
+    """The request's prompt as token ids; a 400 when it leaves the cache no room for a token."""
+    where = "messages" if wanted.chat else "prompt"
+    try:
+        if wanted.messages is not None:
+            prompt = model.chat_prompt(wanted.messages, "send a prompt to /v1/completions instead")
+        elif isinstance(wanted.prompt, str):
+            prompt = model.encode(wanted.prompt)
+        else:
+            prompt = list(wanted.prompt or [])
+            vocabulary = model.tokenizer.get_vocab_size(with_added_tokens=True)
+            if max(prompt) >= vocabulary:
+                raise RequestError(400, f"prompt: token id {max(prompt)} is past the vocabulary's {vocabulary}", where)
+    except CheckpointError as e:
+        raise RequestError(400, str(e), where) from None
+    if not prompt:
+        raise RequestError(400, f"the {where} comes to no tokens: give some text", where)
+    if len(prompt) >= model.max_cache:
+        raise RequestError(
+            400,
+            f"the {where} is {len(prompt)} tokens and the model's cache holds {model.max_cache} positions: "
+            "shorten it (the reply needs at least one position)",
+            where,
+            code="context_length_exceeded",
+        )
+    return prompt
+
+
+class _Reply:
+    """A job's tokens as OpenAI's response: text cut at the first stop sequence (the job cancelled
+    there), the finish reason and the usage counts."""
+
+    def __init__(self, model: LanguageModel, pool: WorkerPool, job: Job, wanted: GenerationRequest) -> None:
+        self.pool, self.job, self.wanted = pool, job, wanted
+        self.text = TextStream(model)
+        self.kept = ""  # the text so far, up to any stop sequence
+        self.sent = 0  # how much of it has been given out
+        self.stopped = False
+        self.identifier = f"{'chatcmpl' if wanted.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    async def whole(self) -> dict[str, Any]:
+        while True:
+            event = await self.job.events.get()
+            if isinstance(event, int):
+                self._add(self.text.add(event))
+            elif isinstance(event, RequestError):
+                raise event
+            else:
+                self._add(self.text.rest(), final=True)
+                return self._body(self._released(final=True), event)
+
+    async def events(self) -> AsyncIterator[str]:
+        try:
+            if self.wanted.chat:
+                yield _event(self._chunk({"role": "assistant", "content": ""}, None))
+            while True:
+                event = await self.job.events.get()
+                if isinstance(event, RequestError):
+                    yield _event(event.body())
+                    return
+                final = not isinstance(event, int)
+                self._add(self.text.rest() if final else self.text.add(event), final=final)
+                gained = self._released(final)
+                if gained:
+                    yield _event(self._chunk(self._delta(gained), None))
+                if final:
+                    assert isinstance(event, JobEnd)
+                    yield _event(self._chunk(self._delta("") if self.wanted.chat else "", self._finish(event)))
+                    if self.wanted.include_usage:
+                        yield _event({**self._head(), "choices": [], "usage": self._usage(event)})
+                    yield "data: [DONE]\n\n"
+                    return
+        finally:
+            self.pool.cancel(self.job)  # the client left, or it is over: either way its worker is freed
+
+    def _add(self, gained: str, final: bool = False) -> None:
+        if self.stopped:
+            return
+        self.kept += gained
+        cuts = [self.kept.find(stop) for stop in self.wanted.stop]
+        cuts = [cut for cut in cuts if cut >= 0]
+        if cuts:
+            self.kept = self.kept[: min(cuts)]
+            self.stopped = True
+            self.pool.cancel(self.job)
+
+    def _released(self, final: bool) -> str:
+        """What may be given out now: all but a tail that could begin a stop sequence."""
+        end = len(self.kept)
+        if not (final or self.stopped):
+            end -= _longest_stop_start(self.kept, self.wanted.stop)
+        gained = self.kept[self.sent : end]
+        self.sent = max(self.sent, end)
+        return gained
+
+    def _finish(self, end: JobEnd) -> str:
+        return "stop" if self.stopped else _FINISH.get(end.finish, "stop")
+
+    def _usage(self, end: JobEnd) -> dict[str, Any]:
+        prompt, completion = len(self.job.prompt), len(self.job.generated)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": end.cached},
+        }
+
+    def _head(self) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.wanted.chat else "text_completion"
+        return {"id": self.identifier, "object": kind, "created": self.created, "model": self.wanted.model}
+
+    def _delta(self, text: str) -> Any:
+        return {"content": text} if self.wanted.chat else text
+
+    def _chunk(self, delta: Any, finish: str | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        choice.update({"delta": delta, "logprobs": None} if self.wanted.chat else {"text": delta, "logprobs": None})
+        return {**self._head(), "choices": [choice]}
+
+    def _body(self, text: str, end: JobEnd) -> dict[str, Any]:
+        finish = self._finish(end)
+        if self.wanted.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            kind = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish}
+            kind = "text_completion"
+        head = {"id": self.identifier, "object": kind, "created": self.created, "model": self.wanted.model}
+        return {**head, "choices": [{**choice, "logprobs": None}], "usage": self._usage(end)}
+
+
+def _longest_stop_start(text: str, stops: list[str]) -> int:
+    """The length of the longest end of ``text`` that begins one of ``stops``."""
+    longest = 0
+    for stop in stops:
+        for length in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:length]):
+                longest = length
+                break
+    return longest
+
+
+def _event(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

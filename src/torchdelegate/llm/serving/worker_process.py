@@ -1,0 +1,109 @@
+"""One serving worker: a process that loads the program once and generates for one request at a time.
+
+Each worker owns its program's KV cache, so a request never sees another's state: a request
+reads its prompt into the cache from the first position where the cache differs from it, and the
+positions past that are rewritten before attention reads them. What the cache holds after a
+request (its prompt and the tokens read back) is kept, so the next request that repeats it, a
+conversation sending its history again, reads only what is new (prefix caching).
+
+The worker speaks over one ``multiprocessing`` connection, in tuples:
+
+- to the worker: ``("job", id, prompt, max_tokens, sampling)``, ``("cancel", id)``, ``None`` (stop);
+- from the worker: ``("ready", pid)``, ``("failed", message)`` (could not load),
+  ``("token", id, token)``, ``("done", id, finish, cached, seconds_to_first_token, decode_seconds)``,
+  ``("error", id, message)``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from typing import Any
+
+CANCELLED = "cancelled"
+"""The finish of a job stopped by ``("cancel", id)``: a stop sequence was met or the client left."""
+
+
+class _Cancelled(Exception):
+    """The job is stopped; ``last``: the server is stopping too, so the worker ends after it."""
+
+    def __init__(self, last: bool = False) -> None:
+        super().__init__()
+        self.last = last
+
+
+def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection: Connection) -> None:
+    """The worker's life: load ``path``, say ready, then run each job sent until ``None`` or the
+    connection closes. Started by :class:`~torchdelegate.llm.serving.worker_pool.WorkerPool`."""
+    for number in (signal.SIGINT, signal.SIGTERM):  # sent to the whole group: the server stops its workers itself
+        signal.signal(number, signal.SIG_IGN)
+    import torch
+
+    from torchdelegate.llm.generation import Sampling
+    from torchdelegate.llm.language_model import LanguageModel, common_prefix
+    from torchdelegate.runtime.program import load
+
+    try:
+        program = load(path, backend_options=backend_options or None)
+        generator = LanguageModel(program).generator()
+    except Exception as e:
+        connection.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    torch.seed()  # unseeded sampling differs between workers and restarts, as it would between servers
+    connection.send(("ready", os.getpid()))
+    held: list[int] = []
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        if message[0] != "job":
+            continue  # a cancel that came after its job ended
+        _, job, prompt, max_tokens, sampling = message
+        cached = min(common_prefix(held, prompt), len(prompt) - 1)
+        held = held[:cached]  # all the cache is sure to hold should this job fail
+        tokens: list[int] = []
+
+        def on_token(token: int, job: Any = job, tokens: list[int] = tokens) -> None:
+            tokens.append(token)
+            connection.send(("token", job, token))
+            while connection.poll():
+                note = connection.recv()
+                if note is None or (note[0] == "cancel" and note[1] == job):
+                    raise _Cancelled(last=note is None)
+
+        try:
+            generation = generator.generate(prompt, max_tokens, Sampling(**sampling), on_token=on_token, cached=cached)
+        except _Cancelled as cancelled:
+            connection.send(("done", job, CANCELLED, cached, 0.0, 0.0))
+            if cancelled.last:
+                return
+        except Exception as e:
+            held = []
+            connection.send(("error", job, f"{type(e).__name__}: {e}"))
+            continue
+        else:
+            stats = generation.stats
+            connection.send(("done", job, generation.finish, cached, stats.time_to_first_token, stats.decode_time))
+        held = prompt + tokens[:-1]  # the last token chosen was never read into the cache
+
+
+def prepare_program(path: str, backend_options: dict[str, dict[str, str]], connection: Connection) -> None:
+    """``Program.prepare`` of ``path`` in a process of its own: the lines it printed, or why it could
+    not (the machine cache is off...), sent as ``("prepared", lines)`` or ``("failed", message)``."""
+    from torchdelegate.runtime.program import load
+
+    try:
+        with load(path, backend_options=backend_options or None) as program:
+            connection.send(("prepared", program.prepare()))
+    except Exception as e:
+        connection.send(("failed", f"{type(e).__name__}: {e}"))
+
+
+def sampling_fields(sampling: Any) -> dict[str, Any]:
+    """A ``Sampling`` as the plain values a job carries to a worker."""
+    return asdict(sampling)
