@@ -377,7 +377,7 @@ def _decode_speed(streams: list[dict[str, Any]]) -> float:
 
 
 def _figures(figures: dict[str, Any]) -> dict[str, Any]:
-    return {k: figures.get(k) for k in ("wall_s", "peak_rss_bytes", "returncode")}
+    return {k: figures.get(k) for k in ("wall_s", "peak_rss_bytes", "others_busy")}
 
 
 def page(data: dict[str, Any]) -> list[str]:

@@ -66,7 +66,7 @@ class _Server:
         return children
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one server for the worker that runs the group, whatever runs between
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Server]:
     place = tmp_path_factory.mktemp("serve")
     model = tiny_llama(vocab_size=512)
@@ -221,8 +221,13 @@ def test_curl_streams_server_sent_events_and_lists_the_model(server: _Server) ->
 @pytest.mark.parametrize(
     ("body", "status", "param", "message"),
     [
-        ('{"model": "tiny", "prompt": ', 400, None, "not valid JSON"),
-        ('{"model": "other", "prompt": "hi"}', 404, "model", "the model 'other' does not exist"),
+        ('{"model": "tiny", "prompt": ', 400, None, "the request body is not valid JSON"),
+        (
+            '{"model": "other", "prompt": "hi"}',
+            404,
+            "model",
+            "the model 'other' does not exist: this server serves 'tiny'",
+        ),
         ('{"model": "tiny", "prompt": "hi", "max_tokens": -1}', 400, "max_tokens", "max_tokens -1: give 1 or more"),
         ('{"model": "tiny", "prompt": 3}', 400, "prompt", "prompt is a int: give a string"),
         ('{"model": "tiny", "prompt": "hi", "temperature": "hot"}', 400, "temperature", "give a finite number"),
@@ -242,7 +247,9 @@ def test_bad_requests_are_refused_in_openais_error_shape(
 
 def test_a_request_without_the_key_is_401(server: _Server) -> None:
     status, text = _curl(server, "/v1/models", key=None)
-    assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key"
+    error = json.loads(text)["error"]
+    assert status == 401 and error["code"] == "invalid_api_key"
+    assert error["message"].startswith("no valid API key: send the header 'Authorization: Bearer <key>'")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
 
@@ -292,11 +299,12 @@ def test_a_full_queue_is_429_and_workers_killed_mid_request_fail_only_their_requ
         _until(lambda: _health(server).get("waiting") == 2, "two requests to wait")
         status, text = _curl(server, "/v1/completions", json.dumps({"model": "tiny", "prompt": "hi"}))
         assert status == 429 and json.loads(text)["error"]["code"] == "queue_full", text
+        assert "the server is busy: all 2 workers are generating and 2 requests are waiting" in text
     finally:
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
     for stream in running:
-        with pytest.raises(openai.APIError, match="stopped"):
+        with pytest.raises(openai.APIError, match="the worker generating this request stopped"):
             list(stream)
     answers = [future.result(timeout=STARTUP_SECONDS).choices[0].text for future in waiting]
     assert answers == [server.greedy_text(server.tokenizer.encode(p), 8) for p in prompts[2:]]
