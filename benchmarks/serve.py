@@ -48,6 +48,7 @@ PROMPT = (
     "walked to the harbour and looked at the boats"
 )
 STARTUP_SECONDS = 300
+FIRST_WORDS = ["Yesterday", "Long ago", "Far away", "Somewhere", "Meanwhile"]
 DECODE_TOKENS = 128
 
 
@@ -58,8 +59,9 @@ def stream_completion(port: int, prompt: str, max_tokens: int, model: str, timeo
     """One streamed ``/v1/completions`` request: time to the first text, the chunks of text, how it ended."""
     started = time.perf_counter()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    first, chunks, error = None, 0, None
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    first, chunks, error, counted = None, 0, None, None
     try:
         connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         response = connection.getresponse()
@@ -73,18 +75,22 @@ def stream_completion(port: int, prompt: str, max_tokens: int, model: str, timeo
             if "error" in event:
                 error = event["error"].get("message", str(event["error"]))
                 continue
-            if any(choice.get("text") for choice in event.get("choices", [])):
+            if event.get("usage"):
+                counted = event["usage"].get("completion_tokens")
+            choices = event.get("choices") or []
+            if choices and first is None:  # the first token's chunk (its text may be held back: the finish)
+                first = time.perf_counter()
+            if any(choice.get("text") for choice in choices):
                 chunks += 1
-                if first is None:
-                    first = time.perf_counter()
     except (OSError, http.client.HTTPException) as e:
         return {"status": 0, "error": f"{type(e).__name__}: {e}"}
     finally:
         connection.close()
     done = time.perf_counter()
-    result: dict[str, Any] = {"status": 200, "tokens": chunks, "wall_s": done - started}
+    result: dict[str, Any] = {"status": 200, "tokens": counted if counted is not None else chunks}
+    result |= {"wall_s": done - started, "done_at": done}
     if first is not None:
-        result |= {"ttft_s": first - started, "decode_s": done - first}
+        result |= {"ttft_s": first - started, "decode_s": done - first, "first_at": first}
     if error is not None:
         result["error"] = error
     return result
@@ -287,8 +293,11 @@ class Run:
         if side.startswith("ours"):
             command = [OURS, "llm", "serve", str(path), "--port", str(port), "--workers", str(workers)]
             return Server(command, port, self.env)
+        # Not llama-cpp-python's default: by default a new request interrupts the one running, which then ends
+        # with no text; off, requests wait their turn (it serves one at a time).
         command = [self.args.llamacpp_python, "-m", "llama_cpp.server", "--model", str(path), "--host", "127.0.0.1",
-                   "--port", str(port), "--n_ctx", "256", "--n_threads", str(os.cpu_count() or 1)]  # fmt: skip
+                   "--port", str(port), "--n_ctx", "256", "--n_threads", str(os.cpu_count() or 1),
+                   "--interrupt_requests", "False"]  # fmt: skip
         return Server(command, port)
 
     def measure(self, side: str, path: Path) -> dict[str, Any]:
@@ -297,7 +306,8 @@ class Run:
         server = self.start(side, path, 2)
         try:
             stream_completion(server.port, PROMPT, 8, model)  # warm
-            unloaded = [stream_completion(server.port, PROMPT, 1, model) for _ in range(5)]
+            # each prompt differs from its first word on: no cached prefix (both servers reuse one) shortens it
+            unloaded = [stream_completion(server.port, f"{word} {PROMPT}", 1, model) for word in FIRST_WORDS]
             figures["ttft_unloaded_s"] = statistics.median(o["ttft_s"] for o in unloaded)
             one = [stream_completion(server.port, PROMPT, DECODE_TOKENS, model) for _ in range(3)]
             figures["one_stream_tokens_per_s"] = statistics.median(_decode_speed([o]) for o in one)
@@ -355,25 +365,36 @@ class Run:
         return path.stat().st_size
 
     def generate_ttft(self) -> dict[str, float]:
-        """``llm generate``'s own time to first token on the same prompt (median of 3 fresh processes)."""
+        """``llm generate``'s own time to first token on the same prompt, warm: its generator in one
+        process, the second generation timed (median of 3 fresh processes)."""
+        script = (
+            "import sys, torchdelegate as td\n"
+            "from torchdelegate.llm.language_model import LanguageModel\n"
+            "with td.load(sys.argv[1]) as program:\n"
+            "    model = LanguageModel(program)\n"
+            "    prompt = model.encode(sys.argv[2])\n"
+            "    model.generator().generate(prompt, 2)\n"
+            "    print(model.generator().generate(prompt, 1).stats.time_to_first_token)\n"
+        )
         found: dict[str, float] = {}
         for precision in ("fp32", "8da4w"):
             times = []
             for _ in range(3):
-                done = subprocess.run([OURS, "llm", "generate", str(self.work / f"ours-{precision}.tdp"), "-p",
-                                       PROMPT, "--max-new-tokens", "1"], capture_output=True, text=True,
-                                      env=self.env, timeout=600, check=True)  # fmt: skip
-                milliseconds = done.stdout.split("time to first token ")[1].split(" ms")[0]
-                times.append(float(milliseconds) / 1000)
+                prompt = f"{FIRST_WORDS[0]} {PROMPT}"  # as long as the server's unloaded prompts
+                command = [sys.executable, "-c", script, str(self.work / f"ours-{precision}.tdp"), prompt]
+                done = subprocess.run(command, capture_output=True, text=True, env=self.env, timeout=600, check=True)
+                times.append(float(done.stdout.strip().splitlines()[-1]))
             found[precision] = statistics.median(times)
         return found
 
 
 def _decode_speed(streams: list[dict[str, Any]]) -> float:
-    """Generated tokens per second over the streams' common decode window (after each first token)."""
+    """Tokens generated after each stream's first, per second from the earliest first token to the last
+    stream's end: for a server that runs one request at a time, the second waits inside that span."""
     tokens = sum(max(o.get("tokens", 0) - 1, 0) for o in streams)
-    window = max(o.get("decode_s", 0.0) for o in streams)
-    return tokens / window if window else 0.0
+    starts = [o["first_at"] for o in streams if "first_at" in o]
+    window = max(o["done_at"] for o in streams) - min(starts) if starts else 0.0
+    return tokens / window if window > 0 else 0.0
 
 
 def _figures(figures: dict[str, Any]) -> dict[str, Any]:
@@ -406,7 +427,13 @@ def page(data: dict[str, Any]) -> list[str]:
     r = data["resilience"]
     lines += [
         "",
-        "`llm generate`'s time to first token on the same prompt: "
+        "llama.cpp: llama-cpp-python's server with `--interrupt_requests False` (its default lets a new request "
+        "interrupt the one running, which then ends with no text); it runs one request at a time. Ours: `llm serve` "
+        "with its defaults but `--workers` (2 for the unloaded and stream figures, 4 for the load; ONNX Runtime's "
+        "threads shared out: 1 each). Time to first token unloaded: 5 prompts that differ from their first word, "
+        "so no server reads them from a cached prefix. Two streams: tokens after each first one, over the span from "
+        "the earlier first token to the later end.",
+        "`llm generate`'s time to first token on the same prompt (its generator warm, 2 threads): "
         + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in data["generate_ttft_s"].items()),
         "",
         f"Resilience (ours fp32, 2 workers, {r['clients']} clients for 60 s, {r['killed']} worker killed at 30 s): "
