@@ -234,7 +234,7 @@ def test_curl_streams_server_sent_events_and_lists_the_model(server: _Server) ->
         ('{"model": "tiny", "prompt": "hi", "logit_bias": {}}', 400, "logit_bias", "unrecognized request argument"),
         ('{"model": "tiny", "prompt": "hi", "n": 2}', 400, "n", "n 2 is not supported by this server"),
         ('["tiny"]', 400, None, "a JSON list, not an object"),
-        (json.dumps({"model": "tiny", "prompt": " ".join(TEXT * 8)}), 400, "prompt", "the model's cache holds 400"),
+        (json.dumps({"model": "tiny", "prompt": " ".join(TEXT * 8)}), 400, "prompt", "program's cache holds 400"),
     ],
 )
 def test_bad_requests_are_refused_in_openais_error_shape(

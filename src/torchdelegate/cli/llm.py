@@ -317,14 +317,14 @@ class _Conversation:
         self.reset()
 
     def reset(self) -> None:
+        from torchdelegate.llm.language_model import HeldTokens
+
         self.messages = list(self.opening)
-        self.cached: list[int] = []
+        self.held = HeldTokens()
 
     def reply(self, message: str, max_new_tokens: int, sampling: Any, out: TextIO) -> Any:
         """Answer ``message``, streaming the reply to ``out``; a message that does not fit the cache even
         alone is refused (ValueError) and leaves the conversation as it was."""
-        from torchdelegate.llm.language_model import common_prefix
-
         turn = {"role": "user", "content": message}
         self.model.refuse_unfitting(self.model.chat_prompt([*self.opening, turn]))
         prompt = self.model.chat_prompt([*self.messages, turn])
@@ -333,10 +333,10 @@ class _Conversation:
             self.messages = list(self.opening)
             prompt = self.model.chat_prompt([*self.messages, turn])
         self.messages.append(turn)
-        held = min(common_prefix(self.cached, prompt), len(prompt) - 1)
         stream = _Stream(self.model, out)
-        generation = self.generator.generate(prompt, max_new_tokens, sampling, on_token=stream, cached=held)
-        self.cached = prompt + generation.tokens[:-1]  # the last token chosen was never read
+        cached = self.held.reusable(prompt)
+        generation = self.generator.generate(prompt, max_new_tokens, sampling, on_token=stream, cached=cached)
+        self.held.after(prompt, generation.tokens)
         self.messages.append({"role": "assistant", "content": self.model.decode(generation.tokens)})
         return generation
 

@@ -135,6 +135,26 @@ class TextStream:
         return text[len(before) :]
 
 
+class HeldTokens:
+    """The tokens a program's KV cache holds at positions 0, 1, ... after the generations so far: the
+    start of the next prompt that need not be read again (a conversation's earlier turns)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def reusable(self, prompt: list[int]) -> int:
+        """How many of ``prompt``'s first tokens the cache holds, leaving at least one to read."""
+        return min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+
+    def after(self, prompt: list[int], generated: list[int]) -> None:
+        """The cache once ``prompt`` is read and ``generated`` chosen: all but the last, never read."""
+        self.tokens = prompt + generated[:-1]
+
+    def keep(self, count: int) -> None:
+        """Only the first ``count`` tokens are sure (a generation that may fail is under way)."""
+        del self.tokens[count:]
+
+
 def common_prefix(first: list[int], second: list[int]) -> int:
     """How many leading tokens ``first`` and ``second`` share."""
     length = min(len(first), len(second))

@@ -226,14 +226,10 @@ def _prompt_tokens(model: LanguageModel, wanted: GenerationRequest) -> list[int]
         raise RequestError(400, str(e), where) from None
     if not prompt:
         raise RequestError(400, f"the {where} comes to no tokens: give some text", where)
-    if len(prompt) >= model.max_cache:
-        raise RequestError(
-            400,
-            f"the {where} is {len(prompt)} tokens and the model's cache holds {model.max_cache} positions: "
-            "shorten it (the reply needs at least one position)",
-            where,
-            code="context_length_exceeded",
-        )
+    try:
+        model.refuse_unfitting(prompt)
+    except ValueError as e:
+        raise RequestError(400, str(e), where, code="context_length_exceeded") from None
     return prompt
 
 
@@ -317,8 +313,8 @@ class _Reply:
             "prompt_tokens_details": {"cached_tokens": end.cached},
         }
 
-    def _head(self) -> dict[str, Any]:
-        kind = "chat.completion.chunk" if self.wanted.chat else "text_completion"
+    def _head(self, kind: str = "chat.completion.chunk") -> dict[str, Any]:
+        kind = kind if self.wanted.chat else "text_completion"
         return {"id": self.identifier, "object": kind, "created": self.created, "model": self.wanted.model}
 
     def _delta(self, text: str) -> Any:
@@ -331,14 +327,9 @@ class _Reply:
 
     def _body(self, text: str, end: JobEnd) -> dict[str, Any]:
         finish = self._finish(end)
-        if self.wanted.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-            kind = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish}
-            kind = "text_completion"
-        head = {"id": self.identifier, "object": kind, "created": self.created, "model": self.wanted.model}
-        return {**head, "choices": [{**choice, "logprobs": None}], "usage": self._usage(end)}
+        answer = {"message": {"role": "assistant", "content": text}} if self.wanted.chat else {"text": text}
+        choice = {"index": 0, **answer, "finish_reason": finish, "logprobs": None}
+        return {**self._head("chat.completion"), "choices": [choice], "usage": self._usage(end)}
 
 
 def _longest_stop_start(text: str, stops: list[str]) -> int:

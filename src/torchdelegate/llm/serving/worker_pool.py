@@ -20,7 +20,7 @@ import multiprocessing
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdelegate.llm.language_model import common_prefix
+from torchdelegate.llm.language_model import HeldTokens
 from torchdelegate.llm.serving.openai_requests import RequestError
 from torchdelegate.llm.serving.worker_process import prepare_program, serve_jobs
 
@@ -80,7 +80,7 @@ class _Worker:
         self.process, self.connection = process, connection
         self.ready = False
         self.job: Job | None = None
-        self.held: list[int] = []
+        self.held = HeldTokens()  # as the worker's own: the pool sends a prompt where most of it is held
 
 
 def _shutting_down(message: str = "the server is shutting down: send the request again later") -> RequestError:
@@ -202,7 +202,7 @@ class WorkerPool:
 
     def _free_worker(self, prompt: list[int]) -> _Worker | None:
         free = [w for w in self.workers if w.ready and w.job is None]
-        return max(free, key=lambda w: common_prefix(w.held, prompt), default=None)
+        return max(free, key=lambda w: w.held.reusable(prompt), default=None)
 
     def _dispatch(self) -> None:
         """Each waiting job, first come first served, to the free worker whose cache holds the
@@ -249,10 +249,10 @@ class WorkerPool:
                 return
             worker.job = None
             if kind == "done":
-                worker.held = job.prompt + job.generated[:-1]  # the last token was never read
+                worker.held.after(job.prompt, job.generated)
                 self._end(job, JobEnd(message[2], message[3], message[4], message[5]))
             else:
-                worker.held = []
+                worker.held.keep(0)
                 self._end(job, RequestError(500, f"generation failed: {message[2]}", kind="server_error"))
             self._dispatch()
 

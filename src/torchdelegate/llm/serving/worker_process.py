@@ -42,7 +42,7 @@ def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection
     import torch
 
     from torchdelegate.llm.generation import Sampling
-    from torchdelegate.llm.language_model import LanguageModel, common_prefix
+    from torchdelegate.llm.language_model import HeldTokens, LanguageModel
     from torchdelegate.runtime.program import load
 
     try:
@@ -53,7 +53,7 @@ def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection
         return
     torch.seed()  # unseeded sampling differs between workers and restarts, as it would between servers
     connection.send(("ready", os.getpid()))
-    held: list[int] = []
+    held = HeldTokens()
     while True:
         try:
             message = connection.recv()
@@ -64,8 +64,8 @@ def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection
         if message[0] != "job":
             continue  # a cancel that came after its job ended
         _, job, prompt, max_tokens, sampling = message
-        cached = min(common_prefix(held, prompt), len(prompt) - 1)
-        held = held[:cached]  # all the cache is sure to hold should this job fail
+        cached = held.reusable(prompt)
+        held.keep(cached)
         tokens: list[int] = []
 
         def on_token(token: int, job: Any = job, tokens: list[int] = tokens) -> None:
@@ -83,13 +83,13 @@ def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection
             if cancelled.last:
                 return
         except Exception as e:
-            held = []
+            held.keep(0)
             connection.send(("error", job, f"{type(e).__name__}: {e}"))
             continue
         else:
             stats = generation.stats
             connection.send(("done", job, generation.finish, cached, stats.time_to_first_token, stats.decode_time))
-        held = prompt + tokens[:-1]  # the last token chosen was never read into the cache
+        held.after(prompt, tokens)
 
 
 def prepare_program(path: str, backend_options: dict[str, dict[str, str]], connection: Connection) -> None:
