@@ -289,7 +289,7 @@ def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memor
     """An InferenceSession of ``model`` whose external tensors are read in place from ``files``.
 
     ``folds=False`` (a session only checked, never run): no constant folding, whose float copies of
-    converted weights (float16 scales) would cost their size for nothing."""
+    converted weights (a bfloat16 checkpoint's, say) would cost their size for nothing."""
     if files:
         # No copy, whatever their number: the session reads the views it is given.
         options.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
