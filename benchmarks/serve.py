@@ -3,7 +3,7 @@
 The 200M Llama of ``benchmarks/llm_race.py`` (random weights, fp32 safetensors), as deployers get it:
 
 - ours: ``llm export`` (fp32) and ``llm export --quantize 8da4w``, served by ``llm serve`` with its
-  defaults but ``--workers``;
+  defaults (the unloaded time to first token), then with ``--workers 2`` and ``--workers N``;
 - llama.cpp: llama.cpp's own ``convert_hf_to_gguf.py`` (F32, and Q4_0 by ``llama-quantize``, as
   ``llm_race.py`` builds them), served by llama-cpp-python's OpenAI server (``python -m
   llama_cpp.server``, which runs one request at a time) in ``.venv-llamacpp``.
@@ -94,6 +94,13 @@ def stream_completion(port: int, prompt: str, max_tokens: int, model: str, timeo
     if error is not None:
         result["error"] = error
     return result
+
+
+def unloaded_ttft(port: int, model: str) -> float:
+    """The median time to first token of prompts sent one after another, after one to warm up: each
+    differs from its first word on, so no cached prefix (both servers reuse one) shortens it."""
+    stream_completion(port, PROMPT, 8, model)
+    return statistics.median(stream_completion(port, f"{word} {PROMPT}", 1, model)["ttft_s"] for word in FIRST_WORDS)
 
 
 def get(port: int, path: str) -> tuple[int, Any]:
@@ -288,11 +295,12 @@ class Run:
             ]
         return chosen
 
-    def start(self, side: str, path: Path, workers: int) -> Server:
+    def start(self, side: str, path: Path, workers: int | None) -> Server:
+        """``side``'s server on ``path``; ours with ``workers`` processes (None: its default)."""
         port = free_port()
         if side.startswith("ours"):
-            command = [OURS, "llm", "serve", str(path), "--port", str(port), "--workers", str(workers)]
-            return Server(command, port, self.env)
+            command = [OURS, "llm", "serve", str(path), "--port", str(port)]
+            return Server(command + ([] if workers is None else ["--workers", str(workers)]), port, self.env)
         # Not llama-cpp-python's default: by default a new request interrupts the one running, which then ends
         # with no text; off, requests wait their turn (it serves one at a time).
         command = [self.args.llamacpp_python, "-m", "llama_cpp.server", "--model", str(path), "--host", "127.0.0.1",
@@ -303,12 +311,14 @@ class Run:
     def measure(self, side: str, path: Path) -> dict[str, Any]:
         model = path.stem if side.startswith("ours") else str(path)
         figures: dict[str, Any] = {"file_bytes": path.stat().st_size, "idle": wait_idle(self.args.idle_wait)}
+        server = self.start(side, path, None)
+        try:
+            figures["ttft_unloaded_s"] = unloaded_ttft(server.port, model)
+        finally:
+            server.stop()
         server = self.start(side, path, 2)
         try:
-            stream_completion(server.port, PROMPT, 8, model)  # warm
-            # each prompt differs from its first word on: no cached prefix (both servers reuse one) shortens it
-            unloaded = [stream_completion(server.port, f"{word} {PROMPT}", 1, model) for word in FIRST_WORDS]
-            figures["ttft_unloaded_s"] = statistics.median(o["ttft_s"] for o in unloaded)
+            figures["ttft_unloaded_2_workers_s"] = unloaded_ttft(server.port, model)
             one = [stream_completion(server.port, PROMPT, DECODE_TOKENS, model) for _ in range(3)]
             figures["one_stream_tokens_per_s"] = statistics.median(_decode_speed([o]) for o in one)
             two = [concurrently(2, lambda i: stream_completion(server.port, PROMPT, DECODE_TOKENS, model))
@@ -410,15 +420,16 @@ def page(data: dict[str, Any]) -> list[str]:
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; Python {m['python']}, torch {m['torch']}, "
         f"onnxruntime {m['onnxruntime']}, torchdelegate {m['torchdelegate commit']}; peers: {peers}",
         "",
-        "| server | file MB | TTFT unloaded ms | 1 stream tok/s | 2 streams tok/s | ratio | workers | "
-        "req/s | tok/s | TTFT p50 ms | TTFT p99 ms | PSS ÷ weights | PSS GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | file MB | TTFT unloaded ms | TTFT unloaded, 2 workers | 1 stream tok/s | 2 streams tok/s | "
+        "ratio | workers | req/s | tok/s | TTFT p50 ms | TTFT p99 ms | PSS ÷ weights | PSS GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for side, f in data["servers"].items():
         load_ = f["load"]
         ratio = f["two_streams_tokens_per_s"] / f["one_stream_tokens_per_s"] if f["one_stream_tokens_per_s"] else 0
         lines.append(
             f"| {side} | {f['file_bytes'] / 1e6:.0f} | {f['ttft_unloaded_s'] * 1e3:.1f} | "
+            f"{f['ttft_unloaded_2_workers_s'] * 1e3:.1f} | "
             f"{f['one_stream_tokens_per_s']:.1f} | {f['two_streams_tokens_per_s']:.1f} | {ratio:.2f} | "
             f"{f['workers']} | {load_['requests_per_s']:.2f} | {load_['tokens_per_s']:.1f} | "
             f"{_ms(load_['ttft_p50_s'])} | {_ms(load_['ttft_p99_s'])} | {f['pss_bytes'] / f['weights_bytes']:.2f} | "
@@ -429,10 +440,11 @@ def page(data: dict[str, Any]) -> list[str]:
         "",
         "llama.cpp: llama-cpp-python's server with `--interrupt_requests False` (its default lets a new request "
         "interrupt the one running, which then ends with no text); it runs one request at a time. Ours: `llm serve` "
-        "with its defaults but `--workers` (2 for the unloaded and stream figures, 4 for the load; ONNX Runtime's "
-        "threads shared out: 1 each). Time to first token unloaded: 5 prompts that differ from their first word, "
-        "so no server reads them from a cached prefix. Two streams: tokens after each first one, over the span from "
-        "the earlier first token to the later end.",
+        "with its defaults (one worker, every core) for the first unloaded figure, then `--workers 2` (the second "
+        "unloaded figure and the streams) and `--workers 4` (the load); ONNX Runtime's threads are shared out among "
+        "the workers, 1 each at 2 and 4 here. Time to first token unloaded: 5 prompts that differ from their first "
+        "word, so no server reads them from a cached prefix. Two streams: tokens after each first one, over the span "
+        "from the earlier first token to the later end.",
         "`llm generate`'s time to first token on the same prompt (its generator warm, 2 threads): "
         + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in data["generate_ttft_s"].items()),
         "",
