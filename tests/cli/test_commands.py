@@ -112,6 +112,7 @@ def test_two_methods_lowered_together_store_their_shared_weights_once(exported: 
         (("lower", "forward=model.pt2", "-o", "x.tdp"), 2, "the following arguments are required: --backend"),
         (("inspect", "x.npy"), 1, "x.npy"),
         (("run", "model.pt2", "--input", "x.npy"), 1, "model.pt2"),
+        (("run", ".", "--input", "x.npy"), 1, ". is a directory, not a program file"),
         (
             ("lower", "forward=model.pt2", "-b", "reference", "-o", "x.tdp", "--jobs", "0"),
             2,

@@ -233,7 +233,9 @@ def test_the_demo_model_as_a_checkpoint_speaks_through_llm_export_and_generate(t
 
     written = _command("demo", "--checkpoint", "ck", cwd=tmp_path)
     assert written.returncode == 0 and "next: torchdelegate llm export ck" in written.stdout, written.stderr
-    assert _command("llm", "export", "ck", "-o", "d.tdp", "--max-cache", "128", cwd=tmp_path).returncode == 0
+    exported = _command("llm", "export", "ck", "-o", "d.tdp", "--max-cache", "128", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "the checkpoint has no chat template: the file continues text" in exported.stdout  # said before it is used
     generated = _command(
         "llm", "generate", "d.tdp", "-p", "The teacher said", "--max-new-tokens", "40", "--ids", cwd=tmp_path
     )

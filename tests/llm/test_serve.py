@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -182,12 +183,21 @@ def test_stop_sequences_cut_the_text_and_the_seed_fixes_sampling(server: _Server
     prompt = TEXT[1][:30]
     full = server.greedy_text(server.tokenizer.encode(prompt), 20)
     stop = full[5:8]
+    tokens = transformers_greedy(server.model, server.tokenizer.encode(prompt), 20)
+    through_stop = next(
+        n for n in range(1, 21) if stop in server.tokenizer.decode(tokens[:n], skip_special_tokens=True)
+    )
     cut = server.client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0, stop=[stop])
     assert cut.choices[0].text == full[: full.index(stop)] and cut.choices[0].finish_reason == "stop"
-    streamed = server.client.completions.create(
-        model="tiny", prompt=prompt, max_tokens=20, temperature=0, stop=stop, stream=True
-    )
-    assert "".join(c.choices[0].text for c in streamed) == full[: full.index(stop)]
+    assert cut.usage is not None and cut.usage.completion_tokens == through_stop  # not what the worker ran on to make
+    streamed = list(
+        server.client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=20, temperature=0, stop=stop, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == full[: full.index(stop)]
+    assert streamed[-1].usage is not None and streamed[-1].usage.completion_tokens == through_stop
     sampled = [
         server.client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=1.0, seed=7)
         for _ in range(2)
@@ -200,8 +210,8 @@ def _curl(server: _Server, path: str, body: str | None = None, key: str | None =
     if key:
         command += ["-H", f"Authorization: Bearer {key}"]
     if body is not None:
-        command += ["-H", "Content-Type: application/json", "-d", body]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        command += ["-H", "Content-Type: application/json", "--data-binary", "@-"]  # any length, on standard input
+    done = subprocess.run(command, input=body, capture_output=True, text=True, timeout=60)
     text, _, status = done.stdout.rpartition("\n")
     return int(status), text
 
@@ -209,6 +219,7 @@ def _curl(server: _Server, path: str, body: str | None = None, key: str | None =
 def test_curl_streams_server_sent_events_and_lists_the_model(server: _Server) -> None:
     status, text = _curl(server, "/v1/models")
     assert status == 200 and json.loads(text)["data"][0]["id"] == "tiny"
+    assert json.loads(text)["data"][0]["max_model_len"] == CACHE
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}
     status, text = _curl(server, "/v1/chat/completions", json.dumps(body))
     events = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
@@ -229,12 +240,19 @@ def test_curl_streams_server_sent_events_and_lists_the_model(server: _Server) ->
             "the model 'other' does not exist: this server serves 'tiny'",
         ),
         ('{"model": "tiny", "prompt": "hi", "max_tokens": -1}', 400, "max_tokens", "max_tokens -1: give 1 or more"),
-        ('{"model": "tiny", "prompt": 3}', 400, "prompt", "prompt is a int: give a string"),
+        ('{"model": "tiny", "prompt": 3}', 400, "prompt", "prompt is an integer: give a string"),
         ('{"model": "tiny", "prompt": "hi", "temperature": "hot"}', 400, "temperature", "give a finite number"),
         ('{"model": "tiny", "prompt": "hi", "logit_bias": {}}', 400, "logit_bias", "unrecognized request argument"),
         ('{"model": "tiny", "prompt": "hi", "n": 2}', 400, "n", "n 2 is not supported by this server"),
         ('["tiny"]', 400, None, "a JSON list, not an object"),
         (json.dumps({"model": "tiny", "prompt": " ".join(TEXT * 8)}), 400, "prompt", "program's cache holds 400"),
+        pytest.param(
+            json.dumps({"model": "tiny", "prompt": "x" * (2 << 20)}),
+            413,
+            None,
+            "no prompt that long fits the model's",
+            id="a-body-past-any-prompt-that-fits",  # its own id: the test's name reaches the environment
+        ),
     ],
 )
 def test_bad_requests_are_refused_in_openais_error_shape(
@@ -262,6 +280,11 @@ def test_a_server_that_cannot_start_says_why_in_one_line(server: _Server) -> Non
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in taken.stderr
     none = _command("llm", "serve", "tiny.tdp", "--workers", "0", cwd=place)
     assert none.returncode == 2 and "--workers 0: give 1 or more" in none.stderr, none.stderr
+    checkpoint = _command("llm", "serve", "checkpoint", cwd=place)
+    assert checkpoint.returncode == 1 and (
+        "checkpoint is a directory, not a program file: a checkpoint? make a program file from it with "
+        "torchdelegate llm export checkpoint -o FILE.tdp" in checkpoint.stderr
+    ), checkpoint.stderr
 
 
 def _health(server: _Server) -> dict[str, Any]:
@@ -299,7 +322,10 @@ def test_a_full_queue_is_429_and_workers_killed_mid_request_fail_only_their_requ
         _until(lambda: _health(server).get("waiting") == 2, "two requests to wait")
         status, text = _curl(server, "/v1/completions", json.dumps({"model": "tiny", "prompt": "hi"}))
         assert status == 429 and json.loads(text)["error"]["code"] == "queue_full", text
-        assert "the server is busy: all 2 workers are generating and 2 requests are waiting" in text
+        assert "the server is busy: 2 workers generating and 2 requests waiting" in text
+        with pytest.raises(openai.RateLimitError) as refused:
+            server.client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+        assert refused.value.response.headers["retry-after"] == "1"  # the openai client waits that long to retry
     finally:
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
@@ -311,6 +337,24 @@ def test_a_full_queue_is_429_and_workers_killed_mid_request_fail_only_their_requ
     _until(lambda: _health(server).get("workers") == 2, "the replacements")
     health = _health(server)
     assert health["status"] == "ok" and health["replaced"] >= 2, health
+    logged = _printed_lines(server, len(workers))
+    assert all(re.fullmatch(r"worker \d+ stopped generating request \d+ \(exit code -9\)", line) for line in logged)
+
+
+def _printed_lines(server: _Server, count: int) -> list[str]:
+    """The server's next ``count`` lines on its standard output, within a bounded wait."""
+    lines: list[str] = []
+
+    def read() -> None:
+        assert server.process.stdout is not None
+        for _ in range(count):
+            lines.append(server.process.stdout.readline().strip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert len(lines) == count, f"the server printed {lines} where {count} lines were expected"
+    return lines
 
 
 if __name__ == "__main__":

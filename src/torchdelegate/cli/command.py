@@ -147,6 +147,16 @@ def loaded(path: Path, external_data: Path | None, trust: Sequence[str], options
     from torchdelegate.runtime.program import load
 
     chosen = backend_options(options)
+    if path.is_dir():
+        checkpoint = (path / "config.json").is_file()
+        raise CommandError(
+            f"{path} is a directory, not a program file"
+            + (
+                f": a checkpoint? make a program file from it with torchdelegate llm export {path} -o FILE.tdp"
+                if checkpoint
+                else ""
+            )  # fmt: skip
+        )
     try:
         return load(path, external_data_path=external_data, trusted_backends=trust, backend_options=chosen)
     except (OperatorNotFoundError, BackendNotFoundError) as error:

@@ -98,12 +98,21 @@ def define(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("file", type=Path)
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine)")
     serve.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0: any free port)")
-    serve.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes (default 1: every core for each request; N share the cores out)",
+    )
     serve.add_argument(
         "--queue", type=int, default=16, metavar="N", help="requests that may wait for a worker (default 16; more: 429)"
     )
     serve.add_argument(
-        "--api-key", metavar="KEY", help="refuse (401) every request without 'Authorization: Bearer KEY'"
+        "--api-key",
+        metavar="KEY",
+        help="refuse (401) every request without 'Authorization: Bearer KEY' (default: $TORCHDELEGATE_API_KEY, "
+        "which keeps the key out of the process list)",
     )
     add_verbose(serve)
     add_backend_options(serve)
@@ -128,7 +137,13 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     # Imported here: generating from a file needs none of the lowering machinery.
     from torchdelegate.cli.lower import chosen_partitioners, lowered_programs, start_preprocessing
     from torchdelegate.errors import CheckpointError
-    from torchdelegate.llm.checkpoint import SETTINGS, export_methods, read_checkpoint, settings_asset
+    from torchdelegate.llm.checkpoint import (
+        SETTINGS,
+        chat_template_text,
+        export_methods,
+        read_checkpoint,
+        settings_asset,
+    )
 
     if args.output.is_dir():
         raise UsageError(f"-o {args.output} is a directory: give the file to write, e.g. {args.output}/model.tdp")
@@ -149,6 +164,12 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
                 print(f"reading the weights whole ({checkpoint.eager_reason})", file=out)
             elif checkpoint.weights is not None:
                 print("reading the weights by memory map from the safetensors files, as stored", file=out)
+            if chat_template_text(checkpoint.assets) is None:
+                print(
+                    "the checkpoint has no chat template: the file continues text; llm chat, --chat and a server's "
+                    "chat completions will refuse it (add the checkpoint's chat_template.jinja to have one)",
+                    file=out,
+                )
             programs = checkpoint.bound(export_methods(checkpoint.model, cache, args.prefill_chunk))
         except CheckpointError as error:
             raise CommandError(str(error)) from error
@@ -264,7 +285,9 @@ def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
         options = _per_worker_threads(backend_options(args.backend_options), program, args.workers)
         for line in prepared_in_child(str(args.file), options):
             print(line, file=out, flush=True)
-        pool = WorkerPool(str(args.file), args.workers, args.queue, options)
+        pool = WorkerPool(
+            str(args.file), args.workers, args.queue, options, lambda line: print(line, file=out, flush=True)
+        )
         try:
             serve(model, pool, listening, args.api_key or os.environ.get("TORCHDELEGATE_API_KEY") or None, out)
         except RuntimeError as e:

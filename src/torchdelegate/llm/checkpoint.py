@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,6 +138,16 @@ def read_tokenizer(data: bytes, where: str) -> Any:
         raise CheckpointError(
             f"{where} cannot be read by the tokenizers library ({type(e).__name__}: {first_line(e)})"
         ) from e
+
+
+def chat_template_text(assets: Mapping[str, bytes]) -> str | None:
+    """The chat template among a checkpoint's tokenizer files: ``chat_template.jinja``, else the
+    ``chat_template`` string of ``tokenizer_config.json``; None if neither has one."""
+    if "chat_template.jinja" in assets:
+        return assets["chat_template.jinja"].decode("utf-8", "replace")
+    config = json.loads(assets["tokenizer_config.json"]) if "tokenizer_config.json" in assets else {}
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    return template if isinstance(template, str) else None
 
 
 def read_chat_template(text: bytes | str, where: str) -> Any:

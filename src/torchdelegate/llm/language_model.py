@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdelegate.errors import CheckpointError
-from torchdelegate.llm.checkpoint import SETTINGS, read_chat_template, read_tokenizer
+from torchdelegate.llm.checkpoint import SETTINGS, chat_template_text, read_chat_template, read_tokenizer
 from torchdelegate.llm.generation import Generator
 from torchdelegate.runtime.program import Program
 
@@ -75,11 +75,12 @@ class LanguageModel:
         if self._template is not None:
             return self._template
         program, names = self.program, self.program.asset_names
-        config = json.loads(program.asset("tokenizer_config.json")) if "tokenizer_config.json" in names else {}
-        template = program.asset("chat_template.jinja").decode() if "chat_template.jinja" in names else None
-        template = template or config.get("chat_template")
-        if not isinstance(template, str):
+        wanted: tuple[str, ...] = ("chat_template.jinja", "tokenizer_config.json")
+        assets = {name: program.asset(name) for name in wanted if name in names}
+        template = chat_template_text(assets)
+        if template is None:
             raise CheckpointError(f"{program.path} carries no chat template (its checkpoint had none): {instead}")
+        config = json.loads(assets["tokenizer_config.json"]) if "tokenizer_config.json" in assets else {}
         self._template = ChatTemplate(program.path, template, config)
         return self._template
 

@@ -29,6 +29,9 @@ COMPLETION_TOKENS = 16
 """``/v1/completions``' default ``max_tokens``, as OpenAI's; a chat's reply may fill the cache."""
 GRACEFUL_SECONDS = 30
 """How long a stopping server lets requests in flight finish before it fails them."""
+BODY_BYTES_PER_POSITION = 128
+"""The request body read per position of the cache (beyond a first MiB): more than any token's text
+as JSON, so a body past it holds a prompt that cannot fit, refused before it is read or tokenized."""
 _FINISH = {"stop token": "stop", "max new tokens": "length", "cache full": "length", CANCELLED: "stop"}
 
 
@@ -41,13 +44,16 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def serve(model: LanguageModel, pool: WorkerPool, listening: socket.socket, api_key: str | None, out: TextIO) -> None:
     """Serve ``model``'s file on ``listening`` until SIGTERM or Ctrl-C; the line ``serving NAME at
-    http://HOST:PORT/v1`` is printed once every worker is ready. A worker that cannot load the
-    program stops the server with a ``RuntimeError``; a stop asked for while the workers load stops
-    it too, and is a clean exit like one asked for later. The socket is closed when it returns."""
+    http://HOST:PORT/v1`` (and whether requests need a key) is printed once every worker is ready. A
+    worker that cannot load the program stops the server with a ``RuntimeError``; a stop asked for
+    while the workers load stops it too, and is a clean exit like one asked for later. The socket is
+    closed when it returns."""
     host, bound = listening.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    needs = "; requests need the API key" if api_key else ""
     ready = (
-        f"serving {model_name(model)} at http://{shown}:{bound}/v1 with {pool.size} worker(s); Ctrl-C or SIGTERM stops"
+        f"serving {model_name(model)} at http://{shown}:{bound}/v1 with {pool.size} worker(s){needs}; "
+        "Ctrl-C or SIGTERM stops"
     )
     # uvicorn stops gracefully on either signal, then passes it on to the handler it found: a quiet one,
     # so that a stop asked for is a clean exit, not a KeyboardInterrupt or a death by SIGTERM.
@@ -111,7 +117,9 @@ def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> A
 
     name = model_name(model)
     created = int(Path(model.program.path).stat().st_mtime)
-    card = {"id": name, "object": "model", "created": created, "owned_by": "torchdelegate"}
+    card = {"id": name, "object": "model", "created": created, "owned_by": "torchdelegate",
+            "max_model_len": model.max_cache}  # fmt: skip
+    body_limit = (1 << 20) + BODY_BYTES_PER_POSITION * model.max_cache
 
     async def health(request: Request) -> Response:
         status = pool.status()
@@ -136,8 +144,8 @@ def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> A
         return await _generate(request, False)
 
     async def _generate(request: Request, chat: bool) -> Response:
-        wanted = generation_request(parsed_body(await request.body()), chat, name)
-        prompt = _prompt_tokens(model, wanted)
+        wanted = generation_request(parsed_body(await _body(request, body_limit, model.max_cache)), chat, name)
+        prompt = await asyncio.to_thread(_prompt_tokens, model, wanted)  # a long prompt: the loop serves others
         room = model.max_cache - len(prompt)
         asked = wanted.max_tokens or (room if chat else COMPLETION_TOKENS)
         job = pool.submit(prompt, min(asked, room), sampling_fields(wanted.sampling))
@@ -158,7 +166,7 @@ def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> A
 
     async def refused(request: Request, error: Exception) -> Response:
         assert isinstance(error, RequestError)
-        return JSONResponse(error.body(), error.status)
+        return JSONResponse(error.body(), error.status, headers=error.headers())
 
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
@@ -178,6 +186,27 @@ def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> A
         middleware=middleware,
         exception_handlers={RequestError: refused, HTTPException: http_error},
     )
+
+
+async def _body(request: Any, limit: int, positions: int) -> bytes:
+    """The request's body; a 413 as soon as it passes ``limit`` bytes (no prompt that long fits the
+    cache's ``positions``), so a huge body is neither held nor tokenized."""
+    too_long = RequestError(
+        413,
+        f"the request body is more than {limit} bytes: no prompt that long fits the model's {positions} positions; "
+        "shorten it",
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_long
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_long
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _client_left(request: Any) -> None:
@@ -243,6 +272,7 @@ class _Reply:
         self.kept = ""  # the text so far, up to any stop sequence
         self.sent = 0  # how much of it has been given out
         self.stopped = False
+        self.read = 0  # tokens read from the job: up to the one that completed a stop sequence, if one did
         self.identifier = f"{'chatcmpl' if wanted.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -250,11 +280,11 @@ class _Reply:
         while True:
             event = await self.job.events.get()
             if isinstance(event, int):
-                self._add(self.text.add(event))
+                self._add(self.text.add(event), token=True)
             elif isinstance(event, RequestError):
                 raise event
             else:
-                self._add(self.text.rest(), final=True)
+                self._add(self.text.rest())
                 return self._body(self._released(final=True), event)
 
     async def events(self) -> AsyncIterator[str]:
@@ -267,7 +297,7 @@ class _Reply:
                     yield _event(event.body())
                     return
                 final = not isinstance(event, int)
-                self._add(self.text.rest() if final else self.text.add(event), final=final)
+                self._add(self.text.rest() if final else self.text.add(event), token=not final)
                 gained = self._released(final)
                 if gained:
                     yield _event(self._chunk(self._delta(gained), None))
@@ -281,9 +311,12 @@ class _Reply:
         finally:
             self.pool.cancel(self.job)  # the client left, or it is over: either way its worker is freed
 
-    def _add(self, gained: str, final: bool = False) -> None:
+    def _add(self, gained: str, token: bool = False) -> None:
+        """``gained`` text, from one more token (``token``) or the last of the text; a stop sequence
+        it completes cuts the text there and ends the job."""
         if self.stopped:
             return
+        self.read += token
         self.kept += gained
         cuts = [self.kept.find(stop) for stop in self.wanted.stop]
         cuts = [cut for cut in cuts if cut >= 0]
@@ -305,7 +338,7 @@ class _Reply:
         return "stop" if self.stopped else _FINISH.get(end.finish, "stop")
 
     def _usage(self, end: JobEnd) -> dict[str, Any]:
-        prompt, completion = len(self.job.prompt), len(self.job.generated)
+        prompt, completion = len(self.job.prompt), self.read
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,

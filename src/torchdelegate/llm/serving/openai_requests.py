@@ -32,9 +32,15 @@ class RequestError(Exception):
         param: str | None = None,
         kind: str = "invalid_request_error",
         code: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` (seconds) when sending the request again later may succeed (429, 503)."""
+        return {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
 
     def body(self) -> dict[str, Any]:
         """OpenAI's error shape."""
@@ -127,8 +133,16 @@ def generation_request(body: dict[str, Any], chat: bool, model: str) -> Generati
         raise RequestError(
             404, f"the model {named!r} does not exist: this server serves {model!r}", "model", code="model_not_found"
         )
-    limit = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _optional_integer(body, limit, 1)
+    max_tokens = _optional_integer(body, "max_tokens", 1)
+    if chat:
+        newer = _optional_integer(body, "max_completion_tokens", 1)
+        if newer is not None and max_tokens is not None and newer != max_tokens:
+            raise RequestError(
+                400,
+                f"max_tokens {max_tokens} and max_completion_tokens {newer} disagree: give one of them",
+                "max_completion_tokens",
+            )
+        max_tokens = newer if newer is not None else max_tokens
     stream = _optional(body, "stream", bool, False)
     options = _optional(body, "stream_options", dict, None)
     if options is not None and not stream:
@@ -185,7 +199,7 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
         return list(prompt)
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise RequestError(400, f"prompt is a batch of {len(prompt)} prompts: send one prompt per request", "prompt")
-    shown = "missing" if prompt is None else f"a {type(prompt).__name__}"
+    shown = "missing" if prompt is None else _JSON_KINDS.get(type(prompt), type(prompt).__name__)
     raise RequestError(400, f"prompt is {shown}: give a string (or a list of token ids)", "prompt")
 
 
@@ -242,11 +256,15 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return list(stops)
 
 
+_JSON_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "an object",
+               list: "a list", type(None): "null"}  # fmt: skip
+
+
 def _required(body: dict[str, Any], name: str, kind: type) -> Any:
     value = body.get(name)
     if not isinstance(value, kind):
-        shown = "missing" if value is None else f"a {type(value).__name__}"
-        raise RequestError(400, f"{name} is {shown}: give a {kind.__name__}", name)
+        shown = "missing" if value is None else _JSON_KINDS.get(type(value), type(value).__name__)
+        raise RequestError(400, f"{name} is {shown}: give {_JSON_KINDS[kind]}", name)
     return value
 
 
@@ -255,7 +273,8 @@ def _optional(body: dict[str, Any], name: str, kind: type, default: Any, prefix:
     if value is None:
         return default
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise RequestError(400, f"{prefix}{name} is a {type(value).__name__}: give a {kind.__name__}", prefix + name)
+        shown = _JSON_KINDS.get(type(value), type(value).__name__)
+        raise RequestError(400, f"{prefix}{name} is {shown}: give {_JSON_KINDS[kind]}", prefix + name)
     return value
 
 

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import itertools
 import multiprocessing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,14 +85,27 @@ class _Worker:
 
 
 def _shutting_down(message: str = "the server is shutting down: send the request again later") -> RequestError:
-    return RequestError(503, message, kind="server_error", code="shutting_down")
+    return RequestError(503, message, kind="server_error", code="shutting_down", retry_after=1)
+
+
+def _counted(number: int, thing: str) -> str:
+    return f"{number} {thing}" if number == 1 else f"{number} {thing}s"
 
 
 class WorkerPool:
-    """``workers`` processes serving the program at ``path``; at most ``queue`` requests waiting."""
+    """``workers`` processes serving the program at ``path``; at most ``queue`` requests waiting.
+    ``report`` is given a line for each worker lost and replaced (the operator's log)."""
 
-    def __init__(self, path: str, workers: int, queue: int, backend_options: dict[str, dict[str, str]]) -> None:
+    def __init__(
+        self,
+        path: str,
+        workers: int,
+        queue: int,
+        backend_options: dict[str, dict[str, str]],
+        report: Callable[[str], None] = lambda line: None,
+    ) -> None:
         self.path, self.size, self.queue_limit, self.backend_options = path, workers, queue, backend_options
+        self.report = report
         self.context = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
         self.waiting: collections.deque[Job] = collections.deque()
@@ -132,10 +146,12 @@ class WorkerPool:
         if len(self.waiting) >= self.queue_limit and self._free_worker(prompt) is None:
             raise RequestError(
                 429,
-                f"the server is busy: all {self.size} workers are generating and {len(self.waiting)} requests "
-                "are waiting; send the request again later (or start the server with more --workers or --queue)",
+                f"the server is busy: {_counted(self.size, 'worker')} generating and "
+                f"{_counted(len(self.waiting), 'request')} waiting; send the request again later (or start the "
+                "server with more --workers or --queue)",
                 kind="rate_limit_error",
                 code="queue_full",
+                retry_after=1,
             )
         self.waiting.append(job)
         self._dispatch()
@@ -286,10 +302,13 @@ class WorkerPool:
                 return
         if self.closing:
             return
+        generating = f" generating request {worker.job.number}" if worker.job is not None else ""
+        self.report(f"worker {worker.process.pid} stopped{generating} (exit code {worker.process.exitcode})")
         if not worker.ready:
             self.failed_loads += 1
         if self.failed_loads >= _TRIES:
             self.broken = f"no worker can serve requests: {why} ({_TRIES} tries in a row); restart the server"
+            self.report(self.broken)
             if not self.workers:
                 while self.waiting:
                     self._end(self.waiting.popleft(), RequestError(503, self.broken, kind="server_error",
