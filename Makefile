@@ -1,5 +1,5 @@
 # make test: create .venv if missing, install the package with its test extras under the
-# pinned torch, run the tests. make demo: the same set-up, then `torchdelegate demo`: a small
+# pinned torch, run the tests. make docs: the documentation site into docs/_build/html. make demo: the same set-up, then `torchdelegate demo`: a small
 # language model lowered to ONNX Runtime, saved, loaded and generating tokens checked against eager.
 # make bench: torchdelegate against ExecuTorch on this machine (benchmarks/compare.py); ExecuTorch
 # lives in its own .venv-executorch, never a dependency of the package; then benchmarks/llm.py, a 200M-parameter
@@ -19,7 +19,7 @@ LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
 GENAI_VENV := .venv-genai
 GENAI_STAMP := $(GENAI_VENV)/.installed
 
-.PHONY: test demo lint bench soak fuzz zoo clean
+.PHONY: test demo docs lint bench soak fuzz zoo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/torchdelegate demo
+
+# make docs: the site, warnings as errors and every cross-reference checked, into docs/_build/html
+docs: $(STAMP)
+	$(PY) -m sphinx -b html -W --keep-going -n docs docs/_build/html
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples

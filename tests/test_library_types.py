@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -262,28 +260,3 @@ def _edit_outputs(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     with zipfile.ZipFile(path, "w") as archive:
         for member, data in members.items():
             archive.writestr(member, data)
-
-
-README = Path(__file__).parent.parent / "README.md"
-_TIMES = re.compile(r"\d+(\.\d+)? (ms|s)\b")
-
-
-def test_the_readme_tour_prints_what_the_readme_shows(tmp_path: Path) -> None:
-    """The tour's script, then its commands (lowering in one process, inspect and run in one that
-    cannot import transformers); each output as the README shows it, times aside."""
-    text = README.read_text(encoding="utf-8")
-    tour = text[text.index("A tour with a transformers BERT") :]
-    script = tour[tour.index("```python\n") + 10 : tour.index("```\n", tour.index("```python\n") + 10)]
-    shown = tour[tour.index("```\n$ torchdelegate") + 4 :]
-    shown = shown[: shown.index("```\n")]
-    done = _python(script, tmp_path)
-    assert done.returncode == 0, done.stderr
-    blocks = [block.strip().splitlines() for block in ("\n" + shown).split("\n$ torchdelegate ")[1:]]
-    commands = [shlex.split(block[0]) for block in blocks]
-    # the progress lines are stderr's, shown as a terminal shows both
-    expected = [_TIMES.sub("T", "\n".join(b for b in block[1:] if not b.startswith("preprocess "))) for block in blocks]
-    assert [c[0] for c in commands] == ["lower", "lower", "inspect", "run"]
-    answers = _commands(commands[:2], tmp_path) + _commands(commands[2:], tmp_path, prelude=WITHOUT_TRANSFORMERS)
-    for command, answer, want in zip(commands, answers, expected, strict=True):
-        printed = (answer["stderr"] if answer["code"] else answer["stdout"]).strip()
-        assert _TIMES.sub("T", printed) == want, f"torchdelegate {' '.join(command)}\n{printed}"

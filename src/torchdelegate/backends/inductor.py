@@ -40,6 +40,8 @@ from torchdelegate.errors import FormatError, PreprocessError
 from torchdelegate.exported.structural_copy import copy_program, with_identifier_state_names
 from torchdelegate.partition.capability import CapabilityPartitioner
 
+__all__ = ["BLOB_VERSION", "InductorBackend", "InductorPartitioner"]
+
 BLOB_VERSION = 1
 _CONFIG = {"aot_inductor.package_constants_in_so": False}
 

@@ -46,6 +46,8 @@ from torchdelegate.serialize.residual_graph import residual_graph
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
+__all__ = ["BLOB_VERSION", "ReferenceBackend", "ReferencePartitioner", "reference_support"]
+
 BLOB_VERSION = 2
 _ZLIB_BLOB_VERSION = 1  # the whole blob one zlib stream (still read)
 _MAX_BLOB_JSON = 1 << 28  # bytes a blob may inflate to

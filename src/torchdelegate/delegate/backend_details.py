@@ -241,7 +241,7 @@ class BackendDetails(ABC):
         cls, results: list[PreprocessResult], compile_specs: list[list[CompileSpec]]
     ) -> list[PreprocessResult]:
         """Every partition's result of one lowering (all methods, in order), once all are compiled:
-        a backend may join them here (the default keeps them; :func:`shared_named_data` puts their
+        a backend may join them here (the default keeps them; :func:`~torchdelegate.shared_named_data` puts their
         named data in one store). Runs in the lowering process."""
         del compile_specs
         return results
@@ -320,7 +320,7 @@ class BackendDetails(ABC):
     @classmethod
     def prepare(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> str | None:
         """Do once on this machine the work ``init`` would otherwise repeat at every load, and keep its
-        result in the machine cache (:mod:`torchdelegate.cache.machine_cache`), where ``init`` looks first.
+        result in the machine cache (``TORCHDELEGATE_CACHE``), where ``init`` looks first.
 
         For work that depends on the machine (weights packed for this CPU's kernels), which lowering
         cannot do for every machine a file runs on. Returns one line saying what is stored, or None
@@ -378,7 +378,7 @@ def shared_named_data(
 def with_named_data(compile: Callable[[NamedDataStore], bytes | PreprocessResult]) -> PreprocessResult:
     """The blob ``compile(store)`` returns (or its result: a debug handle map, an info), with the named
     data it put in ``store``: a ``preprocess`` whose partition keeps its weights in named data (joined
-    across partitions by :func:`shared_named_data`)."""
+    across partitions by :func:`~torchdelegate.shared_named_data`)."""
     store = NamedDataStore()
     made = compile(store)
     result = made if isinstance(made, PreprocessResult) else PreprocessResult(made)

@@ -216,8 +216,9 @@ class CapabilityPartitioner(Partitioner):
 
     @property
     def backends(self) -> list[tuple[OperatorSupport, DelegationSpec]]:
-        """``(support, spec)`` per backend, in priority order; a single backend's spec is :attr:`spec`,
-        so a partitioner given another ``spec`` after it was made tags for that one."""
+        """``(support, spec)`` per backend, in priority order; a single backend's spec is
+        :attr:`~torchdelegate.Partitioner.spec`, so a partitioner given another ``spec`` after it
+        was made tags for that one."""
         specs = [self.spec] if len(self._specs) == 1 else self._specs
         return list(zip(self._supports, specs, strict=True))
 

@@ -265,6 +265,8 @@ class Program:
         return profiles
 
     def method(self, name: str) -> BoundMethod:
+        """The method ``name`` as a callable: ``program.method("decode")(token, position)`` is
+        ``program.run("decode", token, position)``, its lookup done once for many calls."""
         if not isinstance(name, str):
             raise TypeError(
                 f"the method's name comes first: run(METHOD, *inputs), METHOD one of {self.method_names}; "
@@ -300,7 +302,7 @@ class Program:
         """Do now, and keep for later loads on this machine, the machine-specific work each delegate's
         backend would otherwise repeat at every load (ONNX Runtime packs the weights for this CPU).
 
-        Later loads find it in the machine cache (:mod:`torchdelegate.cache.machine_cache`) and start
+        Later loads find it in the machine cache (``TORCHDELEGATE_CACHE``) and start
         faster. Returns a line per entry, in delegate order; none when no backend has anything to
         prepare. The file is not changed.
         """

@@ -1,0 +1,144 @@
+"""What an installed wheel must do with the extras installed so far: run by .ci/package in a
+fresh environment that holds the wheel and its declared dependencies only, never the checkout.
+
+    python smoke.py core|onnxruntime|quantize|llm|serve|distributed|viz|bench
+
+Each stage lowers, saves, loads and runs what its extra is for, and compares with eager torch.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+import torchdelegate as td
+
+HERE = Path.cwd()
+COMMAND = str(Path(sys.executable).parent / "torchdelegate")
+
+
+class _Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(64, 128), torch.nn.Linear(128, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x)))
+
+
+def _lowered_and_run(partitioners: list[td.Partitioner], name: str, quantize: str | None = None) -> None:
+    """The model lowered with ``partitioners``, saved, loaded and run: equal to eager (or close, quantized)."""
+    torch.manual_seed(0)
+    model, x = _Model().eval(), torch.randn(4, 64)
+    program = torch.export.export(model, (x,))
+    if quantize is not None:
+        program = td.quantize(program, quantize)
+    lowered = td.to_edge_transform_and_lower(program, partitioner=partitioners)
+    assert td.delegate_calls(lowered.exported_program()), f"{name}: nothing was delegated"
+    lowered.save(HERE / f"{name}.tdp")
+    with td.load(HERE / f"{name}.tdp") as loaded:
+        got = loaded.run("forward", x)
+    with torch.no_grad():
+        expected = model(x)
+    tolerance = 0.1 if quantize else 1e-4
+    torch.testing.assert_close(got, expected, atol=tolerance, rtol=tolerance)
+    print(f"{name}: lowered, saved, loaded, equal to eager")
+
+
+def core() -> None:
+    assert (Path(td.__file__).parent / "py.typed").is_file(), "py.typed is not installed"
+    missing = [name for name in td.__all__ if not hasattr(td, name)]
+    assert not missing, f"torchdelegate.__all__ names what it lacks: {missing}"
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    _lowered_and_run([ReferencePartitioner()], "reference")
+    _command("demo", "--tokens", "12", "--rounds", "1")
+
+
+def onnxruntime() -> None:
+    from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
+
+    _lowered_and_run([OnnxRuntimePartitioner()], "onnxruntime")
+
+
+def quantize() -> None:
+    from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    _lowered_and_run([OnnxRuntimePartitioner(), ReferencePartitioner()], "8da4w", quantize="8da4w")
+
+
+def llm() -> None:
+    _command("demo", "--checkpoint", "checkpoint")
+    _command("llm", "export", "checkpoint", "-o", "demo.tdp", "--max-cache", "64")
+    printed = _command("llm", "generate", "demo.tdp", "-p", "The teacher said", "--max-new-tokens", "8")
+    assert printed.startswith("The teacher said"), printed
+
+
+def serve() -> None:
+    """``llm serve`` on the file the llm stage wrote: it answers /health and a completion, and stops on SIGTERM."""
+    server = subprocess.Popen(
+        [COMMAND, "llm", "serve", "demo.tdp", "--port", "0"], stdout=subprocess.PIPE, text=True, cwd=HERE
+    )
+    try:
+        assert server.stdout is not None
+        deadline, line = time.monotonic() + 120, ""
+        while time.monotonic() < deadline and not line.startswith("serving "):
+            line = server.stdout.readline()
+            assert line, "the server stopped before it served"
+        found = re.search(r"(http://127\.0\.0\.1:\d+)/v1", line)
+        assert found, line
+        with urllib.request.urlopen(f"{found.group(1)}/health", timeout=30) as answer:
+            assert answer.status == 200
+        body = b'{"model": "demo", "prompt": "The teacher said", "max_tokens": 4, "temperature": 0}'
+        asked = urllib.request.Request(f"{found.group(1)}/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(asked, timeout=60) as answer:
+            assert b'"text_completion"' in answer.read()
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+        print("serve: answered /health and a completion, stopped on SIGTERM")
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+def distributed() -> None:
+    from dask.distributed import LocalCluster
+
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with td.preprocessing(cluster=cluster.scheduler_address):
+            _lowered_and_run([ReferencePartitioner()], "dask")
+
+
+def viz() -> None:
+    import model_explorer  # what inspect --open starts
+
+    _command("inspect", "reference.tdp", "--model-explorer", "explorer")
+    assert any(Path("explorer").iterdir()), "inspect --model-explorer wrote nothing"
+    print(f"viz: {model_explorer.__name__} imports")
+
+
+def bench() -> None:
+    import matplotlib
+
+    print(f"bench: matplotlib {matplotlib.__version__}")
+
+
+def _command(*args: str) -> str:
+    done = subprocess.run([COMMAND, *args], capture_output=True, text=True, timeout=600, cwd=HERE)
+    assert done.returncode == 0, f"torchdelegate {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
+    print(f"torchdelegate {' '.join(args)}: ok")
+    return done.stdout
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
