@@ -79,7 +79,7 @@ def llm() -> None:
     _command("demo", "--checkpoint", "checkpoint")
     _command("llm", "export", "checkpoint", "-o", "demo.tdp", "--max-cache", "64")
     printed = _command("llm", "generate", "demo.tdp", "-p", "The teacher said", "--max-new-tokens", "8")
-    assert printed.startswith("The teacher said"), printed
+    assert printed.startswith(" that he"), printed  # the demo model's greedy continuation
 
 
 def serve() -> None:
