@@ -11,9 +11,11 @@ uses what an earlier one made. What runs:
 
 A ```` ```text ```` block right after a ``python`` or ``sh`` block is the output that block must
 print. Outputs are compared with measured quantities masked (durations, rates, speed-ups, tiny
-errors). Blocks of other languages (``json``, ``toml``, ``text`` elsewhere) are data, not
-examples. Run as a script, this module executes one page and prints the outputs as JSON: a page
-runs in a process of its own, as a reader's session would.
+errors). Blocks of other languages (``json``, ``toml``, ``text`` elsewhere) are data, and
+```` ```{toctree} ```` and its kind are the site's directives: neither is an example.
+
+Run as a script, this module executes one page and prints the outputs as JSON: a page runs in a
+process of its own, as a reader's session would.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 
 EXECUTED = ("python", "sh", "console")
 DATA = ("text", "json", "toml", "jinja", "")
-_FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^```(\{[\w-]+\}|[\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _MEASURED = [
     (re.compile(r"\b\d+(\.\d+)? ?(ms|s|µs)\b"), "<time>"),
     (re.compile(r"\b\d+(\.\d+)? tokens/s\b"), "<rate>"),
