@@ -46,13 +46,19 @@ autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 nitpicky = True
 # What the reference names from other projects (no inventory is fetched: the build is offline).
+_OTHER_PROJECTS = "torch|numpy|np|onnx|onnxruntime|onnx_ir|onnxscript|fsspec|dask|distributed|torchao|transformers"
+_STANDARD_MODULES = (
+    r"typing|collections|collections\.abc|concurrent\.futures|contextlib|dataclasses|os|pathlib|enum|types|io|abc"
+)
 nitpick_ignore_regex = [
-    (r"py:.*", r"(torch|numpy|np|onnx|onnxruntime|onnx_ir|onnxscript|fsspec|dask|distributed|torchao|transformers)(\..*)?"),
-    (r"py:.*", r"(typing|collections|collections\.abc|concurrent\.futures|contextlib|dataclasses|os|pathlib|enum|types|io|abc)\..*"),
+    (r"py:.*", rf"({_OTHER_PROJECTS})(\..*)?"),
+    (r"py:.*", rf"({_STANDARD_MODULES})\..*"),
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|Path|PathLike|Executor|Future|TextIO|Node|Graph)"),
     (r"py:.*", r"(GraphModule|ExportedProgram|Tensor|Module|ModuleType|OpOverload|OperatorSupportBase|Partition)"),
-    (r"py:.*", r"(builtins\.)?(bool|int|float|str|bytes|bytearray|memoryview|dict|list|tuple|set|frozenset|type|object|None)"),
-    (r"py:.*", r"(Exception|ValueError|TypeError|KeyError|RuntimeError|OSError|ImportError|UserWarning|DeprecationWarning)"),
+    (r"py:.*", r"(builtins\.)?(bool|int|float|str|bytes|bytearray|memoryview|dict|list|tuple|set|frozenset)"),
+    (r"py:.*", r"(builtins\.)?(type|object)"),
+    (r"py:.*", r"None|Exception|ValueError|TypeError|KeyError|RuntimeError|OSError|ImportError|UserWarning"),
+    (r"py:.*", r"DeprecationWarning"),
 ]
 
 # Internal types that public signatures name; they have no page of their own. Any other target
@@ -110,8 +116,9 @@ def _reference_pages() -> None:
     sections, documented = [], set()
     for module_name, summary in PUBLIC_MODULES.items():
         module = importlib.import_module(module_name)
-        names = [name for name in module.__all__ if _defined_where(getattr(module, name), module_name, name) not in documented]
-        documented.update(_defined_where(getattr(module, name), module_name, name) for name in names)
+        where = {name: _defined_where(getattr(module, name), module_name, name) for name in module.__all__}
+        names = [name for name in module.__all__ if where[name] not in documented]
+        documented.update(where[name] for name in names)
         for name in names:
             title = f"{module_name}.{name}"
             directive = f"auto{_kind(getattr(module, name))}"

@@ -23,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import traceback
@@ -99,19 +101,32 @@ def installs_resolved(script: str) -> str:
 
 
 def _shell(command: str) -> str:
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", installs_resolved(command)], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
-    if done.returncode:
-        raise RuntimeError(f"exit code {done.returncode}:\n{done.stdout}")
-    return done.stdout
+    returncode, printed = _in_own_group(["bash", "-euo", "pipefail", "-c", installs_resolved(command)])
+    if returncode:
+        raise RuntimeError(f"exit code {returncode}:\n{printed}")
+    return printed
+
+
+def _in_own_group(arguments: list[str]) -> tuple[int, str]:
+    """Run ``arguments`` in a process group of its own, stdout and stderr together; whatever it
+    started (a server an example runs in the background) is killed when it ends or times out."""
+    process = subprocess.Popen(
+        arguments, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        printed, _ = process.communicate(timeout=600)
+        return process.returncode, printed
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def run_page(page: Path) -> list[dict[str, object]]:
     """Run every executed block of ``page`` in order in this process and its working directory:
     per block, what it printed (console blocks: per command) or the error it raised."""
     reader = types.ModuleType("__main__")  # the page's own __main__: torch.export looks names up there
+    reader.__file__ = str(page)
     sys.modules["__main__"] = reader
     namespace = reader.__dict__
     results: list[dict[str, object]] = []
@@ -139,10 +154,7 @@ def run_page(page: Path) -> list[dict[str, object]]:
 
 def _console(command: str) -> str:
     """What ``command`` prints, stdout and stderr as a terminal shows them, whatever its exit code."""
-    done = subprocess.run(
-        ["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
-    )
-    return done.stdout
+    return _in_own_group(["bash", "-c", installs_resolved(command)])[1]
 
 
 if __name__ == "__main__":

@@ -31,6 +31,13 @@ def test_every_block_is_an_example_that_runs_or_data() -> None:
         if block.language not in EXECUTED + DATA and not block.language.startswith("{")
     ]
     assert not unknown, f"blocks neither run nor data: {unknown}"
+    indented = [
+        f"{page.relative_to(ROOT)}:{number}"
+        for page in PAGES
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        if line.lstrip().startswith(("```", "~~~")) and not line.startswith("```")
+    ]
+    assert not indented, f"fences the runner does not read (indented, or ~~~): {indented}"
     assert len(WITH_EXAMPLES) >= 5
 
 
@@ -52,6 +59,7 @@ def test_the_examples_of_a_page_run_and_print_what_it_shows(page: Path, tmp_path
         "PORT": str(_free_port()),  # a server an example starts listens here (its default: 8000)
         "PYTHONPATH": str(ROOT / "examples"),
         "TORCHDELEGATE_CLONE": str(ROOT),
+        "PYTHONUNBUFFERED": "1",  # stdout and stderr interleaved as a terminal shows them
     }
     runner = Path(__file__).parent / "documented_examples.py"
     done = subprocess.run(

@@ -139,6 +139,16 @@ def backend_options(given: Sequence[str]) -> dict[str, dict[str, str]]:
     return options
 
 
+def refuse_directory(path: Path) -> None:
+    """A ``CommandError`` when ``path``, given as a program file, is a directory (a checkpoint, say)."""
+    if not path.is_dir():
+        return
+    hint = f": a checkpoint? make a program file from it with torchdelegate llm export {path} -o FILE.tdp"
+    raise CommandError(
+        f"{path} is a directory, not a program file" + (hint if (path / "config.json").is_file() else "")
+    )
+
+
 def loaded(path: Path, external_data: Path | None, trust: Sequence[str], options: Sequence[str] = ()) -> Any:
     """``load`` for the commands: a missing operator library or data file says how to give it here; a
     load option the file's backends do not take is a usage error."""
@@ -147,16 +157,7 @@ def loaded(path: Path, external_data: Path | None, trust: Sequence[str], options
     from torchdelegate.runtime.program import load
 
     chosen = backend_options(options)
-    if path.is_dir():
-        checkpoint = (path / "config.json").is_file()
-        raise CommandError(
-            f"{path} is a directory, not a program file"
-            + (
-                f": a checkpoint? make a program file from it with torchdelegate llm export {path} -o FILE.tdp"
-                if checkpoint
-                else ""
-            )  # fmt: skip
-        )
+    refuse_directory(path)
     try:
         return load(path, external_data_path=external_data, trusted_backends=trust, backend_options=chosen)
     except (OperatorNotFoundError, BackendNotFoundError) as error:

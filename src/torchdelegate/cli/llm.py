@@ -18,6 +18,7 @@ from torchdelegate.cli.command import (
     add_backend_options,
     add_verbose,
     loaded,
+    refuse_directory,
 )
 from torchdelegate.cli.lower import add_lowering_options
 
@@ -276,6 +277,7 @@ def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.llm.serving.http_app import listening_socket, serve
     from torchdelegate.llm.serving.worker_pool import WorkerPool, prepared_in_child
 
+    refuse_directory(args.file)  # before the port: the mistake to name is the file, not a busy port
     try:
         listening = listening_socket(args.host, args.port)
     except OSError as e:

@@ -143,11 +143,11 @@ def read_tokenizer(data: bytes, where: str) -> Any:
 def chat_template_text(assets: Mapping[str, bytes]) -> str | None:
     """The chat template among a checkpoint's tokenizer files: ``chat_template.jinja``, else the
     ``chat_template`` string of ``tokenizer_config.json``; None if neither has one."""
-    if "chat_template.jinja" in assets:
+    if assets.get("chat_template.jinja", b"").strip():
         return assets["chat_template.jinja"].decode("utf-8", "replace")
     config = json.loads(assets["tokenizer_config.json"]) if "tokenizer_config.json" in assets else {}
     template = config.get("chat_template") if isinstance(config, dict) else None
-    return template if isinstance(template, str) else None
+    return template if isinstance(template, str) and template.strip() else None
 
 
 def read_chat_template(text: bytes | str, where: str) -> Any:

@@ -29,6 +29,9 @@ COMPLETION_TOKENS = 16
 """``/v1/completions``' default ``max_tokens``, as OpenAI's; a chat's reply may fill the cache."""
 GRACEFUL_SECONDS = 30
 """How long a stopping server lets requests in flight finish before it fails them."""
+DRAINED_BYTES = 256 << 20
+"""A body past the limit is read and dropped up to this size before the 413; past it the
+connection is cut (a client sending that much is not waiting for an answer)."""
 BODY_BYTES_PER_POSITION = 128
 """The request body read per position of the cache (beyond a first MiB): more than any token's text
 as JSON, so a body past it holds a prompt that cannot fit, refused before it is read or tokenized."""
@@ -189,23 +192,25 @@ def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> A
 
 
 async def _body(request: Any, limit: int, positions: int) -> bytes:
-    """The request's body; a 413 as soon as it passes ``limit`` bytes (no prompt that long fits the
-    cache's ``positions``), so a huge body is neither held nor tokenized."""
+    """The request's body; a 413 once it passes ``limit`` bytes (no prompt that long fits the
+    cache's ``positions``), so a huge body is neither held nor tokenized. The rest is read and
+    dropped, up to :data:`DRAINED_BYTES`, so that a client still sending it reads the 413 rather
+    than a connection reset."""
     too_long = RequestError(
         413,
         f"the request body is more than {limit} bytes: no prompt that long fits the model's {positions} positions; "
         "shorten it",
         code="request_too_large",
     )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_long
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise too_long
-        chunks.append(chunk)
+        if size > DRAINED_BYTES:
+            break
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:
+        raise too_long
     return b"".join(chunks)
 
 

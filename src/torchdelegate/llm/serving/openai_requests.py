@@ -94,7 +94,8 @@ def parsed_body(raw: bytes) -> dict[str, Any]:
     except RecursionError:
         raise RequestError(400, "the request body is nested too deeply to read; send a flat JSON object") from None
     if not isinstance(body, dict):
-        raise RequestError(400, f"the request body is a JSON {type(body).__name__}, not an object; send a JSON object")
+        kind = _JSON_KINDS.get(type(body), type(body).__name__)
+        raise RequestError(400, f"the request body is {kind}, not an object; send a JSON object")
     return body
 
 
@@ -211,7 +212,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise RequestError(400, f"{where} is a {type(message).__name__}: give a {{role, content}} object", where)
+            kind = _JSON_KINDS.get(type(message), type(message).__name__)
+            raise RequestError(400, f"{where} is {kind}: give a {{role, content}} object", where)
         role = message.get("role")
         if role not in _ROLES:
             raise RequestError(400, f"{where}.role {role!r}: give one of {', '.join(_ROLES)}", f"{where}.role")
