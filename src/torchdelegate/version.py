@@ -1,3 +1,3 @@
 """This torchdelegate's version: what ``--version`` prints and what compile cache keys cover."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

@@ -165,7 +165,7 @@ def test_a_damaged_prepared_model_is_not_used_and_preparing_again_mends_it(tmp_p
         with td.load(tmp_path / "m.tdp") as program:
             assert program.prepare()
         _, mapped = _first_calls(tmp_path / "m.tdp", inputs)
-    assert mapped < 0.25 * weights
+    assert mapped < 0.5 * weights  # packing a copy: 0.9 x or more; the runtime's own ~9 MB weigh here (32 MiB)
 
 
 @pytest.mark.usefixtures("cache_directory")
