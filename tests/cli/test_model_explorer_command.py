@@ -38,7 +38,7 @@ def test_open_serves_the_files_on_loopback_and_model_explorers_app_shows_them(tm
     port = _free_port()
     command = [sys.executable, "-m", "torchdelegate.cli", "inspect", str(program)]
     command += ["--model-explorer", str(tmp_path / "me"), "--open", "--port", str(port)]
-    env = {**os.environ, "BROWSER": "true"}  # webbrowser's choice: open nothing
+    env = {**os.environ, "BROWSER": "true", "PYTHONUNBUFFERED": "1"}  # open nothing; lines as printed
     # Ctrl-C reaches the command as at a terminal, whatever this worker process inherited: a child
     # started where SIGINT is ignored ignores it too, and Python then installs no KeyboardInterrupt.
     server = subprocess.Popen(
