@@ -21,7 +21,13 @@ from typing import Any, TextIO
 
 from torchdelegate.errors import CheckpointError
 from torchdelegate.llm.language_model import LanguageModel, TextStream
-from torchdelegate.llm.serving.openai_requests import GenerationRequest, RequestError, generation_request, parsed_body
+from torchdelegate.llm.serving.openai_requests import (
+    GenerationRequest,
+    RequestError,
+    generation_request,
+    model_not_found,
+    parsed_body,
+)
 from torchdelegate.llm.serving.worker_pool import Job, JobEnd, WorkerPool
 from torchdelegate.llm.serving.worker_process import CANCELLED, sampling_fields
 
@@ -133,11 +139,8 @@ def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> A
         return JSONResponse({"object": "list", "data": [card]})
 
     async def one_model(request: Request) -> Response:
-        asked = request.path_params["model"]
-        if asked != name:
-            raise RequestError(
-                404, f"the model {asked!r} does not exist: this server serves {name!r}", "model", code="model_not_found"
-            )
+        if request.path_params["model"] != name:
+            raise model_not_found(request.path_params["model"], name)
         return JSONResponse(card)
 
     async def chat(request: Request) -> Response:
@@ -196,12 +199,6 @@ async def _body(request: Any, limit: int, positions: int) -> bytes:
     cache's ``positions``), so a huge body is neither held nor tokenized. The rest is read and
     dropped, up to :data:`DRAINED_BYTES`, so that a client still sending it reads the 413 rather
     than a connection reset."""
-    too_long = RequestError(
-        413,
-        f"the request body is more than {limit} bytes: no prompt that long fits the model's {positions} positions; "
-        "shorten it",
-        code="request_too_large",
-    )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -210,7 +207,12 @@ async def _body(request: Any, limit: int, positions: int) -> bytes:
         if size <= limit:
             chunks.append(chunk)
     if size > limit:
-        raise too_long
+        raise RequestError(
+            413,
+            f"the request body is more than {limit} bytes: no prompt that long fits the model's {positions} "
+            "positions; shorten it",
+            code="request_too_large",
+        )
     return b"".join(chunks)
 
 
@@ -230,15 +232,14 @@ class _KeyCheck:
         if scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
+                from starlette.responses import JSONResponse
+
                 error = RequestError(
                     401,
                     "no valid API key: send the header 'Authorization: Bearer <key>' with the server's key",
                     code="invalid_api_key",
                 )
-                body = json.dumps(error.body()).encode()
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-                await send({"type": "http.response.start", "status": 401, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
+                await JSONResponse(error.body(), error.status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -277,51 +278,50 @@ class _Reply:
         self.kept = ""  # the text so far, up to any stop sequence
         self.sent = 0  # how much of it has been given out
         self.stopped = False
-        self.read = 0  # tokens read from the job: up to the one that completed a stop sequence, if one did
         self.identifier = f"{'chatcmpl' if wanted.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
     async def whole(self) -> dict[str, Any]:
-        while True:
-            event = await self.job.events.get()
-            if isinstance(event, int):
-                self._add(self.text.add(event), token=True)
-            elif isinstance(event, RequestError):
-                raise event
-            else:
-                self._add(self.text.rest())
-                return self._body(self._released(final=True), event)
+        text = ""
+        async for gained, end in self._pieces():
+            text += gained
+            if end is not None:
+                return self._body(text, end)
+        raise AssertionError("a job's events end with its end")
 
     async def events(self) -> AsyncIterator[str]:
         try:
             if self.wanted.chat:
                 yield _event(self._chunk({"role": "assistant", "content": ""}, None))
-            while True:
-                event = await self.job.events.get()
-                if isinstance(event, RequestError):
-                    yield _event(event.body())
-                    return
-                final = not isinstance(event, int)
-                self._add(self.text.rest() if final else self.text.add(event), token=not final)
-                gained = self._released(final)
+            async for gained, end in self._pieces():
                 if gained:
                     yield _event(self._chunk(self._delta(gained), None))
-                if final:
-                    assert isinstance(event, JobEnd)
-                    yield _event(self._chunk(self._delta("") if self.wanted.chat else "", self._finish(event)))
+                if end is not None:
+                    yield _event(self._chunk(self._delta("") if self.wanted.chat else "", self._finish(end)))
                     if self.wanted.include_usage:
-                        yield _event({**self._head(), "choices": [], "usage": self._usage(event)})
+                        yield _event({**self._head(), "choices": [], "usage": self._usage(end)})
                     yield "data: [DONE]\n\n"
-                    return
+        except RequestError as error:
+            yield _event(error.body())
         finally:
             self.pool.cancel(self.job)  # the client left, or it is over: either way its worker is freed
 
-    def _add(self, gained: str, token: bool = False) -> None:
-        """``gained`` text, from one more token (``token``) or the last of the text; a stop sequence
-        it completes cuts the text there and ends the job."""
-        if self.stopped:
-            return
-        self.read += token
+    async def _pieces(self) -> AsyncIterator[tuple[str, JobEnd | None]]:
+        """The text each of the job's events releases, with the job's end on the last; a
+        ``RequestError`` when the job failed. Past a stop sequence, tokens are no longer read."""
+        while True:
+            event = await self.job.events.get()
+            if isinstance(event, RequestError):
+                raise event
+            end = None if isinstance(event, int) else event
+            if not self.stopped:
+                self._add(self.text.add(event) if end is None else self.text.rest())
+            yield self._released(end is not None), end
+            if end is not None:
+                return
+
+    def _add(self, gained: str) -> None:
+        """``gained`` text; a stop sequence it completes cuts the text there and ends the job."""
         self.kept += gained
         cuts = [self.kept.find(stop) for stop in self.wanted.stop]
         cuts = [cut for cut in cuts if cut >= 0]
@@ -343,7 +343,7 @@ class _Reply:
         return "stop" if self.stopped else _FINISH.get(end.finish, "stop")
 
     def _usage(self, end: JobEnd) -> dict[str, Any]:
-        prompt, completion = len(self.job.prompt), self.read
+        prompt, completion = len(self.job.prompt), len(self.text.tokens)  # up to the stop, if one was met
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,

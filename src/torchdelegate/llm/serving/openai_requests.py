@@ -85,6 +85,13 @@ _OFF = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "echo": False, "b
 _ROLES = ("system", "developer", "user", "assistant")
 
 
+def model_not_found(asked: str, served: str) -> RequestError:
+    """The 404 for a model this server does not serve (a request's ``model``, or ``/v1/models/NAME``)."""
+    return RequestError(
+        404, f"the model {asked!r} does not exist: this server serves {served!r}", "model", code="model_not_found"
+    )
+
+
 def parsed_body(raw: bytes) -> dict[str, Any]:
     """The request's JSON object; a 400 when it is not JSON or not an object."""
     try:
@@ -131,9 +138,7 @@ def generation_request(body: dict[str, Any], chat: bool, model: str) -> Generati
         )
     named = _required(body, "model", str)
     if named != model:
-        raise RequestError(
-            404, f"the model {named!r} does not exist: this server serves {model!r}", "model", code="model_not_found"
-        )
+        raise model_not_found(named, model)
     max_tokens = _optional_integer(body, "max_tokens", 1)
     if chat:
         newer = _optional_integer(body, "max_completion_tokens", 1)

@@ -23,7 +23,7 @@ from typing import Any
 
 from torchdelegate.llm.language_model import HeldTokens
 from torchdelegate.llm.serving.openai_requests import RequestError
-from torchdelegate.llm.serving.worker_process import prepare_program, serve_jobs
+from torchdelegate.llm.serving.worker_process import CANCELLED, prepare_program, serve_jobs
 
 _STOP_SECONDS = 10.0  # a worker asked to stop is killed after this long
 _TRIES = 3  # replacements in a row that may fail to load before the pool gives up replacing
@@ -163,7 +163,7 @@ class WorkerPool:
             return
         if job.worker is None:
             self.waiting.remove(job)
-            self._end(job, JobEnd("cancelled", 0, 0.0, 0.0))
+            self._end(job, JobEnd(CANCELLED, 0, 0.0, 0.0))
             return
         try:
             job.worker.connection.send(("cancel", job.number))
