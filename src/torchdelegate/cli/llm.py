@@ -1,10 +1,12 @@
-"""``torchdelegate llm export DIR``, ``llm generate FILE`` and ``llm chat FILE``: a transformers
-checkpoint lowered to one file that carries its tokenizer, and text generated from that file."""
+"""``torchdelegate llm export DIR``, ``llm generate FILE``, ``llm chat FILE`` and ``llm serve FILE``: a
+transformers checkpoint lowered to one file that carries its tokenizer, and text generated from that
+file, at the terminal or over HTTP."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from torchdelegate.cli.command import (
     UsageError,
     add_backend_options,
     add_verbose,
+    backend_options,
     loaded,
     refuse_directory,
 )
@@ -271,9 +274,6 @@ def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--queue {args.queue}: give 0 or more")
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port}: give 0 to 65535")
-    import os
-
-    from torchdelegate.cli.command import backend_options
     from torchdelegate.llm.serving.http_app import listening_socket, serve
     from torchdelegate.llm.serving.worker_pool import WorkerPool, prepared_in_child
 
@@ -300,8 +300,6 @@ def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
 def _per_worker_threads(options: dict[str, dict[str, str]], program: Any, workers: int) -> dict[str, dict[str, str]]:
     """``options`` with ONNX Runtime's threads shared out among the workers (the cores over the
     workers, at least one each) unless given: workers that each took every core would fight."""
-    import os
-
     if not any(d.backend_id == "onnxruntime" for d in program.delegates):
         return options
     onnxruntime = dict(options.get("onnxruntime", {}))
