@@ -38,6 +38,17 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def require_chromium() -> None:
+    """Skip the test calling this where Chromium is not installed, or fail it where CI asks for
+    Chromium (``TORCHDELEGATE_REQUIRE_CHROMIUM``)."""
+    import pytest
+
+    if chromium_path() is None:
+        if os.environ.get("TORCHDELEGATE_REQUIRE_CHROMIUM"):
+            pytest.fail("Chromium is required here (TORCHDELEGATE_REQUIRE_CHROMIUM) but is not installed")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+
+
 class ChromiumError(RuntimeError):
     pass
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from chromium import Chromium, chromium_path
+from chromium import Chromium, require_chromium
 from documented_examples import DATA, EXECUTED, console_steps, masked, page_blocks
+from loopback import free_port
 
 import torchdelegate
 
@@ -41,12 +41,6 @@ def test_every_block_is_an_example_that_runs_or_data() -> None:
     assert len(WITH_EXAMPLES) >= 5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("page", WITH_EXAMPLES, ids=lambda page: page.name)
 def test_the_examples_of_a_page_run_and_print_what_it_shows(page: Path, tmp_path: Path) -> None:
@@ -56,7 +50,7 @@ def test_the_examples_of_a_page_run_and_print_what_it_shows(page: Path, tmp_path
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "TORCHDELEGATE_CACHE": str(tmp_path / "cache"),  # a reader's first run: every partition compiled
-        "PORT": str(_free_port()),  # a server an example starts listens here (its default: 8000)
+        "PORT": str(free_port()),  # a server an example starts listens here (its default: 8000)
         "PYTHONPATH": str(ROOT / "examples"),
         "TORCHDELEGATE_CLONE": str(ROOT),
         "PYTHONUNBUFFERED": "1",  # stdout and stderr interleaved as a terminal shows them
@@ -103,10 +97,7 @@ def test_the_site_builds_clean_with_a_reference_page_per_public_name(site: Path)
 
 @pytest.mark.xdist_group("documentation_site")
 def test_the_site_opens_in_chromium_without_a_console_error(site: Path) -> None:
-    if chromium_path() is None:
-        if os.environ.get("TORCHDELEGATE_REQUIRE_CHROMIUM"):
-            pytest.fail("Chromium is required here (TORCHDELEGATE_REQUIRE_CHROMIUM) but is not installed")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    require_chromium()
     pages = sorted(site.glob("*.html")) + [site / "reference" / "torchdelegate.Program.html"]
     with Chromium() as browser:
         for page in pages:

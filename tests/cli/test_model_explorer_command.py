@@ -16,15 +16,10 @@ from pathlib import Path
 
 import pytest
 from chromium import Chromium, chromium_path
+from loopback import free_port
 from models import layered_program
 
 from torchdelegate.cli import main
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _get(url: str) -> str:
@@ -35,7 +30,7 @@ def _get(url: str) -> str:
 @pytest.mark.timeout(300)
 def test_open_serves_the_files_on_loopback_and_model_explorers_app_shows_them(tmp_path: Path) -> None:
     program = layered_program(tmp_path / "layered.tdp")
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "torchdelegate.cli", "inspect", str(program)]
     command += ["--model-explorer", str(tmp_path / "me"), "--open", "--port", str(port)]
     env = {**os.environ, "BROWSER": "true", "PYTHONUNBUFFERED": "1"}  # open nothing; lines as printed

@@ -5,7 +5,6 @@ searches, pans and zooms without a script error, on a zoo model with three backe
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from backends_for_tests import TorchExportBackend
-from chromium import Chromium, chromium_path
+from chromium import Chromium, require_chromium
 from models import TwoLinears, export
 from reports_to_draw import llm_200m, swin_three_backends
 
@@ -23,13 +22,6 @@ from torchdelegate.report import LoweringReport, plan_report, render_html
 
 aten = torch.ops.aten
 LEFT_OUT_FOR_THE_PICTURE = {aten.index.Tensor, aten.any.dim}
-
-
-def _require_chromium() -> None:
-    if chromium_path() is None:
-        if os.environ.get("TORCHDELEGATE_REQUIRE_CHROMIUM"):
-            pytest.fail("Chromium is required here (TORCHDELEGATE_REQUIRE_CHROMIUM) but is not installed")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
 
 
 def _embedded(page: str) -> dict[str, Any]:
@@ -147,7 +139,7 @@ def _assert_not_blank(png: Path) -> None:
 
 
 def test_chromium_draws_a_zoo_model_with_three_backends(swin_report: LoweringReport, tmp_path: Path) -> None:
-    _require_chromium()
+    require_chromium()
     page = _write(swin_report, tmp_path / "swin.html", "Swin, three backends")
     method = swin_report.methods["forward"]
     wanted = next(row.name for row in method.nodes if "model.encoder.layers.1" in row.modules)
@@ -164,7 +156,7 @@ def test_chromium_draws_a_zoo_model_with_three_backends(swin_report: LoweringRep
 
 @pytest.mark.timeout(600)
 def test_chromium_draws_the_200m_llm_both_methods(tmp_path: Path) -> None:
-    _require_chromium()
+    require_chromium()
     report = llm_200m()
     assert {m: len(r.nodes) > 1000 for m, r in report.methods.items()} == {"prefill": True, "decode": True}
     page = _write(report, tmp_path / "llm.html", "200M Llama")
@@ -199,7 +191,7 @@ def test_a_hostile_saved_report_cannot_inject_markup_or_script() -> None:
 
 
 def test_chromium_draws_hostile_names_as_text(tmp_path: Path) -> None:
-    _require_chromium()
+    require_chromium()
     edge = td.to_edge(export(TwoLinears(), torch.randn(2, 4)))
     report = plan_report(
         edge, CapabilityPartitioner([({aten.addmm.default}, DelegationSpec(TorchExportBackend.backend_id))])
