@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from compare import machine
+from instruments import descendants, processes_bytes
 from llm_race import bandwidth, wait_idle
 from results import machine_line, targets_table, written
 
@@ -185,8 +185,8 @@ def measured(command: list[str], timeout: float) -> dict[str, Any]:
         pids, listed = [process.pid], time.perf_counter()
         while not done.wait(0.02):
             if time.perf_counter() - listed > 1.0:  # the process tree, listed once a second
-                pids, listed = _descendants(process.pid), time.perf_counter()
-            peak[0] = max(peak[0], _anonymous_bytes(pids))
+                pids, listed = descendants(process.pid), time.perf_counter()
+            peak[0] = max(peak[0], processes_bytes(pids, "status", "RssAnon:"))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -203,37 +203,6 @@ def measured(command: list[str], timeout: float) -> dict[str, Any]:
         "peak_rss_bytes": int(rss.group(1)) * 1024 if rss else None,
         "peak_anonymous_bytes": peak[0],
     }
-
-
-def _anonymous_bytes(pids: list[int]) -> int:
-    """The RssAnon of these processes, summed."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as status:
-                total += next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon")), 0)
-        except OSError:
-            continue
-    return total
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    text = f.read()
-                parent = int(text[text.rindex(")") + 2 :].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, queue = [], [root]
-    while queue:
-        pid = queue.pop()
-        found.append(pid)
-        queue.extend(children.get(pid, []))
-    return found
 
 
 def parse_generate(stdout: str) -> dict[str, Any]:

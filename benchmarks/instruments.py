@@ -41,6 +41,38 @@ def peak_rss_bytes() -> int:
     return _status_bytes("/proc/self/status", "VmHWM:")
 
 
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it (a server and its workers), read from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    text = f.read()
+                parent = int(text[text.rindex(")") + 2 :].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [root]
+    while queue:
+        pid = queue.pop()
+        found.append(pid)
+        queue.extend(children.get(pid, []))
+    return found
+
+
+def processes_bytes(pids: list[int], file: str, field: str) -> int:
+    """``field`` of ``/proc/PID/file`` summed over ``pids`` (``"smaps_rollup", "Pss:"``: their PSS;
+    ``"status", "RssAnon:"``: their anonymous memory); a process gone meanwhile counts nothing."""
+    total = 0
+    for pid in pids:
+        try:
+            total += _status_bytes(f"/proc/{pid}/{file}", field)
+        except (OSError, RuntimeError):
+            continue
+    return total
+
+
 def _status_bytes(path: str, field: str) -> int:
     with open(path) as f:
         for line in f:

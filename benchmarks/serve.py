@@ -39,6 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from instruments import descendants, processes_bytes  # noqa: E402
 from llm_race import LLAMACPP, PEERS, machine, timed, wait_idle  # noqa: E402
 from results import written  # noqa: E402
 
@@ -203,30 +204,10 @@ class Server:
             self.output.append(line)
 
     def tree(self) -> list[int]:
-        found, changed = {self.process.pid}, True
-        while changed:
-            changed = False
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit() and int(entry.name) not in found:
-                    try:
-                        parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                    except (OSError, IndexError, ValueError):
-                        continue
-                    if parent in found:
-                        found.add(int(entry.name))
-                        changed = True
-        return sorted(found)
+        return sorted(descendants(self.process.pid))
 
     def pss_bytes(self) -> int:
-        total = 0
-        for pid in self.tree():
-            try:
-                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-            except OSError:
-                pass
-        return total
+        return processes_bytes(self.tree(), "smaps_rollup", "Pss:")
 
     def stop(self) -> None:
         if self.process.poll() is None:
