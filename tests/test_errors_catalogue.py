@@ -46,12 +46,15 @@ def _sections() -> dict[str, list[list[str]]]:
 
 
 def _raised_in_source() -> set[str]:
-    """Names of the exception classes a ``raise`` in src/torchdelegate constructs."""
+    """Names of the exception classes a ``raise`` in src/torchdelegate constructs (a function that
+    makes one, such as ``model_not_found(...)``, is not a type: the class it makes is raised where
+    it is made)."""
     names = set()
     for path in (ROOT / "src" / "torchdelegate").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
-                names.add(node.exc.func.id)
+                if node.exc.func.id[:1].isupper():
+                    names.add(node.exc.func.id)
     return names
 
 
