@@ -24,13 +24,13 @@ SECRET = b"the loader's secret bytes"
 
 
 @pytest.fixture
-def victim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A working directory holding secrets the way a user's would, made current."""
+def victim(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory holding secrets the way a user's would, made current; and a link to one
+    outside it."""
     (tmp_path / "secret.txt").write_bytes(SECRET)
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "secret.txt").write_bytes(SECRET)
-    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
-    elsewhere.mkdir()
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
     (elsewhere / "secret.txt").write_bytes(SECRET)
     os.symlink(elsewhere / "secret.txt", tmp_path / "link.txt")
     monkeypatch.chdir(tmp_path)
