@@ -51,6 +51,34 @@ def test_greedy_tokens_equal_transformers_generate_for_any_prompt_length(
     assert generation.finish == "max new tokens" and generation.stats.new_tokens == 10
 
 
+@pytest.fixture(scope="module")
+def last_logits(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    """The model exported as ``llm export`` does with ``--prefill-chunk``: prefill gives the logits of
+    its chunk's last position only."""
+    from torchdelegate.llm.checkpoint import export_methods
+
+    model = tiny_llama(vocab_size=VOCAB)
+    path = tmp_path_factory.mktemp("llm") / "last.tdp"
+    programs = export_methods(model, CACHE, CHUNK)
+    td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner(), ReferencePartitioner()]).save(path)
+    return model, path
+
+
+@pytest.mark.parametrize("length", [3, CHUNK, 13])
+def test_a_prefill_giving_the_last_position_s_logits_reads_a_padded_chunk_s_last_token_again(
+    last_logits: tuple[torch.nn.Module, Path], length: int
+) -> None:
+    """The padded chunk's one row of logits is the padding's; the tokens are still transformers'."""
+    model, path = last_logits
+    prompt = torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+    with td.load(path) as program:
+        ids = torch.tensor([prompt[:CHUNK] + [1] * (CHUNK - min(length, CHUNK))])
+        assert program.run("prefill", input_ids=ids, cache_position=torch.arange(CHUNK)).shape == (1, 1, VOCAB)
+        assert Generator(program, max_positions=CACHE).generate(prompt, 6).tokens == transformers_greedy(
+            model, prompt, 6
+        )
+
+
 def test_stop_tokens_end_generation_and_streaming_gives_the_same_tokens(lowered: tuple[torch.nn.Module, Path]) -> None:
     model, path = lowered
     prompt = [5, 6, 7, 8]
@@ -101,6 +129,8 @@ def test_a_prefill_of_dynamic_length_reads_any_prompt_in_one_call(dynamic: tuple
     with td.load(path) as program:
         generator = Generator(program, max_positions=CACHE)
         assert generator.chunk is None
+        logits = program.run("prefill", input_ids=torch.tensor([[4, 5, 6]]), cache_position=torch.arange(3))
+        assert logits.shape == (1, 1, VOCAB)  # the head ran for the last position only
         for length in (1, 5, CACHE - 1):
             prompt = torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(length)).tolist()
             assert generator.generate(prompt, 1).tokens == transformers_greedy(model, prompt, 1)

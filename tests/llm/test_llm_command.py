@@ -3,6 +3,7 @@ beside a tokenizer trained here, to generated tokens equal to transformers' gene
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -61,16 +62,21 @@ def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, architecture: str) -> None:
     model = tiny_llama(vocab_size=512) if architecture == "llama" else tiny_qwen2()
     checkpoint = _checkpoint(tmp_path / "checkpoint", model)
-    # Llama's prefill reads 8 tokens at a time (static shapes), Qwen2's a prompt of any length
-    chunk = ("--prefill-chunk", "8") if architecture == "llama" else ()
+    # Llama's prefill reads 8 tokens at a time (static shapes) and gives the last one's logits (the
+    # default); Qwen2's reads a prompt of any length and gives every position's
+    chunk = ("--prefill-chunk", "8") if architecture == "llama" else ("--prefill-logits", "all")
     exported = _command("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", str(CACHE), *chunk, cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert "tokenizer and generation settings included" in exported.stdout
-    assert ("8 tokens at a time" if chunk else f"prompts of 2 to {CACHE - 1} tokens") in exported.stdout
+    static = architecture == "llama"
+    assert ("8 tokens at a time" if static else f"prompts of 2 to {CACHE - 1} tokens") in exported.stdout
     import torchdelegate as td
 
     with td.load(tmp_path / "m.tdp") as program:
-        assert program.method("prefill").input_shape("input_ids") == (1, 8 if chunk else None)
+        assert program.method("prefill").input_shape("input_ids") == (1, 8 if static else None)
+        assert json.loads(program.asset("torchdelegate_llm.json"))["prefill_logits"] == ("last" if static else "all")
+        logits = program.run("prefill", input_ids=torch.zeros(1, 8, dtype=torch.long), cache_position=torch.arange(8))
+        assert logits.shape[1] == (1 if static else 8)
     prompt = "It was the best of times"
     generated = _command(
         "llm", "generate", "m.tdp", "--prompt", prompt, "--max-new-tokens", "10", "--ids", cwd=tmp_path

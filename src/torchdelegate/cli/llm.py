@@ -65,6 +65,13 @@ def define(parser: argparse.ArgumentParser) -> None:
         help="export prefill for exactly N tokens, read a prompt N at a time (for backends that need static "
         "shapes); default: prefill takes a prompt of any length up to the cache",
     )
+    export.add_argument(
+        "--prefill-logits",
+        choices=("last", "all"),
+        default="last",
+        help="what prefill returns: the logits after the prompt's last token (default: all generating needs, "
+        "and the head runs for one position), or after each of its tokens (to score prompts)",
+    )
     add_lowering_options(export)
     add_verbose(export)
     export.set_defaults(handler=llm_export_command)
@@ -174,14 +181,15 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
                     "chat completions will refuse it (add the checkpoint's chat_template.jinja to have one)",
                     file=out,
                 )
-            programs = checkpoint.bound(export_methods(checkpoint.model, cache, args.prefill_chunk))
+            exported = export_methods(checkpoint.model, cache, args.prefill_chunk, args.prefill_logits)
+            programs = checkpoint.bound(exported)
         except CheckpointError as error:
             raise CommandError(str(error)) from error
         chunk = args.prefill_chunk
         prompt = f"{chunk} tokens at a time" if chunk else f"prompts of 2 to {cache - 1} tokens"
         print(f"exported prefill ({prompt}) and decode from {args.directory}", file=out)
         lowered = lowered_programs(programs, partitioners, args, out)
-    assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens)}
+    assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens, args.prefill_logits)}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     lowered.save(args.output, assets=assets)  # written whole: a failure leaves no partial file
     seconds = time.perf_counter() - started

@@ -6,10 +6,13 @@ needs). Nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import json
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,10 +166,21 @@ def read_chat_template(text: bytes | str, where: str) -> Any:
         raise CheckpointError(f"{where} is not a template jinja2 reads ({e})") from e
 
 
-def export_methods(model: Any, max_cache: int, chunk: int | None) -> dict[str, ExportedProgram]:
+PREFILL_LOGITS = ("last", "all")
+"""What prefill returns: the logits after the prompt's last token only ([1, 1, vocabulary]; all a
+generation reads), or those after each of its tokens ([1, n, vocabulary]; to score a prompt)."""
+
+
+def export_methods(
+    model: Any, max_cache: int, chunk: int | None, prefill_logits: str = "last"
+) -> dict[str, ExportedProgram]:
     """``prefill`` and ``decode`` (one token) over a static cache of ``max_cache`` positions, exported
     as transformers' exportable wrapper exports them (strict). Prefill takes a prompt of any length from
-    2 to ``max_cache - 1`` tokens, or exactly ``chunk`` tokens for backends that need static shapes."""
+    2 to ``max_cache - 1`` tokens, or exactly ``chunk`` tokens for backends that need static shapes.
+
+    ``prefill_logits`` ``"last"`` runs the head on the last position only (the model's
+    ``logits_to_keep``), which spares a prompt-long product with the vocabulary and its buffer;
+    a model whose forward has no ``logits_to_keep`` returns every position's. ``model`` is left as it was."""
     import torch.export
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -174,6 +188,8 @@ def export_methods(model: Any, max_cache: int, chunk: int | None) -> dict[str, E
         raise CheckpointError(f"prefill chunk {chunk}: give 1 or more tokens, fewer than the cache's {max_cache}")
     if max_cache < 3:
         raise CheckpointError(f"a cache of {max_cache} positions: give 3 or more")
+    if prefill_logits not in PREFILL_LOGITS:
+        raise CheckpointError(f"prefill logits {prefill_logits!r}: give one of {', '.join(PREFILL_LOGITS)}")
     model.generation_config.use_cache = True
     model.generation_config.cache_implementation = "static"
     example = chunk or min(8, max_cache - 1)
@@ -186,10 +202,9 @@ def export_methods(model: Any, max_cache: int, chunk: int | None) -> dict[str, E
         quiet = loggers_quieted(["torch._subclasses.fake_tensor", "torch._dynamo", "torch.export"], logging.CRITICAL)
         with torch.no_grad(), warnings.catch_warnings(), quiet:
             warnings.simplefilter("ignore")  # dynamo's notes on transformers' own side effects
-            return {
-                "prefill": torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True),
-                "decode": torch.export.export(module, (), token, strict=True),
-            }
+            with _logits_kept(model, 1 if prefill_logits == "last" else None):
+                prefill = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
+            return {"prefill": prefill, "decode": torch.export.export(module, (), token, strict=True)}
     except Exception as e:
         raise CheckpointError(
             f"{type(model).__name__} does not export with a static cache ({type(e).__name__}: {first_line(e)}); "
@@ -197,9 +212,32 @@ def export_methods(model: Any, max_cache: int, chunk: int | None) -> dict[str, E
         ) from e
 
 
-def settings_asset(max_cache: int, chunk: int | None, stop_tokens: list[int]) -> bytes:
+@contextlib.contextmanager
+def _logits_kept(model: Any, count: int | None) -> Iterator[None]:
+    """``model`` called with ``logits_to_keep=count`` while the block runs (nothing where ``count`` is
+    None or its forward has no such parameter); its own ``forward`` restored after."""
+    if count is None or "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        yield
+        return
+    own = model.__dict__.get("forward")
+    model.forward = functools.partial(model.forward, logits_to_keep=count)
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
+
+
+def settings_asset(max_cache: int, chunk: int | None, stop_tokens: list[int], prefill_logits: str = "last") -> bytes:
     """The generation settings a program carries (``SETTINGS``); ``prefill_chunk`` null: any length."""
-    settings = {"max_cache": max_cache, "prefill_chunk": chunk, "stop_tokens": stop_tokens}
+    settings = {
+        "max_cache": max_cache,
+        "prefill_chunk": chunk,
+        "prefill_logits": prefill_logits,
+        "stop_tokens": stop_tokens,
+    }
     return json.dumps(settings, sort_keys=True).encode()
 
 

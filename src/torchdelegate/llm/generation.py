@@ -1,11 +1,13 @@
 """Generating tokens with a loaded program's ``prefill`` and ``decode`` over a static KV cache.
 
 The program is the one transformers' exportable wrapper gives (``TorchExportableModuleForDecoderOnlyLM``):
-both methods take ``input_ids`` [1, n] and ``cache_position`` [n] and return logits [1, n, vocabulary],
-writing the cache they share at those positions. A prefill of dynamic length reads the whole prompt
-in one call (a lone token goes to decode). A prefill exported for a fixed length takes a prompt in
-chunks of that length, the last one padded: the padding's cache entries lie past the prompt, where
-causal attention never reads them before decoding writes them again.
+both methods take ``input_ids`` [1, n] and ``cache_position`` [n] and return logits [1, n, vocabulary]
+(prefill, as ``llm export`` writes it, only the last position's: [1, 1, vocabulary]), writing the
+cache they share at those positions. A prefill of dynamic length reads the whole prompt in one call
+(a lone token goes to decode). A prefill exported for a fixed length takes a prompt in chunks of that
+length, the last one padded: the padding's cache entries lie past the prompt, where causal attention
+never reads them before decoding writes them again; where the padded chunk's logits are the
+padding's, decode reads the prompt's last token again for its own.
 """
 
 from __future__ import annotations
@@ -180,7 +182,13 @@ class Generator:
                 break
             padded = torch.tensor([part + [part[-1]] * (chunk - len(part))])
             logits = self._prefill(input_ids=padded, cache_position=torch.arange(start, start + chunk))
-            logits = logits[0, len(part) - 1]
+            if logits.shape[1] == chunk:  # every position's logits
+                logits = logits[0, len(part) - 1]
+            elif len(part) == chunk:
+                logits = logits[0, -1]
+            else:  # the last position's only, and it was padding's: the prompt's last token read again
+                at = torch.tensor([start + len(part) - 1])
+                logits = self._decode(input_ids=torch.tensor([[part[-1]]]), cache_position=at)[0, -1]
         return logits
 
 
