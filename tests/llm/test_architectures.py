@@ -65,3 +65,14 @@ def test_an_architecture_the_wrapper_cannot_export_is_refused(
     assert error.startswith(f"torchdelegate: error: {REFUSED[architecture]} does not export with a static cache")
     assert error.count("\n") == 1 and not list(tmp_path.glob("*.tdp")) and not list(tmp_path.glob(".*.partial"))
     assert json.loads((checkpoint / "config.json").read_text())["architectures"] == [REFUSED[architecture]]
+
+
+def test_a_failed_export_leaves_the_model_as_it_was() -> None:
+    """The hook that keeps prefill's last logits is gone after the export failed, as after one that ran."""
+    from torchdelegate.errors import CheckpointError
+    from torchdelegate.llm.checkpoint import export_methods
+
+    model = CAUSAL_LMS["opt"]()
+    with pytest.raises(CheckpointError, match="OPTForCausalLM does not export with a static cache"):
+        export_methods(model, 24, None)
+    assert not model._forward_pre_hooks and "forward" not in vars(model)

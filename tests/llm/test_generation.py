@@ -55,28 +55,34 @@ def test_greedy_tokens_equal_transformers_generate_for_any_prompt_length(
 def last_logits(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
     """The model exported as ``llm export`` does with ``--prefill-chunk``: prefill gives the logits of
     its chunk's last position only."""
-    from torchdelegate.llm.checkpoint import export_methods
+    from torchdelegate.llm.checkpoint import export_methods, prefill_logits
 
     model = tiny_llama(vocab_size=VOCAB)
     path = tmp_path_factory.mktemp("llm") / "last.tdp"
     programs = export_methods(model, CACHE, CHUNK)
+    assert prefill_logits(programs["prefill"]) == "last"
+    assert not model._forward_pre_hooks and "forward" not in vars(model)  # the model as it was
     td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner(), ReferencePartitioner()]).save(path)
     return model, path
 
 
-@pytest.mark.parametrize("length", [3, CHUNK, 13])
+@pytest.mark.parametrize(("length", "cached"), [(3, 0), (CHUNK, 0), (13, 0), (13, 3), (30, 5)])
 def test_a_prefill_giving_the_last_position_s_logits_reads_a_padded_chunk_s_last_token_again(
-    last_logits: tuple[torch.nn.Module, Path], length: int
+    last_logits: tuple[torch.nn.Module, Path], length: int, cached: int
 ) -> None:
-    """The padded chunk's one row of logits is the padding's; the tokens are still transformers'."""
+    """The padded chunk's one row of logits is the padding's; the tokens are still transformers',
+    after ``cached`` tokens an earlier call left (a conversation's turns) and where the last chunk
+    has no room in the cache (30 from 5: read token by token from 29)."""
     model, path = last_logits
     prompt = torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+    new = min(6, CACHE - length)
     with td.load(path) as program:
         ids = torch.tensor([prompt[:CHUNK] + [1] * (CHUNK - min(length, CHUNK))])
         assert program.run("prefill", input_ids=ids, cache_position=torch.arange(CHUNK)).shape == (1, 1, VOCAB)
-        assert Generator(program, max_positions=CACHE).generate(prompt, 6).tokens == transformers_greedy(
-            model, prompt, 6
-        )
+        generator = Generator(program, max_positions=CACHE)
+        if cached:
+            generator.generate(prompt[:cached], 1)
+        assert generator.generate(prompt, new, cached=cached).tokens == transformers_greedy(model, prompt, new)
 
 
 def test_stop_tokens_end_generation_and_streaming_gives_the_same_tokens(lowered: tuple[torch.nn.Module, Path]) -> None:

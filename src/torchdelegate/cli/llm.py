@@ -152,6 +152,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         SETTINGS,
         chat_template_text,
         export_methods,
+        prefill_logits,
         read_checkpoint,
         settings_asset,
     )
@@ -182,14 +183,21 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
                     file=out,
                 )
             exported = export_methods(checkpoint.model, cache, args.prefill_chunk, args.prefill_logits)
+            logits = prefill_logits(exported["prefill"])  # what the model gave: "all" where it cannot keep fewer
             programs = checkpoint.bound(exported)
         except CheckpointError as error:
             raise CommandError(str(error)) from error
         chunk = args.prefill_chunk
         prompt = f"{chunk} tokens at a time" if chunk else f"prompts of 2 to {cache - 1} tokens"
         print(f"exported prefill ({prompt}) and decode from {args.directory}", file=out)
+        if args.prefill_logits == "last" and logits == "all":
+            print(
+                f"prefill gives every position's logits: {type(checkpoint.model).__name__}'s forward cannot keep "
+                "only the last (it has no logits_to_keep)",
+                file=out,
+            )
         lowered = lowered_programs(programs, partitioners, args, out)
-    assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens, args.prefill_logits)}
+    assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens, logits)}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     lowered.save(args.output, assets=assets)  # written whole: a failure leaves no partial file
     seconds = time.perf_counter() - started

@@ -7,7 +7,6 @@ needs). Nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import json
 import logging
@@ -33,7 +32,7 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 SETTINGS = "torchdelegate_llm.json"
-"""The asset that says how the program generates: cache length, prefill chunk, stop tokens."""
+"""The asset that says how the program generates: cache length, prefill chunk, prefill logits, stop tokens."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +179,8 @@ def export_methods(
 
     ``prefill_logits`` ``"last"`` runs the head on the last position only (the model's
     ``logits_to_keep``), which spares a prompt-long product with the vocabulary and its buffer;
-    a model whose forward has no ``logits_to_keep`` returns every position's. ``model`` is left as it was."""
+    a model whose forward has no ``logits_to_keep`` returns every position's (:func:`prefill_logits`
+    says which the program gives). The hook that passes it is removed after, export failed or not."""
     import torch.export
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -215,19 +215,27 @@ def export_methods(
 @contextlib.contextmanager
 def _logits_kept(model: Any, count: int | None) -> Iterator[None]:
     """``model`` called with ``logits_to_keep=count`` while the block runs (nothing where ``count`` is
-    None or its forward has no such parameter); its own ``forward`` restored after."""
+    None or its forward has no such parameter). A keyword pre-hook rather than a new ``forward``, so
+    the exported modules keep their own paths; removed after, whatever happens."""
     if count is None or "logits_to_keep" not in inspect.signature(model.forward).parameters:
         yield
         return
-    own = model.__dict__.get("forward")
-    model.forward = functools.partial(model.forward, logits_to_keep=count)
+
+    def keep(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return args, {**kwargs, "logits_to_keep": count}
+
+    hook = model.register_forward_pre_hook(keep, with_kwargs=True)
     try:
         yield
     finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own
+        hook.remove()
+
+
+def prefill_logits(prefill: ExportedProgram) -> str:
+    """``"last"`` where the exported prefill gives one position's logits, ``"all"`` where it gives
+    each prompt token's (as :data:`PREFILL_LOGITS` names them)."""
+    (logits, *_) = prefill.graph_module.graph.output_node().args[0]
+    return "last" if logits.meta["val"].shape[1] == 1 else "all"
 
 
 def settings_asset(max_cache: int, chunk: int | None, stop_tokens: list[int], prefill_logits: str = "last") -> bytes:
