@@ -91,6 +91,22 @@ def test_without_fusions_the_attention_stays_as_exported(tmp_path: Path) -> None
         assert [len(d._handle.written) for d in program._delegates] == [4, 4]
 
 
+def test_a_head_size_the_kernel_does_not_take_keeps_the_exported_attention(tmp_path: Path) -> None:
+    """ONNX Runtime's GroupQueryAttention runs head sizes that are multiples of 16 only: a Llama whose
+    heads are 24 wide keeps the exported attention, says why, and gives eager's logits."""
+    model = tiny_llama(hidden_size=96, vocab_size=256)  # 4 heads of 24
+    path = _saved(tmp_path, model, None, [])
+    prompt = [3, 14, 15, 92, 65]
+    with torch.no_grad():
+        expected = _logits(static_cache_module(model, CACHE), None, prompt, 3)
+    why = "2 layers: the head size 24 is not a multiple of 16, as the kernel needs on CPU"
+    with td.load(path) as program, torch.no_grad():
+        assert [r.delegate_info["unfused"] for r in program.delegates] == [{"GroupQueryAttention": [why]}] * 2
+        got = _logits(None, program, prompt, 3)  # type: ignore[arg-type]
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)
+
+
 def test_attention_left_unfused_says_why_in_the_report_and_keeps_the_models_logits(tmp_path: Path) -> None:
     """GPT-2 has no rotary embedding: its layers keep the exported attention, the report says why for
     each, and the file still gives eager's logits."""

@@ -33,6 +33,8 @@ from torchdelegate.backends.onnxruntime.ir_edits import take_place
 from torchdelegate.backends.onnxruntime.settings import require
 
 _STANDARD = ("", "ai.onnx")
+_HEAD_SIZE_MULTIPLE = 16
+"""ONNX Runtime's CPU ``GroupQueryAttention`` refuses other head sizes when it runs (not when it loads)."""
 _HEADS_FIRST = [0, 2, 1, 3]
 
 
@@ -171,6 +173,8 @@ def _layer(key_write: Any) -> _Layer | str:
     batch, kv_heads, rows, size = (past_key.shape[i] for i in range(4))
     if batch != 1 or not all(isinstance(d, int) for d in (kv_heads, rows, size)):
         return "the key cache's batch is not 1, or its sizes are not static"
+    if size % _HEAD_SIZE_MULTIPLE:
+        return f"the head size {size} is not a multiple of {_HEAD_SIZE_MULTIPLE}, as the kernel needs on CPU"
     transposed = _user(_forward(key_write.outputs[0], _REPEAT), "Transpose")
     if transposed is None or list(transposed.attributes["perm"].as_ints()) != [0, 1, 3, 2]:
         return "the cached keys are not transposed for the product with the queries"
