@@ -55,12 +55,12 @@ def test_greedy_tokens_equal_transformers_generate_for_any_prompt_length(
 def last_logits(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
     """The model exported as ``llm export`` does with ``--prefill-chunk``: prefill gives the logits of
     its chunk's last position only."""
-    from torchdelegate.llm.checkpoint import export_methods, prefill_logits
+    from torchdelegate.llm.checkpoint import export_methods, logits_given
 
     model = tiny_llama(vocab_size=VOCAB)
     path = tmp_path_factory.mktemp("llm") / "last.tdp"
     programs = export_methods(model, CACHE, CHUNK)
-    assert prefill_logits(programs["prefill"]) == "last"
+    assert logits_given(programs["prefill"]) == "last"
     assert not model._forward_pre_hooks and "forward" not in vars(model)  # the model as it was
     td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner(), ReferencePartitioner()]).save(path)
     return model, path

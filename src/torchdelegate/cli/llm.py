@@ -152,7 +152,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         SETTINGS,
         chat_template_text,
         export_methods,
-        prefill_logits,
+        logits_given,
         read_checkpoint,
         settings_asset,
     )
@@ -183,7 +183,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
                     file=out,
                 )
             exported = export_methods(checkpoint.model, cache, args.prefill_chunk, args.prefill_logits)
-            logits = prefill_logits(exported["prefill"])  # what the model gave: "all" where it cannot keep fewer
+            logits = logits_given(exported["prefill"])  # what the model gave: "all" where it cannot keep fewer
             programs = checkpoint.bound(exported)
         except CheckpointError as error:
             raise CommandError(str(error)) from error

@@ -179,7 +179,7 @@ def export_methods(
 
     ``prefill_logits`` ``"last"`` runs the head on the last position only (the model's
     ``logits_to_keep``), which spares a prompt-long product with the vocabulary and its buffer;
-    a model whose forward has no ``logits_to_keep`` returns every position's (:func:`prefill_logits`
+    a model whose forward has no ``logits_to_keep`` returns every position's (:func:`logits_given`
     says which the program gives). The hook that passes it is removed after, export failed or not."""
     import torch.export
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
@@ -202,7 +202,7 @@ def export_methods(
         quiet = loggers_quieted(["torch._subclasses.fake_tensor", "torch._dynamo", "torch.export"], logging.CRITICAL)
         with torch.no_grad(), warnings.catch_warnings(), quiet:
             warnings.simplefilter("ignore")  # dynamo's notes on transformers' own side effects
-            with _logits_kept(model, 1 if prefill_logits == "last" else None):
+            with _last_logits_only(model, prefill_logits == "last"):
                 prefill = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
             return {"prefill": prefill, "decode": torch.export.export(module, (), token, strict=True)}
     except Exception as e:
@@ -213,16 +213,16 @@ def export_methods(
 
 
 @contextlib.contextmanager
-def _logits_kept(model: Any, count: int | None) -> Iterator[None]:
-    """``model`` called with ``logits_to_keep=count`` while the block runs (nothing where ``count`` is
-    None or its forward has no such parameter). A keyword pre-hook rather than a new ``forward``, so
-    the exported modules keep their own paths; removed after, whatever happens."""
-    if count is None or "logits_to_keep" not in inspect.signature(model.forward).parameters:
+def _last_logits_only(model: Any, wanted: bool) -> Iterator[None]:
+    """``model`` called with ``logits_to_keep=1`` while the block runs, where ``wanted`` and its
+    forward has that parameter. A keyword pre-hook rather than a new ``forward``, so the exported
+    modules keep their own paths; removed after, whatever happens."""
+    if not wanted or "logits_to_keep" not in inspect.signature(model.forward).parameters:
         yield
         return
 
     def keep(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return args, {**kwargs, "logits_to_keep": count}
+        return args, {**kwargs, "logits_to_keep": 1}
 
     hook = model.register_forward_pre_hook(keep, with_kwargs=True)
     try:
@@ -231,7 +231,7 @@ def _logits_kept(model: Any, count: int | None) -> Iterator[None]:
         hook.remove()
 
 
-def prefill_logits(prefill: ExportedProgram) -> str:
+def logits_given(prefill: ExportedProgram) -> str:
     """``"last"`` where the exported prefill gives one position's logits, ``"all"`` where it gives
     each prompt token's (as :data:`PREFILL_LOGITS` names them)."""
     (logits, *_) = prefill.graph_module.graph.output_node().args[0]
