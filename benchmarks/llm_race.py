@@ -357,9 +357,17 @@ class Race:
             return last_json(timed(command, RUN_TIMEOUT)["stdout"])
         if entry.tool == GENAI:
             return last_json(timed([self.args.genai_python, PEERS, "genai-info", str(path)], RUN_TIMEOUT)["stdout"])
-        checkpoint = self.data["checkpoint"]  # ours: the file, its fp32 embedding table less (both recipes keep it)
-        embedding = checkpoint["embedding_parameters"] * 4
+        embedding = self.our_embedding_bytes(entry)
         return {"tensor_bytes": path.stat().st_size, "embedding_bytes": embedding, "estimated": True}
+
+    def our_embedding_bytes(self, entry: Entry) -> int:
+        """Our file's token embedding: fp32, or with ``--quantize`` int8 with a float32 scale per row
+        (``llm export``'s default ``--embeddings int8``)."""
+        checkpoint = self.data["checkpoint"]
+        if entry.precision == "fp32":
+            return int(checkpoint["embedding_parameters"] * 4)
+        rows = checkpoint["embedding_parameters"] // checkpoint["hidden"]
+        return int(checkpoint["embedding_parameters"] + rows * 4)
 
     def run(self, entry: Entry) -> dict[str, Any]:
         """One generation by ``entry``'s tool in a fresh process; its figures and tokens."""
@@ -589,7 +597,7 @@ def page(data: dict[str, Any], stem: str) -> list[str]:
         "",
         "Formats, each tool's default for its precision: ours fp32, and 8da4w (int8 activations quantized per "
         "token at run time, int4 weights in groups of 32 on every linear layer, the head included; the token "
-        "embedding stays fp32); llama.cpp's F32, F16, Q8_0 and Q4_0 (blocks of 32 with one scale; "
+        "embedding int8 with a scale per row); llama.cpp's F32, F16, Q8_0 and Q4_0 (blocks of 32 with one scale; "
         "`llama_model_quantize` makes the head Q6_K and the token embedding Q4_0; Q8_0 and Q4_0 multiply "
         "activations quantized to 8 bits); GenAI's fp32, and int4 (`MatMulNBits`, blocks of 32, the "
         "builder's default accuracy level 4 for the CPU: int8 activations; the token embedding fp32). Tokens "
@@ -601,7 +609,7 @@ def page(data: dict[str, Any], stem: str) -> list[str]:
         f"{data['bandwidth']['by']['numpy'] / 1e9:.1f}; the higher of the measurements before and after the runs, "
         f"{measured}). The bandwidth bound is that over the weight bytes a "
         "token reads (the file's tensors less its token embedding, of which a token reads one row; ours: the "
-        "file's bytes less the fp32 embedding table); a decode rate at 100% of it reads every weight at the "
+        "file's bytes less its embedding table, fp32 or int8); a decode rate at 100% of it reads every weight at the "
         "speed of the product.",
         "",
         "Time to first token: from the model loaded (ours: the file loaded and its delegates initialized, as "
