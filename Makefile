@@ -74,14 +74,18 @@ SOAK_EXAMPLES ?= 5000
 soak: $(STAMP)
 	TORCHDELEGATE_EXAMPLES=$(SOAK_EXAMPLES) $(PY) -m pytest -q tests/test_differential.py
 
-# make fuzz: atheris over load + run, from real files, for FUZZ_SECONDS; crashes land in fuzz/crashes/
-# (make each one a file under tests/serialize/fuzz_regressions/).
+# make fuzz: atheris over load + run, from real files, for FUZZ_SECONDS; then over crafted graphs of the
+# operators a saved graph may call, with hostile arguments (fuzz/residual_ops.py: no crash, no output that depends
+# on memory outside the inputs), for FUZZ_SECONDS more; crashes land in fuzz/crashes/
+# (make each one a file under tests/serialize/fuzz_regressions/, or a case of tests/serialize/test_operator_contracts.py).
 FUZZ_SECONDS ?= 600
 fuzz: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,fuzz]'
 	$(PY) fuzz/seeds.py fuzz/corpus
 	mkdir -p fuzz/crashes
 	$(PY) fuzz/load_and_run.py fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/crashes/ -rss_limit_mb=4096
+	mkdir -p fuzz/corpus_residual
+	$(PY) -W ignore fuzz/residual_ops.py fuzz/corpus_residual -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/crashes/ -rss_limit_mb=0 -timeout=60 -print_final_stats=1
 
 # make zoo: every model of tests/zoo/models.py exported, lowered with reference and with onnxruntime then
 # reference, saved, loaded and run in a fresh process, compared with eager; writes docs/zoo.json and docs/ZOO.md.

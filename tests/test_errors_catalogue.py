@@ -28,6 +28,7 @@ INTERNAL = {
     "EntryError",
     "WorkerError",
     "Unkeyable",
+    "JsonLimitError",
 }
 
 

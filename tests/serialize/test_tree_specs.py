@@ -168,20 +168,21 @@ def test_a_context_that_does_not_name_each_child_once_gives_a_tuple(context: str
 
 
 def test_a_spec_that_is_not_json_is_a_format_error() -> None:
-    with pytest.raises(FormatError, match=r"^where: a tree spec is not JSON"):
+    with pytest.raises(FormatError, match=r"^where: a tree spec cannot be read: not JSON"):
         _plain(_document("[1, {"), "where")
 
 
-@pytest.mark.parametrize("depth", [450, 5000])
+@pytest.mark.parametrize("depth", [40, 450, 5000])
 def test_a_deeply_nested_spec_is_read_or_refused_as_a_format_error(depth: int) -> None:
+    """The bounded reader takes 128 levels of JSON: 63 levels of containers (each an object and its list)."""
     spec = LEAF
     for _ in range(depth):
         spec = f'{{"type": "somelib.Output", "context": "null", "children_spec": [{spec}]}}'
-    if depth < 490:  # as deep as JSON is read here: made plain without recursion
+    if depth < 63:
         _, replaced = _plain(_document(f"[1, {spec}]"), "where")
         assert replaced == {"somelib.Output": "tuple"}
         return
-    with pytest.raises(FormatError, match=r"^where: a tree spec is not JSON \(RecursionError"):
+    with pytest.raises(FormatError, match=r"^where: a tree spec cannot be read: JSON nesting deeper than 128 levels"):
         _plain(_document(f"[1, {spec}]"), "where")
 
 

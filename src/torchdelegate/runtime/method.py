@@ -23,13 +23,15 @@ from torchdelegate.exported.programs import output_values
 from torchdelegate.runtime.inputs import MethodInputs
 from torchdelegate.serialize.allow_list import allowed_call_target
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
+from torchdelegate.serialize.operator_contracts import checked_operator, has_contract
 from torchdelegate.serialize.residual_graph import ResidualGraph, TensorValue
 
 
 def _compile_graph(
     program: ResidualGraph, method: str, delegates: Mapping[int, DelegateInstance], kinds: Mapping[int, str]
 ) -> GraphModule:
-    """The program's graph module with every delegate call bound to its delegate instance."""
+    """The program's graph module with every delegate call bound to its delegate instance, and every
+    operator that has an argument contract called behind it (``operator_contracts``)."""
     gm = program.graph_module
     touched: dict[GraphModule, None] = {}
     top_level: dict[int, list[torch.fx.Node]] = {}
@@ -51,6 +53,9 @@ def _compile_graph(
             for target in (node.target, *_operators_in((node.args, node.kwargs))):
                 if not allowed_call_target(target):
                     raise FormatError(f"method {method!r}: node {node.name!r} calls {target!r}, which is not allowed")
+            if has_contract(node.target):
+                node.target = checked_operator(node.target)
+                touched[submodule] = None
     for module in touched:
         module.recompile()
     return gm

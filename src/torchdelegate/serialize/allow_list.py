@@ -1,9 +1,12 @@
 """What a saved graph may contain, checked before torch's deserializer sees it.
 
-Operators must be registered torch ops named by their full path (never a Python path);
-higher-order ops and Python builtins come from fixed lists; symbolic sizes are expressions
-over a fixed vocabulary. Nothing in a file is executable: a graph that names anything else
-is a FormatError.
+Operators are named by their full path (never a Python path) and must be on the explicit list
+(``operator_list``) when torch or this package owns their namespace; an operator of another
+namespace belongs to an extension library, and is called only once the caller imported it.
+Higher-order ops and Python builtins come from fixed lists; symbolic sizes are expressions over a
+fixed vocabulary. Nothing in a file is executable: a graph that names anything else is a
+FormatError. An operator whose kernel takes its arguments on trust runs behind its contract
+(``operator_contracts``), and so is never passed as an argument.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import torch
 from torch._ops import HigherOrderOperator, OpOverload
 
 from torchdelegate.errors import FormatError
+from torchdelegate.serialize.operator_contracts import has_contract, operator_behind
+from torchdelegate.serialize.operator_list import ATEN_OPERATORS, OUR_OPERATORS, TORCH_NAMESPACES
 
 # What a saved graph may name. Operators must be registered torch ops (never a Python path);
 # higher-order ops and Python builtins come from fixed lists.
@@ -36,7 +41,7 @@ _BUILTINS = frozenset(
         *(f"math.{name}" for name in ("ceil", "floor", "trunc")),
     }
 )
-_REFUSED_OPERATORS = frozenset({"from_file"})
+_LISTED = {"aten": ATEN_OPERATORS, "torchdelegate": OUR_OPERATORS}
 # Symbolic sizes: symbols, integers, arithmetic and the sympy functions torch emits.
 # No powers or shifts (a few characters could ask sympy for an astronomically large number),
 # numbers of at most 19 digits, parentheses at most 32 deep.
@@ -76,7 +81,7 @@ def check_graph_document(document: Any, where: str) -> set[str]:
     operators = set()
     for key, value in walk(document):
         if key in _OPERATOR_KEYS and isinstance(value, str):
-            _check_target(value, where)
+            _check_target(value, where, passed=key == "as_operator")
             operators.add(value)
         elif key == "expr_str":
             _check_expression(value, where)
@@ -132,19 +137,39 @@ def walk(value: Any) -> Iterator[tuple[str, Any]]:
             stack.extend(item)
 
 
-def _check_target(target: str, where: str) -> None:
+def _check_target(target: str, where: str, passed: bool = False) -> None:
     if target in _BUILTINS:
         return
     match = _OPERATOR_TARGET.fullmatch(target)
     if match is not None:
-        namespace, name, _ = match.groups()
+        namespace, name, overload = match.groups()
         if namespace == "higher_order":
             return _check_higher_order(name, target, where)
-        if name not in _REFUSED_OPERATORS:
+        if _listed(namespace, f"{name}.{overload}"):
+            if passed and namespace == "aten" and _has_contract(name, overload):
+                raise FormatError(
+                    f"{where}: the graph passes {target!r} to another operator; it runs only behind its argument "
+                    "contract, called by the graph itself"
+                )
             return None
     if target.startswith("torch.ops.higher_order."):
         return _check_higher_order(target.removeprefix("torch.ops.higher_order."), target, where)
-    raise FormatError(f"{where}: the graph calls {target!r}, which is not an operator a saved graph may call")
+    raise FormatError(
+        f"{where}: the graph calls {target!r}, which is not an operator a saved graph may call "
+        "(docs/FORMAT.md §7 lists them); a graph that to_edge decomposed calls only listed ones"
+    )
+
+
+def _listed(namespace: str, name: str) -> bool:
+    """Whether an operator of ``namespace`` named ``name.overload`` is one a saved graph may call."""
+    if namespace in _LISTED:
+        return name in _LISTED[namespace]
+    return namespace not in TORCH_NAMESPACES
+
+
+def _has_contract(name: str, overload: str) -> bool:
+    packet = getattr(torch.ops.aten, name, None)
+    return has_contract(getattr(packet, overload, None))
 
 
 def _check_higher_order(name: str, target: str, where: str) -> None:
@@ -176,9 +201,11 @@ def _check_expression(expression: Any, where: str) -> None:
 
 
 def allowed_call_target(target: Any) -> bool:
-    """Whether a deserialized node's target is one a saved graph may call."""
+    """Whether a deserialized node's target is one a saved graph may call (an operator behind its
+    contract stands for the operator)."""
+    target = operator_behind(target)
     if isinstance(target, OpOverload):
-        return target._opname not in _REFUSED_OPERATORS
+        return _listed(target.namespace, f"{target._opname}.{target._overloadname}")
     if isinstance(target, HigherOrderOperator):
         return target.name() in _HIGHER_ORDER_OPS
     module = getattr(target, "__module__", None)

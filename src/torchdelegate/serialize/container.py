@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 from torchdelegate.errors import FormatError
 from torchdelegate.exported.mapped_pages import release_pages, sha256_releasing, write_releasing
+from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
 
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sIIQQ32s")
@@ -75,9 +76,9 @@ def inflated_json(data: bytes | memoryview, limit: int) -> Any:
         text = inflater.decompress(data, limit)
         if inflater.unconsumed_tail or inflater.unused_data or not inflater.eof:
             raise ValueError(f"not one whole zlib stream of at most {limit} bytes")
-        return json.loads(text)
-    except (zlib.error, RecursionError) as e:
+    except zlib.error as e:
         raise ValueError(str(e) or type(e).__name__) from None
+    return bounded_json(text, limit)
 
 
 def framed(header: Any, *payload: bytes | memoryview) -> bytes:
@@ -88,11 +89,12 @@ def framed(header: Any, *payload: bytes | memoryview) -> bytes:
 
 
 def unframed(data: memoryview) -> tuple[Any, memoryview]:
-    """The header and payload of :func:`framed` bytes; a ``ValueError`` if they are not framed."""
+    """The header and payload of :func:`framed` bytes; a ``ValueError`` if they are not framed, or the
+    header is not JSON within the bounded reader's limits."""
     size = int.from_bytes(data[:8], "little")
     if len(data) < 8 or 8 + size > len(data):
         raise ValueError(f"a header of {size} bytes does not fit in {len(data)} bytes")
-    return json.loads(bytes(data[8 : 8 + size])), data[8 + size :]
+    return bounded_json(data[8 : 8 + size], MAX_MANIFEST_BYTES), data[8 + size :]
 
 
 class FramePayload:
@@ -252,9 +254,9 @@ class Container:
         if len(manifest_bytes) != manifest_length or hashlib.sha256(manifest_bytes).digest() != digest:
             raise self._error("manifest checksum mismatch (offset 64): the file is corrupt or truncated")
         try:
-            manifest = json.loads(manifest_bytes)
-        except (ValueError, RecursionError) as e:
-            raise self._error(f"the manifest is not JSON (or nests too deeply): {e}") from None
+            manifest = bounded_json(manifest_bytes, MAX_MANIFEST_BYTES)
+        except JsonLimitError as e:
+            raise self._error(f"the manifest cannot be read: {e}") from None
         if not isinstance(manifest, dict):
             raise self._error("the manifest is not a JSON object")
         data_length = manifest.get("data_length")

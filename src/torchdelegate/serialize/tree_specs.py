@@ -25,11 +25,13 @@ from typing import Any
 from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE, is_namedtuple_class
 
 from torchdelegate.errors import FormatError, located
+from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
 
 PLAIN_DICT, PLAIN_TUPLE = "builtins.dict", "builtins.tuple"
 _NAMEDTUPLE, _DEFAULTDICT = "collections.namedtuple", "collections.defaultdict"
 _PROTOCOL = 1  # the tree-spec JSON protocol torch writes (torch.utils._pytree.treespec_dumps)
 _SPEC_KEYS = ("in_spec", "out_spec")
+MAX_SPEC_CHARACTERS = 1 << 24  # a tree spec (a JSON string inside the graph's JSON)
 # What a defaultdict's saved default factory may be: torch's reader imports the module it names.
 _DEFAULT_FACTORIES = frozenset({"list", "dict", "set", "tuple", "int", "float", "str", "bool", "bytes", "frozenset"})
 
@@ -257,9 +259,9 @@ def _spec_root(spec: str) -> Any:
     """The root node of a serialized tree spec; None for a protocol other than the one read here
     (torch's own reader then decides)."""
     try:
-        parsed = json.loads(spec)
-    except (ValueError, RecursionError) as error:
-        raise FormatError(f"a tree spec is not JSON ({type(error).__name__}: {error})") from error
+        parsed = bounded_json(spec, MAX_SPEC_CHARACTERS)
+    except JsonLimitError as error:
+        raise FormatError(f"a tree spec cannot be read: {error}") from error
     if isinstance(parsed, list) and len(parsed) == 2 and parsed[0] == _PROTOCOL:
         return parsed[1]
     return None
@@ -267,6 +269,6 @@ def _spec_root(spec: str) -> Any:
 
 def _json(text: Any) -> Any:
     try:
-        return json.loads(text) if isinstance(text, str) else None
-    except (ValueError, RecursionError):
+        return bounded_json(text, MAX_SPEC_CHARACTERS) if isinstance(text, str) else None
+    except JsonLimitError:
         return None

@@ -1,0 +1,279 @@
+"""Fuzz the operators a saved graph may call: no crash, and no output that depends on memory
+outside the inputs.
+
+Each input is a small graph: up to three calls of operators from the allow-list, each with
+arguments built from the operator's schema, hostile ones included (negative, huge and boundary
+sizes, NaN and infinities, sizes and strides that do not fit), a call's tensors taken from the
+graph's inputs or from earlier calls. Each operator is called as a loaded graph calls it: through
+``allowed_call_target`` and behind its argument contract (``checked_operator``).
+
+Every input tensor is a view into the middle of a larger buffer. The graph runs twice, with the
+memory around the inputs filled with two different patterns: a kernel that reads past its inputs
+gives different outputs, which fails the input. A kernel's own refusal (any exception) is fine.
+
+    python fuzz/residual_ops.py -max_total_time=600 -artifact_prefix=fuzz/crashes/   # atheris
+    python fuzz/residual_ops.py --runs 2000 --seed 0                                 # seeded, no atheris
+
+``check_one`` is what tests/serialize/test_residual_ops_fuzz.py runs, in a subprocess.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__" and "--runs" not in __import__("sys").argv:  # coverage feedback for the fuzzer
+    import atheris
+
+    with atheris.instrument_imports(include=["torchdelegate"]):
+        import torchdelegate  # noqa: F401
+
+import argparse
+import math
+import random
+import resource
+import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchdelegate.serialize.allow_list import allowed_call_target
+from torchdelegate.serialize.operator_contracts import checked_operator
+from torchdelegate.serialize.operator_list import ATEN_OPERATORS
+
+OPERATORS = [
+    op
+    for entry in sorted(ATEN_OPERATORS)
+    if allowed_call_target(op := getattr(getattr(torch.ops.aten, entry.split(".")[0]), entry.split(".")[1]))
+]
+_INTS = (-(2**63), -(2**31), -65536, -2, -1, 0, 0, 1, 1, 2, 2, 3, 4, 7, 64, 65536, 2**31 - 1, 2**62)
+_FLOATS = (math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 1e30, -1e-30)
+_DTYPES = (
+    torch.float32,
+    torch.float32,
+    torch.int64,
+    torch.bool,
+    torch.float64,
+    torch.int32,
+    torch.uint8,
+    torch.complex64,
+)
+_STRINGS = ("none", "mean", "sum", "prod", "amax", "amin", "tanh", "left", "right", "floor", "trunc", "reflect", "")
+_GUARD = 4096  # elements around each input
+_PATTERNS = (0x5A, 0xA5)
+OUTCOMES: Counter[str] = Counter()
+VERBOSE = False  # each graph on standard error before it runs (--verbose): the last one names a crash
+
+
+class ReadOutside(AssertionError):
+    """An operator's output changed with the memory around its inputs."""
+
+
+class Draws:
+    """Choices read from the fuzzer's bytes (or a seeded generator's), in order."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.position = data, 0
+
+    def byte(self) -> int:
+        value = self.data[self.position] if self.position < len(self.data) else 0
+        self.position += 1
+        return value
+
+    def pick(self, options: Any) -> Any:
+        return options[self.byte() % len(options)]
+
+    def chance(self, out_of_256: int) -> bool:
+        return self.byte() < out_of_256
+
+
+def _tensor_spec(draws: Draws) -> tuple[torch.dtype, list[int], list[float]]:
+    shape = [draws.byte() % 6 for _ in range(draws.byte() % 5)]
+    count = math.prod(shape)
+    return draws.pick(_DTYPES), shape, [float(draws.byte() % 17 - 8) for _ in range(count)]
+
+
+def _placed(spec: tuple[torch.dtype, list[int], list[float]], pattern: int) -> torch.Tensor:
+    """The tensor ``spec`` describes, as a view into the middle of a buffer filled with ``pattern``."""
+    dtype, shape, values = spec
+    count = len(values)
+    item = torch.empty((), dtype=dtype).element_size()
+    raw = torch.full(((2 * _GUARD + count) * item,), pattern, dtype=torch.uint8)
+    buffer = raw.view(dtype)
+    middle = buffer[_GUARD : _GUARD + count]
+    middle.copy_(torch.tensor(values, dtype=torch.float64).to(dtype) if count else middle)
+    return middle.view(shape)
+
+
+def _tensor_reference(draws: Draws, produced: list[int]) -> tuple[str, int | None]:
+    """An earlier call's output, or a new input tensor."""
+    return ("tensor", draws.pick(produced)) if produced and draws.chance(160) else ("new", None)
+
+
+def _value(kind: str, name: str, draws: Draws, produced: list[int]) -> Any:
+    if kind.startswith("Optional[") and kind.endswith("]"):
+        return None if draws.chance(64) else _value(kind[len("Optional[") : -1], name, draws, produced)
+    if name in ("dtype", "out_dtype") or kind == "ScalarType":
+        return draws.pick(_DTYPES)
+    if name in ("layout", "device", "memory_format", "pin_memory", "generator"):
+        return None  # their defaults: strided, the CPU, contiguous
+    if kind.startswith("List[") and kind.endswith("]"):
+        inner = kind[len("List[") : -1]
+        return [_value(inner, name, draws, produced) for _ in range(draws.byte() % (3 if "Tensor" in inner else 5))]
+    if kind == "Tensor":
+        return _tensor_reference(draws, produced)
+    if kind in ("int", "SymInt"):
+        return draws.pick(_INTS) if draws.chance(96) else draws.byte() % 8 - 2
+    if kind == "float":
+        return draws.pick(_FLOATS)
+    if kind == "bool":
+        return draws.chance(128)
+    if kind in ("number", "Scalar"):
+        return draws.pick(_FLOATS) if draws.chance(128) else draws.pick(_INTS)
+    if kind == "str":
+        return draws.pick(_STRINGS)
+    return None
+
+
+def _graph(draws: Draws) -> list[tuple[Any, list[Any], dict[str, Any]]]:
+    calls = []
+    produced: list[int] = []
+    for _ in range(1 + draws.byte() % 3):
+        op = draws.pick(OPERATORS)
+        args, kwargs = [], {}
+        for argument in op._schema.arguments:
+            if argument.kwarg_only and argument.has_default_value() and draws.chance(180):
+                continue
+            value = _value(str(argument.type), argument.name, draws, produced)
+            if argument.kwarg_only:
+                kwargs[argument.name] = value
+            else:
+                args.append(value)
+        calls.append((op, args, kwargs))
+        produced.append(len(calls) - 1)
+    return calls
+
+
+def _run(
+    calls: list[tuple[Any, list[Any], dict[str, Any]]], specs: list[Any], pattern: int
+) -> list[Any] | BaseException:
+    made = iter(specs)
+    outputs: list[Any] = []
+
+    def resolved(value: Any) -> Any:
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == "tensor":
+            earlier = outputs[value[1]]
+            return earlier[0] if isinstance(earlier, (tuple, list)) and earlier else earlier
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == "new":
+            return _placed(next(made), pattern)
+        if isinstance(value, list):
+            return [resolved(v) for v in value]
+        return value
+
+    torch.manual_seed(0)
+    try:
+        for op, args, kwargs in calls:
+            outputs.append(checked_operator(op)(*resolved(args), **{k: resolved(v) for k, v in kwargs.items()}))
+    except Exception as error:  # a kernel's or a contract's refusal
+        return error
+    return outputs
+
+
+def _tensor_specs(calls: list[Any], draws: Draws) -> list[Any]:
+    count = 0
+
+    def visit(value: Any) -> None:
+        nonlocal count
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == "new":
+            count += 1
+        elif isinstance(value, list):
+            for v in value:
+                visit(v)
+
+    for _, args, kwargs in calls:
+        visit(args)
+        visit(list(kwargs.values()))
+    return [_tensor_spec(draws) for _ in range(count)]
+
+
+def _same(first: Any, second: Any) -> bool:
+    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor):
+        if first.dtype != second.dtype or first.shape != second.shape:
+            return False
+        try:
+            torch.testing.assert_close(first, second, rtol=0, atol=0, equal_nan=True)
+        except AssertionError:
+            return False
+        return True
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
+        return len(first) == len(second) and all(_same(a, b) for a, b in zip(first, second, strict=True))
+    if isinstance(first, float) and isinstance(second, float):
+        return first == second or (math.isnan(first) and math.isnan(second))
+    return type(first) is type(second) and first == second
+
+
+def _out_of_memory(outcome: Any) -> bool:
+    return isinstance(outcome, MemoryError) or (
+        isinstance(outcome, RuntimeError) and "can't allocate memory" in str(outcome)
+    )
+
+
+def check_one(data: bytes) -> str:
+    """Run the graph ``data`` describes twice, with different memory around its inputs: the outcome
+    ("ran" or "refused"), or :class:`ReadOutside` raised when the outputs differ."""
+    draws = Draws(data)
+    calls = _graph(draws)
+    specs = _tensor_specs(calls, draws)
+    names = ", ".join(f"aten.{op._opname}.{op._overloadname}" for op, _, _ in calls)
+    if VERBOSE:
+        print(names, calls, specs, file=sys.stderr, flush=True)
+    first, second = (_run(calls, specs, pattern) for pattern in _PATTERNS)
+    if _out_of_memory(first) or _out_of_memory(second):
+        OUTCOMES["out of memory"] += 1  # a refused allocation depends on what else is allocated
+        return "out of memory"
+    if isinstance(first, BaseException) or isinstance(second, BaseException):
+        if isinstance(first, BaseException) != isinstance(second, BaseException):
+            raise ReadOutside(
+                f"{names}: refused with one surrounding memory and not the other ({first!r} / {second!r})"
+            )
+        OUTCOMES["refused"] += 1
+        return "refused"
+    if not _same(first, second):
+        raise ReadOutside(f"{names}: outputs depend on the memory around the inputs ({calls!r})")
+    OUTCOMES["ran"] += 1
+    return "ran"
+
+
+def bounded_process(address_space_gib: int = 6) -> None:
+    """Refused allocations instead of a machine out of memory: huge sizes are part of the input."""
+    limit = address_space_gib << 30
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    torch.set_num_threads(1)
+
+
+def seeded(runs: int, seed: int, report: Callable[[str], None] = print) -> Counter[str]:
+    """``runs`` inputs from a seeded generator, each through :func:`check_one`."""
+    generator = random.Random(seed)
+    for _ in range(runs):
+        check_one(generator.randbytes(generator.randrange(16, 160)))
+    report(f"{runs} graphs: {dict(sorted(OUTCOMES.items()))}")
+    return OUTCOMES
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--runs", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true")
+    known, _ = parser.parse_known_args()
+    global VERBOSE
+    VERBOSE = known.verbose
+    bounded_process()
+    if known.runs is not None:
+        seeded(known.runs, known.seed)
+        return
+    atheris.Setup(sys.argv, check_one)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Argument contracts of the listed operators whose kernels take their arguments on trust.
+
+A saved graph chooses every argument of every call. Most ATen kernels check theirs against their
+inputs; the few listed here do not, and would read memory outside their inputs (a view with
+caller-given sizes and strides, per-channel tensors shorter than the channels) or hand back memory
+never written (``empty``). A loaded graph calls each of them through :func:`checked_operator`,
+which checks the contract before the kernel runs (a ``FormatError`` naming the operator and what
+is wrong) or makes the result deterministic (``empty`` gives zeros).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from torchdelegate.errors import FormatError
+
+_aten = torch.ops.aten
+
+
+def _viewed_span(sizes: Any, strides: Any, offset: int) -> tuple[int, int] | None:
+    """The first and last storage element a view reaches; None when it has no elements."""
+    if any(size == 0 for size in sizes):
+        return None
+    return offset, offset + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
+
+
+def _as_strided(op: OpOverload, x: torch.Tensor, size: Any, stride: Any, storage_offset: Any = None) -> torch.Tensor:
+    sizes, strides = [int(s) for s in size], [int(s) for s in stride]
+    if len(sizes) != len(strides) or any(s < 0 for s in (*sizes, *strides)):
+        raise FormatError(f"aten.as_strided: sizes {sizes} and strides {strides} do not describe a view")
+    offset = int(x.storage_offset()) if storage_offset is None else int(storage_offset)
+    wanted = _viewed_span(sizes, strides, offset)
+    if wanted is not None:
+        own = _viewed_span(x.shape, x.stride(), int(x.storage_offset()))
+        dense = x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)
+        if own is None or not dense or wanted[0] < own[0] or wanted[1] > own[1]:
+            raise FormatError(
+                f"aten.as_strided: a view of sizes {sizes}, strides {strides} and offset {offset} reaches outside "
+                f"its input (sizes {list(x.shape)}, strides {list(x.stride())}, offset {x.storage_offset()})"
+            )
+    return op(x, size, stride, storage_offset)  # type: ignore[no-any-return]
+
+
+def _zeroed(op: OpOverload, *args: Any, **kwargs: Any) -> torch.Tensor:
+    result: torch.Tensor = op(*args, **kwargs)
+    return result.zero_()
+
+
+def _per_channel(name: str, x: torch.Tensor, tensors: dict[str, Any]) -> None:
+    if x.dim() < 2:
+        raise FormatError(f"aten.{name}: an input of sizes {list(x.shape)} has no channel dimension")
+    channels = x.shape[1]
+    for what, tensor in tensors.items():
+        if tensor is not None and (tensor.dim() != 1 or tensor.numel() != channels):
+            raise FormatError(
+                f"aten.{name}: {what} has sizes {list(tensor.shape)}; an input of sizes {list(x.shape)} needs one "
+                f"value per channel ({channels})"
+            )
+
+
+def _batch_norm_no_training(
+    op: OpOverload, x: torch.Tensor, weight: Any, bias: Any, mean: Any, var: Any, *rest: Any
+) -> Any:
+    _per_channel(op._opname, x, {"weight": weight, "bias": bias, "running_mean": mean, "running_var": var})
+    return op(x, weight, bias, mean, var, *rest)
+
+
+def _batch_norm_no_stats(op: OpOverload, x: torch.Tensor, weight: Any, bias: Any, training: Any, *rest: Any) -> Any:
+    """Without running statistics, only training mode has statistics to normalize by (its batch's)."""
+    _per_channel(op._opname, x, {"weight": weight, "bias": bias})
+    if not training:
+        raise FormatError(f"aten.{op._opname}.no_stats: outside training, there are no statistics to normalize by")
+    return op(x, weight, bias, training, *rest)
+
+
+def _fft_dims(name: str, x: torch.Tensor, dim: Any, normalization: Any) -> None:
+    dims = [int(d) for d in dim]
+    rank = x.dim()
+    if not dims or any(not -rank <= d < rank for d in dims) or len({d % rank for d in dims}) != len(dims):
+        raise FormatError(f"aten.{name}: dims {dims} are not distinct dimensions of an input of rank {rank}")
+    if int(normalization) not in (0, 1, 2):
+        raise FormatError(f"aten.{name}: normalization {normalization} is not 0, 1 or 2")
+
+
+def _fft_r2c(op: OpOverload, x: torch.Tensor, dim: Any, normalization: Any, onesided: Any) -> torch.Tensor:
+    _fft_dims(op._opname, x, dim, normalization)
+    return op(x, dim, normalization, onesided)  # type: ignore[no-any-return]
+
+
+def _fft_c2r(op: OpOverload, x: torch.Tensor, dim: Any, normalization: Any, last_dim_size: Any) -> torch.Tensor:
+    _fft_dims(op._opname, x, dim, normalization)
+    last = x.shape[int(dim[-1])]
+    if int(last_dim_size) < 1 or last != int(last_dim_size) // 2 + 1:
+        raise FormatError(
+            f"aten.{op._opname}: a last dimension of {last} complex values does not make {last_dim_size} real ones"
+        )
+    return op(x, dim, normalization, last_dim_size)  # type: ignore[no-any-return]
+
+
+_CONTRACTS: dict[OpOverload, Callable[..., Any]] = {
+    _aten.as_strided.default: _as_strided,
+    **{op: _zeroed for op in (_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default)},
+    _aten.new_empty.default: _zeroed,
+    _aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
+    _aten._native_batch_norm_legit.default: _batch_norm_no_training,
+    _aten._native_batch_norm_legit_functional.default: _batch_norm_no_training,
+    _aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
+    _aten._fft_r2c.default: _fft_r2c,
+    _aten._fft_c2r.default: _fft_c2r,
+}
+
+
+@functools.cache
+def _checked(op: OpOverload) -> Callable[..., Any]:
+    contract = _CONTRACTS[op]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return contract(op, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"checked_{op._opname}_{op._overloadname}"
+    call.__module__ = __name__
+    _MADE[call] = op
+    return call
+
+
+_MADE: dict[Callable[..., Any], OpOverload] = {}
+
+
+def has_contract(target: Any) -> bool:
+    return isinstance(target, OpOverload) and target in _CONTRACTS
+
+
+def checked_operator(target: Any) -> Any:
+    """What a loaded graph calls for ``target``: the operator behind its contract's check, else itself."""
+    return _checked(target) if has_contract(target) else target
+
+
+def operator_behind(target: Any) -> Any:
+    """The operator a :func:`checked_operator` call stands for; ``target`` itself for any other."""
+    return _MADE.get(target, target)
