@@ -34,6 +34,7 @@ from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
+from torchdelegate.delegate.trust import check_trusted, current_trust
 from torchdelegate.errors import FormatError
 from torchdelegate.exported.generated_source import GeneratedSource
 from torchdelegate.partition.capability import CapabilityPartitioner, non_tensor_value
@@ -90,11 +91,13 @@ class ReferenceBackend(BackendDetails):
     @classmethod
     def check_blob(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
         """What ``init`` checks before it builds: the blob's form, its graph against the allow-list, its
-        weights against the named data, and each nested delegate by its own backend."""
+        weights against the named data, and each nested delegate: trusted as ``init`` would make it (a
+        native-code backend only under a trust that names it), and checked by its own backend."""
         blob, graph, tensors = _blob_parts(processed)
         check_graph_document(graph, "reference blob")
         weights(tensors, named_data, "reference")
         for nested in _nested(blob.get("delegates", [])):
+            check_trusted(nested.backend, current_trust(), f"delegate {nested.name!r} (nested)")
             nested.backend.check_blob(memoryview(nested.blob), nested.compile_specs, named_data)
 
     @classmethod

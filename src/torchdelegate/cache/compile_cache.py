@@ -4,9 +4,13 @@ directory or at any fsspec URL.
 Kinds in the store: ``compile`` holds one entry per compiled unit (its file ``entry``: a
 ``compiled_entry.py`` entry), ``compile-bindings`` per structure the ways the weights of that
 structure have been found to bind its entries (which state tensors a key must cover by their bytes).
-A damaged entry is compiled again, with a warning. Past ``max_bytes`` the least recently used
-entries of every kind go first (the machine cache's count too). Deleting the directory, or any entry
-in it, is always safe.
+A damaged entry is compiled again, with a warning. An entry is used only when its signature is one
+this process accepts (``entry_signature.py``: made with the team's key, or none where only this user
+writes) and it records what the unit looked up stands for (``compiled_entry.binding_problem``); the
+others are compiled again, with one warning per cache saying what to do. The bindings only steer
+look-ups (an entry found through a wrong one is refused by its own record), so they are not signed.
+Past ``max_bytes`` the least recently used entries of every kind go first (the machine cache's count
+too). Deleting the directory, or any entry in it, is always safe.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
-from torchdelegate.cache.compiled_entry import Entry, EntryError, decode, encode
+from torchdelegate.cache.compiled_entry import Entry, EntryError, binding_problem, decode_sealed, encode
+from torchdelegate.cache.entry_signature import signer_for
 from torchdelegate.cache.store import STALE_SECONDS, FileParts, Store, max_bytes_setting
 
 ENTRIES, BINDINGS = "compile", "compile-bindings"
@@ -39,6 +45,8 @@ class CompileCache:
         self.max_bytes = max_bytes
         if self.store.local:
             self.store.directory()
+        self.signer = signer_for(self.location)
+        self._warned = False
 
     def __repr__(self) -> str:
         return f"CompileCache({self.location!r}, max_bytes={self.max_bytes})"
@@ -62,21 +70,49 @@ class CompileCache:
         warnings.warn(f"compile cache: {place} is damaged ({why}); its entries are compiled again", stacklevel=3)
         return []
 
-    def get(self, key: str, where: str) -> Entry | None:
-        """The entry under ``key``, or None: absent, or damaged (a warning; it is compiled again)."""
+    def get(self, key: str, where: str, binding: Mapping[str, Any], digests: Mapping[str, str]) -> Entry | None:
+        """The entry under ``key`` for the unit at ``where``, whose ``binding`` and weight ``digests`` it must
+        record, or None: absent, damaged, bound to something else (a warning each), or signed in a way this
+        cache does not accept (one warning per cache); it is compiled again."""
+        if self.signer.key is None and self.signer.unsigned_refused is not None:
+            self._refused(self.signer.unsigned_refused)
+            return None
+        place = self.store.entry_place(ENTRIES, key)
         try:
             data = self.store.read(ENTRIES, key, _ENTRY)
-            return None if data is None else decode(data)
+            if data is None:
+                return None
+            sealed = decode_sealed(data)
         except (ValueError, EntryError) as e:
-            place = self.store.entry_place(ENTRIES, key)
+            why: str | None = str(e)
+        else:
+            refusal = self.signer.problem(ENTRIES, sealed.digest, sealed.signature)
+            if refusal is not None:
+                self._refused(refusal)
+                return None
+            why = binding_problem(sealed.entry, binding, digests)
+        if why is not None:
             warnings.warn(
-                f"compile cache: the entry for {where} at {place} is not used: {e}; it is compiled again", stacklevel=2
+                f"compile cache: the entry for {where} at {place} is not used: {why}; it is compiled again",
+                stacklevel=2,
             )
             return None
+        return sealed.entry
+
+    def _refused(self, why: str) -> None:
+        """Say once for this cache that entries are refused for their signature, and what to do."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"compile cache: entries at {self.location} are not used: {why}; they are compiled here instead. "
+                f"{self.signer.advice()}",
+                stacklevel=3,
+            )
 
     def put(self, structure: str, bound: list[str], key: str, entry: Entry) -> None:
-        """Keep ``entry`` under ``key``, and ``bound`` among the structure's bindings."""
-        self._publish(ENTRIES, key, _ENTRY, encode(entry))
+        """Keep ``entry`` (which records its binding) under ``key``, signed when this cache has a key, and
+        ``bound`` among the structure's bindings."""
+        self._publish(ENTRIES, key, _ENTRY, encode(entry, lambda digest: self.signer.signature(ENTRIES, digest)))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             known = self.bindings(structure)

@@ -6,7 +6,13 @@ Weights are not kept. A result is made again from an entry and the unit's own st
 (:func:`refit`): each slot's key becomes that tensor's SHA-256, and its bytes are the tensor
 itself (a view, no copy), exactly as the backend would have stored them.
 
-Layout: ``MAGIC``, the SHA-256 of the rest, an 8-byte little-endian header length, the header
+An entry kept in the cache records what it stands for (its ``binding``: the digest of the partition's
+graph and those of the weights it was compiled from, the document its key is the digest of), and a
+look-up checks that record against the unit it would answer (:func:`binding_problem`): an entry moved
+under another key is refused, signed or not.
+
+Layout: ``MAGIC``, the signature (``entry_signature.py``; zeros when written without a key), the
+SHA-256 of the rest (what the signature signs), an 8-byte little-endian header length, the header
 (canonical JSON), then the payload the header's ``[offset, length]`` pairs point into.
 """
 
@@ -15,19 +21,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from torchdelegate.cache.entry_signature import UNSIGNED
 from torchdelegate.delegate.backend_details import PreprocessResult, delegate_info_problem, json_data_problem
 from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput
 from torchdelegate.exported.mapped_pages import hash_releasing, sha256_releasing
 from torchdelegate.serialize.container import FramePayload, canonical_json, span_of, unframed
 from torchdelegate.serialize.manifest import from_pairs
 
-MAGIC = b"TDCUNIT1"
+MAGIC = b"TDCUNIT2"
+_PREFIX = len(MAGIC) + 64  # the magic, the signature, the digest
 _SLOT = "<torchdelegate weight slot {:06d}>"
 
 
@@ -54,6 +62,16 @@ class Entry:
     named_data: list[NamedItem]
     debug_handle_map: list[list[Any]] | None
     delegate_info: dict[str, Any] | None
+    binding: dict[str, Any] | None = None  # what it stands for, once kept in the cache
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """An entry as read from its bytes, with the digest of its contents and the signature made over it."""
+
+    entry: Entry
+    digest: bytes
+    signature: bytes
 
 
 def slot_token(position: int) -> bytes:
@@ -164,9 +182,10 @@ def refit(entry: Entry, state: Mapping[str, torch.Tensor], digests: Mapping[str,
     )
 
 
-def encode(entry: Entry) -> list[bytes | memoryview]:
+def encode(entry: Entry, sign: Callable[[bytes], bytes] | None = None) -> list[bytes | memoryview]:
     """The entry's bytes as the parts that make them, in order: the named data it made stays where it
-    is (spilled weights, say), read a chunk at a time when the parts are hashed and written."""
+    is (spilled weights, say), read a chunk at a time when the parts are hashed and written. ``sign``
+    makes the signature of the contents' SHA-256 (none: unsigned)."""
     payload = FramePayload()
     header = {
         "blob": payload.place(entry.blob),
@@ -182,13 +201,15 @@ def encode(entry: Entry) -> list[bytes | memoryview]:
         ],
         "debug_handle_map": entry.debug_handle_map,
         "delegate_info": entry.delegate_info,
+        "binding": entry.binding,
     }
     text = canonical_json(header)
     parts: list[bytes | memoryview] = [len(text).to_bytes(8, "little"), text, *payload.parts]
     digest = hashlib.sha256()
     for part in parts:
         hash_releasing(digest, part)
-    return [MAGIC + digest.digest(), *parts]
+    signature = UNSIGNED if sign is None else sign(digest.digest())
+    return [MAGIC + signature + digest.digest(), *parts]
 
 
 def encoded_bytes(entry: Entry) -> bytes:
@@ -198,11 +219,18 @@ def encoded_bytes(entry: Entry) -> bytes:
 
 def decode(data: bytes | memoryview) -> Entry:
     """The entry ``data`` holds (its named data views of ``data``); an ``EntryError`` saying why it is not whole."""
-    if len(data) < 48 or bytes(data[:8]) != MAGIC:
+    return decode_sealed(data).entry
+
+
+def decode_sealed(data: bytes | memoryview) -> Sealed:
+    """:func:`decode`, with the digest and the signature the entry carries (checked by the caller)."""
+    if len(data) < _PREFIX + 8 or bytes(data[: len(MAGIC)]) != MAGIC:
         raise EntryError(f"it is not a compile cache entry of this version ({len(data)} bytes)")
-    rest = memoryview(data)[40:]
-    if sha256_releasing(rest) != bytes(data[8:40]):
+    rest = memoryview(data)[_PREFIX:]
+    digest = sha256_releasing(rest)
+    if digest != bytes(data[_PREFIX - 32 : _PREFIX]):
         raise EntryError("its checksum does not match (truncated or damaged)")
+    signature = bytes(data[len(MAGIC) : _PREFIX - 32])
     try:
         header, payload = unframed(rest)
         items = [
@@ -216,6 +244,53 @@ def decode(data: bytes | memoryview) -> Entry:
             for i in header["named_data"]
         ]
         blob = bytes(span_of(payload, header["blob"]))
-        return Entry(blob, items, header["debug_handle_map"], header["delegate_info"])
+        binding = header["binding"]
+        if binding is not None and not isinstance(binding, dict):
+            raise TypeError("its binding is not an object")
+        entry = Entry(blob, items, header["debug_handle_map"], header["delegate_info"], binding)
     except (KeyError, TypeError, ValueError) as e:
         raise EntryError(f"its header is malformed ({type(e).__name__}: {e})") from e
+    return Sealed(entry, digest, signature)
+
+
+def binding_of(structure: str, bound: list[str], digests: Mapping[str, str]) -> dict[str, Any]:
+    """What an entry of a unit stands for: the digest of its graph (``structure``), the digests of the
+    ``bound`` weights (those whose bytes the entry holds in some form), and which of the others are
+    equal. Its digest is the entry's key."""
+    others: dict[str, list[str]] = {}
+    for name in sorted(set(digests) - set(bound)):
+        others.setdefault(digests[name], []).append(name)
+    equal = sorted(names for names in others.values() if len(names) > 1)
+    return {"structure": structure, "bound": {name: digests[name] for name in sorted(bound)}, "equal": equal}
+
+
+def binding_problem(entry: Entry, expected: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:
+    """Why ``entry`` is not what a unit of these weight ``digests`` whose binding is ``expected`` would
+    compile to, or None: it records another graph or other weights, or a weight of the unit reaches it
+    neither by its digest nor by a slot the unit's own tensor fills (its bytes would be the entry's)."""
+    recorded = entry.binding
+    if recorded is None:
+        return "it records nothing of what it was compiled from"
+    structure = str(recorded.get("structure"))
+    if structure != expected["structure"]:
+        return f"it was compiled from another graph (graph digest {structure[:12]}, not {expected['structure'][:12]})"
+    bound = recorded.get("bound")
+    if not isinstance(bound, dict):
+        return "its record of its weights is malformed"
+    wanted = expected["bound"]
+    other = sorted(name for name in set(bound) | set(wanted) if bound.get(name) != wanted.get(name))
+    if other:
+        return f"it was compiled with other weights ({', '.join(repr(name) for name in other[:3])})"
+    if recorded.get("equal") != expected["equal"]:
+        return "it was compiled with other weights equal to one another"
+    given = passed_through(entry)
+    unbound = sorted(name for name in digests if name not in bound and name not in given)
+    if unbound:
+        return (
+            f"weight {unbound[0]!r} of this partition reaches it neither by its digest nor by a slot its own "
+            "tensor fills (its bytes would be the entry's)"
+        )
+    foreign = sorted(given - set(digests))
+    if foreign:
+        return f"it has a slot for {foreign[0]!r}, which this partition does not have"
+    return None

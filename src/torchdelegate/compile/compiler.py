@@ -14,21 +14,21 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from torchdelegate.cache.compile_cache import ENTRIES, CompileCache
-from torchdelegate.cache.compiled_entry import Entry, decode, passed_through, refit, template
+from torchdelegate.cache.compiled_entry import Entry, binding_of, decode, passed_through, refit, template
 from torchdelegate.compile.unit_form import UnitForm, document_key, structure_key, unit_document, unit_form
 from torchdelegate.compile.worker import compile_request, request
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult
 from torchdelegate.delegate.compile_units import CompiledUnit, CompileUnit, compile_in_process
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.progress import partition_compiled
-from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE, trusted_backends
-from torchdelegate.errors import PreprocessError
+from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE, trusted_backends, trusting
+from torchdelegate.errors import PreprocessError, UntrustedCodeError
 
 
 @dataclass(eq=False)
@@ -105,8 +105,9 @@ class UnitCompiler:
         for bound in self._bindings(backend, item):
             if not set(bound) <= set(digests):
                 continue
-            entry = self.cache.get(_entry_key(item.structure, bound, digests), item.unit.where)
-            if entry is None or not passed_through(entry) <= set(digests):
+            binding = binding_of(item.structure, bound, digests)
+            entry = self.cache.get(document_key(binding), item.unit.where, binding, digests)
+            if entry is None:
                 continue
             if not self._may_take(backend, item.unit.where):
                 return
@@ -130,13 +131,24 @@ class UnitCompiler:
             yield
 
     def _passes_load_checks(self, backend: type[BackendDetails], item: _Unit, result: PreprocessResult) -> bool:
-        """Whether a cached result passes its backend's load-time checks (``check_blob``): an entry is
+        """Whether a cached result passes its backend's load-time checks (``check_blob``), under the trust
+        this compiler gives the cache's native code (delegates nested in the blob included): an entry is
         what whoever can write the cache put there; one that fails is compiled here instead, with a warning."""
+        assert self.cache is not None
         output = result.data_store_output or NamedDataStore().get_named_data_store_output()
+        blob, specs = memoryview(result.processed_bytes), list(item.unit.compile_specs)
         try:
-            backend.check_blob(memoryview(result.processed_bytes), list(item.unit.compile_specs), NamedDataMap(output))
+            with trusting(trusted_backends(self._trusted)):
+                backend.check_blob(blob, specs, NamedDataMap(output))
+        except UntrustedCodeError as e:
+            warnings.warn(
+                f"compile cache: the entry for {item.unit.where} in {self.cache.location} holds native code of a "
+                f"backend not trusted here, which whoever can write the cache may have put there ({e}); it is "
+                "compiled here instead",
+                stacklevel=2,
+            )
+            return False
         except Exception as e:  # noqa: BLE001 - whatever the check raised, the entry is not used
-            assert self.cache is not None
             warnings.warn(
                 f"compile cache: the entry for {item.unit.where} in {self.cache.location} fails the load-time "
                 f"checks of backend {backend.backend_id!r} ({type(e).__name__}: {e}); it is compiled here instead",
@@ -186,7 +198,8 @@ class UnitCompiler:
         digests = item.form.digests
         passed = passed_through(entry) if backend.weights_by_reference else set()
         bound = sorted(set(digests) - passed)
-        self.cache.put(item.structure, bound, _entry_key(item.structure, bound, digests), entry)
+        binding = binding_of(item.structure, bound, digests)
+        self.cache.put(item.structure, bound, document_key(binding), replace(entry, binding=binding))
         return "miss"
 
     @staticmethod
@@ -245,14 +258,3 @@ class UnitCompiler:
 def _worker_lost(error: BaseException) -> bool:
     """A worker that died (not a backend that raised): a broken local pool, a killed Dask worker."""
     return isinstance(error, BrokenProcessPool) or type(error).__name__ in ("KilledWorker", "CommClosedError")
-
-
-def _entry_key(structure: str, bound: list[str], digests: dict[str, str]) -> str:
-    """The key of a structure's entry: the bytes of the ``bound`` tensors, and which of the others are equal."""
-    others: dict[str, list[str]] = {}
-    for name in sorted(set(digests) - set(bound)):
-        others.setdefault(digests[name], []).append(name)
-    equal = sorted(names for names in others.values() if len(names) > 1)
-    return document_key(
-        {"structure": structure, "bound": {name: digests[name] for name in sorted(bound)}, "equal": equal}
-    )

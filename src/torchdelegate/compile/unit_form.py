@@ -26,7 +26,7 @@ from torchdelegate.serialize.container import canonical_json
 from torchdelegate.serialize.graph import program_to_json, unheld_input
 from torchdelegate.version import __version__
 
-FORMAT = 2
+FORMAT = 3  # 3: entries record their binding and carry a signature
 
 
 @dataclass(frozen=True)
