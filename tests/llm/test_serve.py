@@ -13,13 +13,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -27,112 +24,14 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from language_models import tiny_llama, transformers_greedy  # noqa: E402
-from test_llm_command import TEXT, _checkpoint, _command, _prefix, _tokenizer  # noqa: E402
+from language_models import transformers_greedy  # noqa: E402
+from served import CACHE, KEY, STARTUP_SECONDS, Server  # noqa: E402
+from test_llm_command import TEXT, _command  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("llm_serve")  # one worker runs them all: one server, started once
 
-KEY = "test-key"
-CACHE = 400  # long enough that a reply of CACHE - 20 tokens is still running when its worker is killed
-CHAT = (
-    "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}{{ bos_token }}assistant:{% endif %}"
-)
-STARTUP_SECONDS = 120
 
-
-class _Server:
-    def __init__(
-        self, process: subprocess.Popen[str], url: str, model: torch.nn.Module, tokenizer: Any, stderr: Path
-    ) -> None:
-        self.process, self.url, self.model, self.tokenizer, self.stderr = process, url, model, tokenizer, stderr
-        self.client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=60)
-
-    def greedy_text(self, prompt_ids: list[int], new: int) -> str:
-        return str(self.tokenizer.decode(transformers_greedy(self.model, prompt_ids, new), skip_special_tokens=True))
-
-    def workers(self) -> list[int]:
-        """The pids of the server's worker processes: its children multiprocessing spawned (the
-        prepare step has ended; the resource tracker is not spawned so)."""
-        children = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                    command = (entry / "cmdline").read_bytes()
-                except OSError:
-                    continue
-                if int(fields[1]) == self.process.pid and b"spawn_main" in command:
-                    children.append(int(entry.name))
-        return children
-
-
-@pytest.fixture(scope="session")  # one server for the worker that runs the group, whatever runs between
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Server]:
-    place = tmp_path_factory.mktemp("serve")
-    model = tiny_llama(vocab_size=512)
-    model.config.max_position_embeddings = CACHE  # rotary positions are computed, not stored: any length
-    checkpoint = _checkpoint(place / "checkpoint", model)
-    tokenizer = _tokenizer()
-    tokenizer.chat_template = CHAT  # type: ignore[attr-defined]
-    tokenizer.save_pretrained(checkpoint)  # type: ignore[attr-defined]
-    exported = _command("llm", "export", checkpoint, "-o", "tiny.tdp", "--max-cache", str(CACHE), cwd=place)
-    assert exported.returncode == 0, exported.stderr
-    environment = {**os.environ, "TORCHDELEGATE_CACHE": str(place / "cache")}
-    process = subprocess.Popen(
-        [*_prefix(), "llm", "serve", "tiny.tdp", "--port", "0", "--workers", "2", "--queue", "2", "--api-key", KEY],
-        cwd=place,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=(place / "stderr.txt").open("w"),  # a file: a pipe no one reads could fill and block the server
-        text=True,
-    )
-    assert process.stdout is not None
-    lines = []
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith("serving "):
-            break
-    found = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", lines[-1] if lines else "")
-    if found is None:
-        process.kill()
-        process.wait(timeout=30)
-        pytest.fail(f"the server did not start: {''.join(lines)}{(place / 'stderr.txt').read_text()}")
-    assert any("packed for this machine" in line for line in lines), lines  # the workers share one copy
-    served = _Server(process, found.group(1), model, tokenizer, place / "stderr.txt")
-    served.generate_text = _command(  # type: ignore[attr-defined]
-        "llm", "generate", "tiny.tdp", "-p", TEXT[0][:30], "--max-new-tokens", "12", cwd=place
-    )
-    try:
-        yield served
-        _sigterm_finishes_the_request_in_flight_then_stops(served)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
-def _sigterm_finishes_the_request_in_flight_then_stops(server: _Server) -> None:
-    """SIGTERM: the server takes no new request, lets the one generating finish, then exits 0."""
-    stream = server.client.completions.create(
-        model="tiny", prompt=TEXT[0][:20], max_tokens=CACHE - 30, temperature=0, stream=True
-    )
-    chunks = iter(stream)
-    next(chunks)
-    server.process.send_signal(signal.SIGTERM)
-    rest = list(chunks)
-    assert rest and rest[-1].choices[0].finish_reason == "length"
-    stdout, _ = server.process.communicate(timeout=60)
-    stderr = server.stderr.read_text()
-    assert server.process.returncode == 0, stderr
-    assert "Traceback" not in stderr and stdout.rstrip().endswith("stopped"), (stdout, stderr)
-
-
-def test_greedy_completions_equal_transformers_streamed_or_not(server: _Server) -> None:
+def test_greedy_completions_equal_transformers_streamed_or_not(server: Server) -> None:
     prompt = TEXT[0][:30]
     expected = server.greedy_text(server.tokenizer.encode(prompt), 12)
     whole = server.client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0)
@@ -150,7 +49,7 @@ def test_greedy_completions_equal_transformers_streamed_or_not(server: _Server) 
     assert printed.startswith(expected), printed  # llm generate prints the same text
 
 
-def test_chat_reuses_the_cached_prefix_of_a_conversation(server: _Server) -> None:
+def test_chat_reuses_the_cached_prefix_of_a_conversation(server: Server) -> None:
     messages: list[Any] = [{"role": "user", "content": "hello there"}]
     first = server.client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
     prompt = server.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
@@ -167,7 +66,7 @@ def test_chat_reuses_the_cached_prefix_of_a_conversation(server: _Server) -> Non
     assert "".join(c.choices[0].delta.content or "" for c in pieces) == second.choices[0].message.content
 
 
-def test_four_concurrent_requests_each_get_their_own_greedy_reply(server: _Server) -> None:
+def test_four_concurrent_requests_each_get_their_own_greedy_reply(server: Server) -> None:
     prompts = [TEXT[0][:20], TEXT[1][:25], TEXT[2][:15], TEXT[1][:40]]
 
     def ask(prompt: str) -> str:
@@ -179,7 +78,7 @@ def test_four_concurrent_requests_each_get_their_own_greedy_reply(server: _Serve
     assert replies == [server.greedy_text(server.tokenizer.encode(p), 20) for p in prompts]
 
 
-def test_stop_sequences_cut_the_text_and_the_seed_fixes_sampling(server: _Server) -> None:
+def test_stop_sequences_cut_the_text_and_the_seed_fixes_sampling(server: Server) -> None:
     prompt = TEXT[1][:30]
     full = server.greedy_text(server.tokenizer.encode(prompt), 20)
     stop = full[5:8]
@@ -205,7 +104,7 @@ def test_stop_sequences_cut_the_text_and_the_seed_fixes_sampling(server: _Server
     assert sampled[0].choices[0].text == sampled[1].choices[0].text
 
 
-def _curl(server: _Server, path: str, body: str | None = None, key: str | None = KEY) -> tuple[int, str]:
+def _curl(server: Server, path: str, body: str | None = None, key: str | None = KEY) -> tuple[int, str]:
     command = ["curl", "-s", "-N", "-o", "-", "-w", "\n%{http_code}", f"{server.url.removesuffix('/v1')}{path}"]
     if key:
         command += ["-H", f"Authorization: Bearer {key}"]
@@ -216,7 +115,7 @@ def _curl(server: _Server, path: str, body: str | None = None, key: str | None =
     return int(status), text
 
 
-def test_curl_streams_server_sent_events_and_lists_the_model(server: _Server) -> None:
+def test_curl_streams_server_sent_events_and_lists_the_model(server: Server) -> None:
     status, text = _curl(server, "/v1/models")
     assert status == 200 and json.loads(text)["data"][0]["id"] == "tiny"
     assert json.loads(text)["data"][0]["max_model_len"] == CACHE
@@ -256,21 +155,21 @@ def test_curl_streams_server_sent_events_and_lists_the_model(server: _Server) ->
     ],
 )
 def test_bad_requests_are_refused_in_openais_error_shape(
-    server: _Server, body: str, status: int, param: str | None, message: str
+    server: Server, body: str, status: int, param: str | None, message: str
 ) -> None:
     got, text = _curl(server, "/v1/completions", body)
     error = json.loads(text)["error"]
     assert got == status and error["param"] == param and message in error["message"], text
 
 
-def test_a_body_past_any_prompt_that_fits_is_413_to_the_openai_client_too(server: _Server) -> None:
+def test_a_body_past_any_prompt_that_fits_is_413_to_the_openai_client_too(server: Server) -> None:
     """The openai client sends the whole body without waiting: it still reads the 413, not a reset."""
     with pytest.raises(openai.APIStatusError) as refused:
         server.client.completions.create(model="tiny", prompt="x" * (2 << 20), max_tokens=1)
     assert refused.value.status_code == 413 and "no prompt that long fits" in str(refused.value)
 
 
-def test_a_request_without_the_key_is_401(server: _Server) -> None:
+def test_a_request_without_the_key_is_401(server: Server) -> None:
     status, text = _curl(server, "/v1/models", key=None)
     error = json.loads(text)["error"]
     assert status == 401 and error["code"] == "invalid_api_key"
@@ -279,7 +178,7 @@ def test_a_request_without_the_key_is_401(server: _Server) -> None:
         openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
 
 
-def test_a_server_that_cannot_start_says_why_in_one_line(server: _Server) -> None:
+def test_a_server_that_cannot_start_says_why_in_one_line(server: Server) -> None:
     place = server.stderr.parent
     port = int(server.url.rsplit(":", 1)[1].split("/")[0])
     taken = _command("llm", "serve", "tiny.tdp", "--port", str(port), cwd=place)
@@ -294,7 +193,7 @@ def test_a_server_that_cannot_start_says_why_in_one_line(server: _Server) -> Non
     ), checkpoint.stderr
 
 
-def _health(server: _Server) -> dict[str, Any]:
+def _health(server: Server) -> dict[str, Any]:
     status, text = _curl(server, "/health")
     return dict(json.loads(text)) if status in (200, 503) else {}
 
@@ -306,7 +205,7 @@ def _until(condition: Any, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_a_full_queue_is_429_and_workers_killed_mid_request_fail_only_their_requests(server: _Server) -> None:
+def test_a_full_queue_is_429_and_workers_killed_mid_request_fail_only_their_requests(server: Server) -> None:
     """Both workers stopped (SIGSTOP) with a request each and two waiting: a fifth is refused with 429.
     Then both are killed: their requests end with an error saying so, the waiting ones are answered by
     the replacements, and the server is healthy again."""
@@ -348,7 +247,7 @@ def test_a_full_queue_is_429_and_workers_killed_mid_request_fail_only_their_requ
     _until_printed(server, wanted)
 
 
-def _until_printed(server: _Server, patterns: set[str]) -> None:
+def _until_printed(server: Server, patterns: set[str]) -> None:
     """Read the server's output until a line matches each of ``patterns``, within a bounded wait;
     other lines are passed over."""
     left = set(patterns)

@@ -8,11 +8,10 @@ becomes the same tokens and tokens the same text whichever command runs it.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
 from torchdelegate.errors import CheckpointError
-from torchdelegate.llm.checkpoint import SETTINGS, chat_template_text, read_chat_template, read_tokenizer
+from torchdelegate.llm.chat_template import ChatTemplate
+from torchdelegate.llm.checkpoint import SETTINGS, chat_template_text, read_tokenizer
 from torchdelegate.llm.generation import Generator
 from torchdelegate.runtime.program import Program
 
@@ -85,26 +84,6 @@ class LanguageModel:
         return self._template
 
 
-class ChatTemplate:
-    """The checkpoint's chat template, which turns a conversation into the text the model reads.
-
-    It is rendered in jinja2's immutable sandbox, which gives a template from a file no access to
-    Python beyond the values passed."""
-
-    def __init__(self, path: str | Path, template: str, config: dict[str, Any]) -> None:
-        self.path = path
-        self.special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
-        self.template = read_chat_template(template, f"{path}: its chat template")
-
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """``messages`` as the text the model reads, ending where the assistant's reply begins; a
-        ``CheckpointError`` when the template cannot render them."""
-        try:
-            return str(self.template.render(messages=messages, add_generation_prompt=True, **self.special))
-        except Exception as e:
-            raise CheckpointError(f"{self.path}: its chat template cannot be rendered ({type(e).__name__}: {e})") from e
-
-
 class TextStream:
     """The text of tokens as they come: each :meth:`add` returns what the decoded text gained,
     holding back a character still being spelled by the tokens to come.
@@ -160,10 +139,3 @@ def common_prefix(first: list[int], second: list[int]) -> int:
     """How many leading tokens ``first`` and ``second`` share."""
     length = min(len(first), len(second))
     return next((i for i in range(length) if first[i] != second[i]), length)
-
-
-def _token_text(value: Any) -> str:
-    """A special token's text as tokenizer_config.json gives it (a string, or an object with ``content``)."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else ""

@@ -16,6 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,6 +42,8 @@ connection is cut (a client sending that much is not waiting for an answer)."""
 BODY_BYTES_PER_POSITION = 128
 """The request body read per position of the cache (beyond a first MiB): more than any token's text
 as JSON, so a body past it holds a prompt that cannot fit, refused before it is read or tokenized."""
+TEMPLATE_THREADS = 2
+"""Threads rendering chat templates, apart from those tokenizing completions' prompts."""
 _FINISH = {"stop token": "stop", "max new tokens": "length", "cache full": "length", CANCELLED: "stop"}
 
 
@@ -82,6 +85,13 @@ async def _served(model: LanguageModel, pool: WorkerPool, api_key: str | None, l
     the workers are stopped whatever happens."""
     import uvicorn
 
+    from torchdelegate.llm.serving.connections import (
+        ACCEPT_BATCH,
+        OpenConnections,
+        connection_cap,
+        guarded_protocol,
+    )
+
     loop = asyncio.get_running_loop()
     starting = asyncio.ensure_future(pool.start())
     for number in (signal.SIGINT, signal.SIGTERM):
@@ -96,11 +106,21 @@ async def _served(model: LanguageModel, pool: WorkerPool, api_key: str | None, l
                 loop.remove_signal_handler(number)
                 signal.signal(number, _stop_asked)
         announce()
-        app = server_app(model, pool, api_key)
+        templates = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="chat template")
         config = uvicorn.Config(
-            app, lifespan="off", log_level="warning", timeout_graceful_shutdown=GRACEFUL_SECONDS, access_log=False
+            server_app(model, pool, api_key, templates),
+            http=guarded_protocol(OpenConnections(connection_cap(pool.size))),
+            ws="none",
+            backlog=ACCEPT_BATCH,
+            lifespan="off",
+            log_level="warning",
+            timeout_graceful_shutdown=GRACEFUL_SECONDS,
+            access_log=False,
         )
-        await uvicorn.Server(config).serve(sockets=[listening])
+        try:
+            await uvicorn.Server(config).serve(sockets=[listening])
+        finally:
+            templates.shutdown(wait=False, cancel_futures=True)  # a render is bounded: it ends soon on its own
     finally:
         await pool.close()
 
@@ -114,9 +134,11 @@ def model_name(model: LanguageModel) -> str:
     return Path(model.program.path).stem
 
 
-def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> Any:
+def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None, templates: Executor) -> Any:
     """The Starlette application: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
-    ``/health``; with ``api_key``, every request without ``Authorization: Bearer <key>`` is a 401."""
+    ``/health``; with ``api_key``, every request without ``Authorization: Bearer <key>`` is a 401.
+    Chat templates are rendered on ``templates``, so that a costly one (bounded in time, but slow)
+    never delays a completion's prompt."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
@@ -151,7 +173,8 @@ def server_app(model: LanguageModel, pool: WorkerPool, api_key: str | None) -> A
 
     async def _generate(request: Request, chat: bool) -> Response:
         wanted = generation_request(parsed_body(await _body(request, body_limit, model.max_cache)), chat, name)
-        prompt = await asyncio.to_thread(_prompt_tokens, model, wanted)  # a long prompt: the loop serves others
+        threads = templates if wanted.messages is not None else None  # None: the loop's, for completions
+        prompt = await asyncio.get_running_loop().run_in_executor(threads, _prompt_tokens, model, wanted)
         room = model.max_cache - len(prompt)
         asked = wanted.max_tokens or (room if chat else COMPLETION_TOKENS)
         job = pool.submit(prompt, min(asked, room), sampling_fields(wanted.sampling))
@@ -199,13 +222,18 @@ async def _body(request: Any, limit: int, positions: int) -> bytes:
     cache's ``positions``), so a huge body is neither held nor tokenized. The rest is read and
     dropped, up to :data:`DRAINED_BYTES`, so that a client still sending it reads the 413 rather
     than a connection reset."""
+    from starlette.requests import ClientDisconnect
+
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > DRAINED_BYTES:
-            break
-        if size <= limit:
-            chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > DRAINED_BYTES:
+                break
+            if size <= limit:
+                chunks.append(chunk)
+    except ClientDisconnect:  # gone, or dropped for sending too slowly: no one reads the answer
+        raise RequestError(400, "the client left before sending the whole request body") from None
     if size > limit:
         raise RequestError(
             413,
