@@ -84,8 +84,8 @@ fuzz: $(STAMP)
 	$(PY) fuzz/seeds.py fuzz/corpus
 	mkdir -p fuzz/crashes
 	$(PY) fuzz/load_and_run.py fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/crashes/ -rss_limit_mb=4096
-	mkdir -p fuzz/corpus_residual
-	$(PY) -W ignore fuzz/residual_ops.py fuzz/corpus_residual -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/crashes/ -rss_limit_mb=0 -timeout=60 -print_final_stats=1
+	$(PY) fuzz/residual_ops.py --seed-corpus fuzz/corpus_residual --runs 500
+	$(PY) -W ignore fuzz/residual_ops.py fuzz/corpus_residual -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/crashes/ -rss_limit_mb=0 -timeout=60 -max_len=256 -len_control=0 -print_final_stats=1
 
 # make zoo: every model of tests/zoo/models.py exported, lowered with reference and with onnxruntime then
 # reference, saved, loaded and run in a fresh process, compared with eager; writes docs/zoo.json and docs/ZOO.md.

@@ -11,7 +11,8 @@ Every input tensor is a view into the middle of a larger buffer. The graph runs 
 memory around the inputs filled with two different patterns: a kernel that reads past its inputs
 gives different outputs, which fails the input. A kernel's own refusal (any exception) is fine.
 
-    python fuzz/residual_ops.py -max_total_time=600 -artifact_prefix=fuzz/crashes/   # atheris
+    python fuzz/residual_ops.py --seed-corpus fuzz/corpus_residual --runs 500           # inputs to start from
+    python fuzz/residual_ops.py fuzz/corpus_residual -max_total_time=600 -max_len=256 -len_control=0   # atheris
     python fuzz/residual_ops.py --runs 2000 --seed 0                                 # seeded, no atheris
 
 ``check_one`` is what tests/serialize/test_residual_ops_fuzz.py runs, in a subprocess.
@@ -19,7 +20,8 @@ gives different outputs, which fails the input. A kernel's own refusal (any exce
 
 from __future__ import annotations
 
-if __name__ == "__main__" and "--runs" not in __import__("sys").argv:  # coverage feedback for the fuzzer
+# coverage feedback for the fuzzer (not for seeded runs or writing seeds)
+if __name__ == "__main__" and not {"--runs", "--seed-corpus"} & set(__import__("sys").argv):  # noqa: E501
     import atheris
 
     with atheris.instrument_imports(include=["torchdelegate"]):
@@ -32,6 +34,7 @@ import resource
 import sys
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -196,19 +199,30 @@ def _tensor_specs(calls: list[Any], draws: Draws) -> list[Any]:
 
 
 def _same(first: Any, second: Any) -> bool:
+    """Bit for bit: the same graph on the same inputs, one thread, one seed."""
     if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor):
-        if first.dtype != second.dtype or first.shape != second.shape:
+        if first.dtype != second.dtype or tuple(first.shape) != tuple(second.shape):
             return False
-        try:
-            torch.testing.assert_close(first, second, rtol=0, atol=0, equal_nan=True)
-        except AssertionError:
-            return False
-        return True
+        return first.numel() == 0 or torch.equal(_bits(first), _bits(second))
     if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
         return len(first) == len(second) and all(_same(a, b) for a, b in zip(first, second, strict=True))
     if isinstance(first, float) and isinstance(second, float):
         return first == second or (math.isnan(first) and math.isnan(second))
     return type(first) is type(second) and first == second
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    flat = tensor.detach().reshape(-1)
+    return torch.view_as_real(flat).reshape(-1).view(torch.uint8) if flat.is_complex() else flat.view(torch.uint8)
+
+
+def _invalid(outputs: Any) -> str | None:
+    """What is wrong with a tensor a kernel made, if anything: sizes no tensor may have."""
+    if isinstance(outputs, torch.Tensor):
+        return f"a tensor of sizes {list(outputs.shape)}" if any(s < 0 for s in outputs.shape) else None
+    if isinstance(outputs, (list, tuple)):
+        return next((found for output in outputs if (found := _invalid(output))), None)
+    return None
 
 
 def _out_of_memory(outcome: Any) -> bool:
@@ -237,6 +251,8 @@ def check_one(data: bytes) -> str:
             )
         OUTCOMES["refused"] += 1
         return "refused"
+    if (wrong := _invalid(first)) is not None:
+        raise ReadOutside(f"{names}: made {wrong} ({calls!r})")
     if not _same(first, second):
         raise ReadOutside(f"{names}: outputs depend on the memory around the inputs ({calls!r})")
     OUTCOMES["ran"] += 1
@@ -264,10 +280,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--seed-corpus", type=Path, help="write --runs seeded inputs into this directory, then stop")
     known, _ = parser.parse_known_args()
     global VERBOSE
     VERBOSE = known.verbose
     bounded_process()
+    if known.seed_corpus is not None:
+        generator = random.Random(known.seed)
+        known.seed_corpus.mkdir(parents=True, exist_ok=True)
+        for number in range(known.runs or 500):
+            (known.seed_corpus / f"seed-{number:05d}").write_bytes(generator.randbytes(generator.randrange(16, 160)))
+        return
     if known.runs is not None:
         seeded(known.runs, known.seed)
         return

@@ -177,3 +177,24 @@ def test_a_contracted_operator_passed_as_an_argument_is_refused(residual_file: b
 
     with pytest.raises(td.FormatError, match=r"passes 'torch\.ops\.aten\.as_strided\.default' to another operator"):
         _run(_edited(residual_file, passed), tmp_path / "m.tdp")
+
+
+@pytest.mark.parametrize(
+    ("op", "arguments", "message"),
+    [
+        # each found by fuzz/residual_ops.py: a crash (SIGSEGV) or a tensor with a negative size
+        (
+            torch.ops.aten._fft_c2r.default,
+            (torch.ones(2, dtype=torch.complex64), [-1, 2**31 - 1, 0, 4], 65536, 0),
+            "dims",
+        ),
+        (torch.ops.aten._fft_c2r.default, (torch.ones(3, dtype=torch.complex64), [0], 0, 1000), "does not make 1000"),
+        (torch.ops.aten._native_batch_norm_legit.no_stats, (torch.ones(3, 5), None, None, False, 0.1, 1e-5), "no stat"),
+        (torch.ops.aten.expand.default, (torch.ones(()), [-1, 0, 5]), r"sizes \[-1, 0, 5\] do not expand"),
+    ],
+)
+def test_arguments_a_kernel_would_take_on_trust_are_refused(op: Any, arguments: tuple[Any, ...], message: str) -> None:
+    from torchdelegate.serialize.operator_contracts import checked_operator
+
+    with pytest.raises(td.FormatError, match=message):
+        checked_operator(op)(*arguments)

@@ -78,6 +78,15 @@ def _batch_norm_no_stats(op: OpOverload, x: torch.Tensor, weight: Any, bias: Any
     return op(x, weight, bias, training, *rest)
 
 
+def _expand(op: OpOverload, x: torch.Tensor, size: Any, *rest: Any, **kwargs: Any) -> torch.Tensor:
+    """-1 keeps a size of the input; a new leading dimension has none to keep."""
+    sizes = [int(s) for s in size]
+    new = len(sizes) - x.dim()
+    if new < 0 or any(s < -1 or (s == -1 and number < new) for number, s in enumerate(sizes)):
+        raise FormatError(f"aten.expand: sizes {sizes} do not expand an input of sizes {list(x.shape)}")
+    return op(x, size, *rest, **kwargs)  # type: ignore[no-any-return]
+
+
 def _fft_dims(name: str, x: torch.Tensor, dim: Any, normalization: Any) -> None:
     dims = [int(d) for d in dim]
     rank = x.dim()
@@ -104,6 +113,7 @@ def _fft_c2r(op: OpOverload, x: torch.Tensor, dim: Any, normalization: Any, last
 
 _CONTRACTS: dict[OpOverload, Callable[..., Any]] = {
     _aten.as_strided.default: _as_strided,
+    _aten.expand.default: _expand,
     **{op: _zeroed for op in (_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default)},
     _aten.new_empty.default: _zeroed,
     _aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
