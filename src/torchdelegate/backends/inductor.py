@@ -14,7 +14,6 @@ Mutable buffers stay with the program.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shutil
@@ -30,12 +29,14 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import Node
 
 from torchdelegate.backends.blob import pack, table_keys, unpack, weight_table, weights
+from torchdelegate.backends.inductor_package import SERIALIZATION_ID, checked_package, serialization_id
 from torchdelegate.backends.reference import reference_support
 from torchdelegate.cache.machine_cache import machine_identity
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data, with_named_data
 from torchdelegate.delegate.compile_units import current_partition
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
+from torchdelegate.delegate.trust import check_trusted, current_trust
 from torchdelegate.errors import FormatError, PreprocessError
 from torchdelegate.exported.structural_copy import copy_program, with_identifier_state_names
 from torchdelegate.partition.capability import CapabilityPartitioner
@@ -114,6 +115,17 @@ class InductorBackend(BackendDetails):
         return table_keys(unpack(processed, BLOB_VERSION, "inductor")[0].get("tensors"))
 
     @classmethod
+    def check_blob(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> None:
+        """What ``init`` would load, checked without loading it: the backend trusted (its blob is a
+        library the process would run), the weight table against the named data, and the package: the
+        files a compiled package holds and nothing else, whole, under its own folder, its libraries shared
+        objects of this machine, its serialization id the digest of the rest (as compiled)."""
+        check_trusted(cls, current_trust(), "inductor blob")
+        header, package = unpack(processed, BLOB_VERSION, "inductor")
+        weights(header.get("tensors"), named_data, "inductor")
+        checked_package(package)
+
+    @classmethod
     def init(cls, processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> Any:
         header, package = unpack(processed, BLOB_VERSION, "inductor")
         constants = weights(header.get("tensors"), named_data, "inductor")
@@ -181,20 +193,16 @@ def _compact_package(package: Path, scratch: Path) -> bytes:
                 if stripped.returncode == 0:
                     data = library.read_bytes()
             entries.append((entry, data))
-    content = hashlib.sha256(b"".join(data for entry, data in entries if not _is_serialization_id(entry)))
+    identity = serialization_id([(entry.filename, data) for entry, data in entries])
     compact = io.BytesIO()
     with zipfile.ZipFile(compact, "w", zipfile.ZIP_DEFLATED) as out:
         for entry, data in entries:
             compact_entry = zipfile.ZipInfo(entry.filename, date_time=entry.date_time)  # as compiled: no clock
             compact_entry.external_attr = entry.external_attr
-            if _is_serialization_id(entry):
-                data = str(int(content.hexdigest()[:32], 16)).encode()
+            if entry.filename.endswith(SERIALIZATION_ID):
+                data = identity
             out.writestr(compact_entry, data, compress_type=zipfile.ZIP_DEFLATED)
     return compact.getvalue()
-
-
-def _is_serialization_id(entry: zipfile.ZipInfo) -> bool:
-    return entry.filename.endswith("/.data/serialization_id")
 
 
 def _size(value: Any) -> int:
