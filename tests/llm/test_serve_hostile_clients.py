@@ -24,7 +24,7 @@ openai = pytest.importorskip("openai")
 
 from served import KEY, SERVER_FILES, SPIN_BODY, Server, enough_files, until_closed  # noqa: E402
 
-from torchdelegate.llm.language_model import TEMPLATE_STEPS  # noqa: E402
+from torchdelegate.llm.chat_template import TEMPLATE_STEPS  # noqa: E402
 from torchdelegate.llm.serving.connections import BODY_GRACE_SECONDS, HEADER_SECONDS  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("llm_serve")  # the server of test_serve.py, started once
@@ -50,6 +50,8 @@ def test_a_request_is_answered_within_2_s_while_1100_connections_hold_half_a_hea
         answered = time.monotonic() - started
         assert reply.choices[0].finish_reason in ("length", "stop")
         assert answered < 2, f"answered after {answered:.1f} s"
+        _, oldest = until_closed(held[0], time.monotonic() + 5)  # closed to make room, saying why
+        assert oldest.startswith(b"HTTP/1.1 503 ") and b"still without a request, was closed for a newer one" in oldest
     finally:
         for connection in held:
             connection.close()

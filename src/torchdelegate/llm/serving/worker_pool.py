@@ -25,7 +25,8 @@ from torchdelegate.llm.language_model import HeldTokens
 from torchdelegate.llm.serving.openai_requests import RequestError
 from torchdelegate.llm.serving.worker_process import CANCELLED, prepare_program, serve_jobs
 
-_STOP_SECONDS = 10.0  # a worker asked to stop is killed after this long
+WORKER_STOP_SECONDS = 8
+"""How long a worker asked to stop (the server stopping) may take before it is killed."""
 _TRIES = 3  # replacements in a row that may fail to load before the pool gives up replacing
 
 
@@ -182,18 +183,24 @@ class WorkerPool:
             except OSError:
                 pass
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _STOP_SECONDS
+        deadline = loop.time() + WORKER_STOP_SECONDS
         while any(w.process.is_alive() for w in self.workers) and loop.time() < deadline:
             await asyncio.sleep(0.05)  # meanwhile their last messages are read
         for worker in list(self.workers):
             self._unwatch(worker)
             if worker.process.is_alive():
                 worker.process.kill()
-            worker.process.join(timeout=_STOP_SECONDS)
+            worker.process.join(timeout=WORKER_STOP_SECONDS)
             if worker.job is not None:
                 self._end(worker.job, _shutting_down("the server shut down before this request ended"))
             worker.connection.close()
         self.workers.clear()
+
+    def kill(self) -> None:
+        """Kills every worker at once (from any thread: the process is about to end)."""
+        for worker in list(self.workers):
+            if worker.process.is_alive():
+                worker.process.kill()
 
     def _spawn(self) -> None:
         parent, child = self.context.Pipe(duplex=True)
