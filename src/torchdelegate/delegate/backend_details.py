@@ -279,6 +279,11 @@ class BackendDetails(ABC):
         builds: the checks a blob made elsewhere passes before a lowering uses it (an entry of a
         shared compile cache is written by whoever can write there). The default checks nothing; a
         backend whose blobs are untrusted input at load should check here what it checks there.
+
+        It runs under the trust its caller gives native code (``delegate.trust.current_trust()``): a
+        backend whose ``init`` would load code (``runs_native_code``) or make delegates of other
+        backends (nested in its blob) raises ``UntrustedCodeError`` here for what that trust does not
+        name, as loading would (``trust.check_trusted``).
         """
         del processed, compile_specs, named_data
 
