@@ -96,12 +96,14 @@ def _tensor_spec(draws: Draws) -> tuple[torch.dtype, list[int], list[float]]:
     return draws.pick(_DTYPES), shape, [float(draws.byte() % 17 - 8) for _ in range(count)]
 
 
-def _placed(spec: tuple[torch.dtype, list[int], list[float]], pattern: int) -> torch.Tensor:
-    """The tensor ``spec`` describes, as a view into the middle of a buffer filled with ``pattern``."""
+def _placed(spec: tuple[torch.dtype, list[int], list[float]], pattern: int, guards: list[torch.Tensor]) -> torch.Tensor:
+    """The tensor ``spec`` describes, as a view into the middle of a buffer filled with ``pattern``;
+    the buffer's guard regions, before and after it, added to ``guards``."""
     dtype, shape, values = spec
     count = len(values)
     item = torch.empty((), dtype=dtype).element_size()
     raw = torch.full(((2 * _GUARD + count) * item,), pattern, dtype=torch.uint8)
+    guards += [raw[: _GUARD * item], raw[(_GUARD + count) * item :]]
     buffer = raw.view(dtype)
     middle = buffer[_GUARD : _GUARD + count]
     middle.copy_(torch.tensor(values, dtype=torch.float64).to(dtype) if count else middle)
@@ -162,13 +164,14 @@ def _run(
 ) -> list[Any] | BaseException:
     made = iter(specs)
     outputs: list[Any] = []
+    guards: list[torch.Tensor] = []
 
     def resolved(value: Any) -> Any:
         if isinstance(value, tuple) and len(value) == 2 and value[0] == "tensor":
             earlier = outputs[value[1]]
             return earlier[0] if isinstance(earlier, (tuple, list)) and earlier else earlier
         if isinstance(value, tuple) and len(value) == 2 and value[0] == "new":
-            return _placed(next(made), pattern)
+            return _placed(next(made), pattern, guards)
         if isinstance(value, list):
             return [resolved(v) for v in value]
         return value
@@ -178,7 +181,9 @@ def _run(
         for op, args, kwargs in calls:
             outputs.append(checked_operator(op)(*resolved(args), **{k: resolved(v) for k, v in kwargs.items()}))
     except Exception as error:  # a kernel's or a contract's refusal
-        return error
+        outputs = error  # type: ignore[assignment]
+    if any(bool((guard != pattern).any()) for guard in guards):
+        raise ReadOutside(f"{calls!r}: wrote into the memory around its inputs")
     return outputs
 
 
@@ -207,13 +212,11 @@ def _same(first: Any, second: Any) -> bool:
         return first.numel() == 0 or torch.equal(_bits(first), _bits(second))
     if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
         return len(first) == len(second) and all(_same(a, b) for a, b in zip(first, second, strict=True))
-    if isinstance(first, float) and isinstance(second, float):
-        return first == second or (math.isnan(first) and math.isnan(second))
-    return type(first) is type(second) and first == second
+    return type(first) is type(second) and (first == second or repr(first) == repr(second))  # NaN, complex NaN
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    flat = tensor.detach().reshape(-1).contiguous()
+    flat = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.detach().reshape(-1))  # strides 1, always
     return torch.view_as_real(flat).reshape(-1).view(torch.uint8) if flat.is_complex() else flat.view(torch.uint8)
 
 

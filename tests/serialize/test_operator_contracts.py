@@ -191,6 +191,12 @@ def test_a_contracted_operator_passed_as_an_argument_is_refused(residual_file: b
         (torch.ops.aten._fft_c2r.default, (torch.ones(3, dtype=torch.complex64), [0], 0, 1000), "does not make 1000"),
         (torch.ops.aten._native_batch_norm_legit.no_stats, (torch.ones(3, 5), None, None, False, 0.1, 1e-5), "no stat"),
         (torch.ops.aten.expand.default, (torch.ones(()), [-1, 0, 5]), r"sizes \[-1, 0, 5\] do not expand"),
+        (
+            torch.ops.aten._adaptive_avg_pool3d.default,
+            (torch.ones(0, 0, 0, 0), [0, -1, 5]),
+            r"size \[0, -1, 5\] is neg",
+        ),
+        (torch.ops.aten._pdist_forward.default, (torch.ones(5, 3, 0), 2.0), "2-D float tensor"),
     ],
 )
 def test_arguments_a_kernel_would_take_on_trust_are_refused(op: Any, arguments: tuple[Any, ...], message: str) -> None:

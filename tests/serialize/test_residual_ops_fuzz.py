@@ -13,17 +13,17 @@ import pytest
 FUZZ = Path(__file__).parent.parent.parent / "fuzz" / "residual_ops.py"
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])
 def test_crafted_graphs_over_the_allowed_operators_read_only_their_inputs(seed: int) -> None:
     """Run in a process of its own: a crash fails the test instead of ending the test run."""
     done = subprocess.run(
-        [sys.executable, "-W", "ignore", str(FUZZ), "--runs", "400", "--seed", str(seed)],
+        [sys.executable, "-W", "ignore", str(FUZZ), "--runs", "300", "--seed", str(seed)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-3000:]}"
-    assert done.stdout.strip().startswith("400 graphs: "), done.stdout
+    assert done.stdout.strip().startswith("300 graphs: "), done.stdout
 
 
 def test_the_harness_finds_a_read_outside_the_inputs() -> None:
@@ -38,7 +38,7 @@ residual_ops.OPERATORS = [torch.ops.aten.as_strided.default]
 operator_contracts._CONTRACTS.pop(torch.ops.aten.as_strided.default)
 import random
 generator, found = random.Random(0), 0
-for _ in range(500):
+for _ in range(200):
     try:
         residual_ops.check_one(generator.randbytes(64))
     except residual_ops.ReadOutside:

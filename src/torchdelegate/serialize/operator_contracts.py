@@ -18,6 +18,7 @@ import torch
 from torch._ops import OpOverload
 
 from torchdelegate.errors import FormatError
+from torchdelegate.serialize.operator_list import ATEN_OPERATORS
 
 _aten = torch.ops.aten
 
@@ -87,6 +88,13 @@ def _expand(op: OpOverload, x: torch.Tensor, size: Any, *rest: Any, **kwargs: An
     return op(x, size, *rest, **kwargs)  # type: ignore[no-any-return]
 
 
+def _pdist(op: OpOverload, x: torch.Tensor, p: Any = 2.0) -> torch.Tensor:
+    """The kernel behind ``torch.pdist``, which checks what it is given; the kernel itself does not."""
+    if x.dim() != 2 or not x.is_floating_point() or not float(p) >= 0:
+        raise FormatError(f"aten._pdist_forward: needs rows of a 2-D float tensor and p >= 0, not {list(x.shape)}, {p}")
+    return op(x.contiguous(), p)  # type: ignore[no-any-return]
+
+
 def _fft_dims(name: str, x: torch.Tensor, dim: Any, normalization: Any) -> None:
     dims = [int(d) for d in dim]
     rank = x.dim()
@@ -114,6 +122,7 @@ def _fft_c2r(op: OpOverload, x: torch.Tensor, dim: Any, normalization: Any, last
 _CONTRACTS: dict[OpOverload, Callable[..., Any]] = {
     _aten.as_strided.default: _as_strided,
     _aten.expand.default: _expand,
+    _aten._pdist_forward.default: _pdist,
     **{op: _zeroed for op in (_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default)},
     _aten.new_empty.default: _zeroed,
     _aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
@@ -123,6 +132,29 @@ _CONTRACTS: dict[OpOverload, Callable[..., Any]] = {
     _aten._fft_r2c.default: _fft_r2c,
     _aten._fft_c2r.default: _fft_c2r,
 }
+
+
+def _output_sizes(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """Pools and resampling take the sizes of their output from the caller: kernels kept a negative one."""
+    position = next(i for i, a in enumerate(op._schema.arguments) if a.name == "output_size")
+    sizes = kwargs.get("output_size") if len(args) <= position else args[position]
+    if sizes is not None and any(int(size) < 0 for size in sizes):
+        raise FormatError(f"aten.{op._opname}: output size {[int(size) for size in sizes]} is negative")
+    return op(*args, **kwargs)
+
+
+def _with_output_sizes() -> dict[OpOverload, Callable[..., Any]]:
+    """A contract for every listed operator that takes its output's sizes (``output_size``)."""
+    found: dict[OpOverload, Callable[..., Any]] = {}
+    for entry in sorted(ATEN_OPERATORS):
+        name, overload = entry.split(".")
+        op = getattr(getattr(_aten, name), overload)
+        if any(a.name == "output_size" for a in op._schema.arguments):
+            found[op] = _CONTRACTS.get(op, _output_sizes)
+    return found
+
+
+_CONTRACTS.update(_with_output_sizes())
 
 
 @functools.cache
