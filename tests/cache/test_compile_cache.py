@@ -118,10 +118,18 @@ def test_the_least_recently_used_entries_go_first_past_the_size_bound(tmp_path: 
     assert _lower(0, tmp_path / "kept.tdp", [ReferencePartitioner()], 1, cache=cache) == ["hit"]
 
 
-def test_an_fsspec_url_holds_the_cache(tmp_path: Path) -> None:
-    assert _lower(0, tmp_path / "a.tdp", [ReferencePartitioner()], cache="memory://torchdelegate-test") == ["miss"]
-    assert _lower(0, tmp_path / "b.tdp", [ReferencePartitioner()], cache="memory://torchdelegate-test") == ["hit"]
+def test_an_fsspec_url_holds_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHDELEGATE_CACHE_KEY", raising=False)
+    url = "memory://torchdelegate-test"
+    with pytest.warns(UserWarning, match=r"no TORCHDELEGATE_CACHE_KEY is set, .* for a single writer") as warned:
+        assert _lower(0, tmp_path / "a.tdp", [ReferencePartitioner()], cache=url) == ["miss"]
+        assert _lower(0, tmp_path / "b.tdp", [ReferencePartitioner()], cache=url) == ["hit"]
+    assert len([w for w in warned if "single writer" in str(w.message)]) == 1  # once per process
     assert _digest(tmp_path / "a.tdp") == _digest(tmp_path / "b.tdp")
+    monkeypatch.setenv("TORCHDELEGATE_CACHE_KEY", "the team's key, shared by every writer")
+    signed = "memory://torchdelegate-test-signed"
+    assert _lower(0, tmp_path / "c.tdp", [ReferencePartitioner()], cache=signed) == ["miss"]
+    assert _lower(0, tmp_path / "d.tdp", [ReferencePartitioner()], cache=signed) == ["hit"]
 
 
 def test_TORCHDELEGATE_CACHE_turns_the_cache_on_and_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
