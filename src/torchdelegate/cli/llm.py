@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -71,6 +73,13 @@ def define(parser: argparse.ArgumentParser) -> None:
         default="last",
         help="what prefill returns: the logits after the prompt's last token (default: all generating needs, "
         "and the head runs for one position), or after each of its tokens (to score prompts)",
+    )
+    export.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the checkpoint's own Python files its config.json's auto_map names (its configuration and "
+        "model classes; each file named before it runs). Without it such a checkpoint is refused, unless "
+        "transformers has classes of its own for its model type",
     )
     add_lowering_options(export)
     add_verbose(export)
@@ -168,7 +177,10 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     with contextlib.ExitStack() as stack:
         start_preprocessing(args, stack)
         try:
-            checkpoint = read_checkpoint(args.directory)
+            with _without_standard_input():
+                checkpoint = read_checkpoint(
+                    args.directory, True, args.trust_remote_code, lambda line: print(line, file=out)
+                )
             cache = checkpoint.cache_length(args.max_cache)
             if args.prefill_chunk is not None and args.prefill_chunk >= cache:
                 raise UsageError(f"--prefill-chunk {args.prefill_chunk}: give fewer tokens than the cache's {cache}")
@@ -387,6 +399,18 @@ def _language_model(program: Any) -> Any:
     from torchdelegate.llm.language_model import LanguageModel
 
     return LanguageModel(program)
+
+
+@contextlib.contextmanager
+def _without_standard_input() -> Iterator[None]:
+    """Standard input empty while a checkpoint is read: a question asked there (transformers asks
+    whether to run a checkpoint's code) meets the end of input, never an answer piped in."""
+    given = sys.stdin
+    sys.stdin = io.StringIO()
+    try:
+        yield
+    finally:
+        sys.stdin = given
 
 
 @contextlib.contextmanager

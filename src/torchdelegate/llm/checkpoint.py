@@ -11,7 +11,7 @@ import inspect
 import json
 import logging
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ import torch
 
 from torchdelegate.errors import CheckpointError, first_line
 from torchdelegate.exported.torch_warnings import loggers_quieted
+from torchdelegate.llm.checkpoint_code import allowed, checkpoint_code
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -71,15 +72,24 @@ EXPORTED_PREFIX = "model."
 """The exportable wrapper holds the model as ``model``: its programs' state names start with it."""
 
 
-def read_checkpoint(directory: Path, lazily: bool = True) -> Checkpoint:
+def read_checkpoint(
+    directory: Path,
+    lazily: bool = True,
+    trust_remote_code: bool = False,
+    notify: Callable[[str], object] | None = None,
+) -> Checkpoint:
     """The causal LM in ``directory`` (config, safetensors weights, ``tokenizer.json``), computing in
     float32. ``lazily``: built over fake tensors, its weights bound by memory map (``Checkpoint.weights``)
-    where the files allow; else (or not ``lazily``) loaded whole by transformers."""
+    where the files allow; else (or not ``lazily``) loaded whole by transformers.
+
+    The checkpoint's own code (its ``auto_map``) runs only where ``trust_remote_code``; else one that
+    needs it is a CheckpointError naming it (transformers is never left to ask). ``notify`` is told,
+    before transformers reads anything, which of its files will run and which will not."""
     with loggers_quieted(QUIET_WHILE_LOADING, logging.ERROR):
-        return _read_checkpoint(directory, lazily)
+        return _read_checkpoint(directory, lazily, trust_remote_code, notify or (lambda line: None))
 
 
-def _read_checkpoint(directory: Path, lazily: bool) -> Checkpoint:
+def _read_checkpoint(directory: Path, lazily: bool, trust: bool, notify: Callable[[str], object]) -> Checkpoint:
     if not directory.is_dir():
         raise CheckpointError(f"{str(directory)!r} is not a directory; give a transformers checkpoint directory")
     if not (directory / "config.json").is_file():
@@ -90,11 +100,15 @@ def _read_checkpoint(directory: Path, lazily: bool) -> Checkpoint:
             "save_pretrained); the program carries it to turn text into tokens"
         )
     transformers = quiet_transformers()
+    for line in allowed(checkpoint_code(directory), transformers, trust):
+        notify(line)
     try:
-        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=trust)
     except Exception as e:
         raise CheckpointError(f"{directory}/config.json cannot be read ({type(e).__name__}: {first_line(e)})") from e
-    if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING or config.is_encoder_decoder:
+    own_model = trust and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    causal = own_model or type(config) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING
+    if not causal or config.is_encoder_decoder:
         raise CheckpointError(
             f"{directory}: {type(config).__name__} ({', '.join(config.architectures or ['no architecture'])}) is not a "
             "decoder-only language model transformers can load as AutoModelForCausalLM"
@@ -109,14 +123,14 @@ def _read_checkpoint(directory: Path, lazily: bool) -> Checkpoint:
     if lazily:
         from torchdelegate.llm.lazy_checkpoint import weightless_model
 
-        built, reason = weightless_model(transformers, directory, config)
+        built, reason = weightless_model(transformers, directory, config, trust)
         if built is not None:
             model, weights = built
             stop = _stop_tokens(model, _generation_config(transformers, directory))
             return Checkpoint(directory, model, assets, stop, positions, weights)
     try:
         model, loading = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, local_files_only=True, dtype=torch.float32, output_loading_info=True
+            directory, local_files_only=True, dtype=torch.float32, output_loading_info=True, trust_remote_code=trust
         )
     except Exception as e:
         raise CheckpointError(f"{directory}: its weights cannot be loaded ({type(e).__name__}: {first_line(e)})") from e
@@ -258,7 +272,8 @@ def _stop_tokens(model: Any, generation_config: Any = None) -> list[int]:
 
 
 def _generation_config(transformers: Any, directory: Path) -> Any:
-    """The checkpoint's generation config as from_pretrained reads it: its file, else one from the model's config."""
+    """The checkpoint's generation config as from_pretrained reads it: its file, else one from the model's config.
+    JSON only, no code (given ``trust_remote_code``, it would keep it as a setting)."""
     if not (directory / "generation_config.json").is_file():
         return None
     try:

@@ -23,16 +23,19 @@ from torchdelegate.exported.weightless_export import weightless
 
 
 def weightless_model(
-    transformers: Any, directory: Path, config: Any
+    transformers: Any, directory: Path, config: Any, trust_remote_code: bool = False
 ) -> tuple[tuple[Any, dict[str, torch.Tensor]] | None, str | None]:
-    """(the model over fake tensors, each ``state_dict`` name's tensor in the files), or (None, why not)."""
+    """(the model over fake tensors, each ``state_dict`` name's tensor in the files), or (None, why not).
+    The checkpoint's own model class (its ``auto_map``) is used only where ``trust_remote_code``."""
     try:
         files = SafetensorsWeights(directory)
     except CheckpointError as e:
         return None, str(e)
     try:
         with weightless():
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+            model = transformers.AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, trust_remote_code=trust_remote_code
+            ).eval()
     except Exception as e:
         raise CheckpointError(
             f"{directory}: {type(config).__name__} cannot be built from its config "
