@@ -16,10 +16,13 @@ from typing import Any, TextIO
 
 from torchdelegate.cli.command import (
     EXIT_OK,
+    TRUST_HELP,
     CommandError,
     CommandParser,
     UsageError,
     add_backend_options,
+    add_file_options,
+    add_imports,
     add_verbose,
     backend_options,
     loaded,
@@ -82,6 +85,7 @@ def define(parser: argparse.ArgumentParser) -> None:
         "transformers has classes of its own for its model type",
     )
     add_lowering_options(export)
+    add_imports(export)  # as lower: the module defining a backend or operator
     add_verbose(export)
     export.set_defaults(handler=llm_export_command)
     generate = commands.add_parser(
@@ -134,13 +138,15 @@ def define(parser: argparse.ArgumentParser) -> None:
         help="refuse (401) every request without 'Authorization: Bearer KEY' (default: $TORCHDELEGATE_API_KEY, "
         "which keeps the key out of the process list)",
     )
+    serve.add_argument("--trust", action="append", default=[], metavar="BACKEND", help=TRUST_HELP)
     add_verbose(serve)
     add_backend_options(serve)
     serve.set_defaults(handler=llm_serve_command)
 
 
 def _add_sampling(parser: argparse.ArgumentParser, tokens: int) -> None:
-    """What generate and chat share: how many tokens, how they are sampled, and the file's load options."""
+    """What generate and chat share: how many tokens, how they are sampled, and the file's load options
+    (those of run: --external-data, --trust, --backend-option, --import)."""
     parser.add_argument(
         "--max-new-tokens", type=int, default=tokens, metavar="N", help=f"at most N tokens (default {tokens})"
     )
@@ -150,7 +156,9 @@ def _add_sampling(parser: argparse.ArgumentParser, tokens: int) -> None:
     parser.add_argument("--seed", type=int, metavar="S", help="the seed of the sampling")
     parser.add_argument("--ids", action="store_true", help="also print the generated token ids")
     add_verbose(parser)
+    add_file_options(parser)
     add_backend_options(parser)
+    add_imports(parser)
 
 
 def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -226,7 +234,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
 
 def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
     sampling = _sampling(args)
-    with loaded(args.file, None, (), args.backend_options) as program, _read_as_text():
+    with loaded(args.file, args.external_data, args.trust, args.backend_options) as program, _read_as_text():
         model = _language_model(program)
         if args.chat:
             prompt = model.chat_prompt([{"role": "user", "content": args.prompt}], _WITHOUT_CHAT)
@@ -255,7 +263,7 @@ def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
     not hold yet. When the conversation outgrows the cache, the earlier turns are dropped."""
     sampling = _sampling(args)
     interactive = sys.stdin.isatty()
-    with loaded(args.file, None, (), args.backend_options) as program, _read_as_text():
+    with loaded(args.file, args.external_data, args.trust, args.backend_options) as program, _read_as_text():
         model = _language_model(program)
         conversation = _Conversation(model, args.system)
         print(
@@ -310,7 +318,8 @@ def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
         listening = listening_socket(args.host, args.port)
     except OSError as e:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
-    with listening, loaded(args.file, None, (), args.backend_options) as program, _read_as_text():
+    _trusted_by_workers(args.trust)
+    with listening, loaded(args.file, None, args.trust, args.backend_options) as program, _read_as_text():
         model = _language_model(program)
         options = _per_worker_threads(backend_options(args.backend_options), program, args.workers)
         for line in prepared_in_child(str(args.file), options):
@@ -323,6 +332,16 @@ def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
         except RuntimeError as e:
             raise CommandError(str(e)) from e
     return EXIT_OK
+
+
+def _trusted_by_workers(trust: list[str]) -> None:
+    """--trust given to the workers too: they load the file in processes of their own, which trust
+    what ``TORCHDELEGATE_TRUSTED_BACKENDS`` names (this process's environment, which they inherit)."""
+    from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE
+
+    given = [name.strip() for name in os.environ.get(TRUSTED_BACKENDS_VARIABLE, "").split(",") if name.strip()]
+    if trust:
+        os.environ[TRUSTED_BACKENDS_VARIABLE] = ",".join(dict.fromkeys([*given, *trust]))
 
 
 def _per_worker_threads(options: dict[str, dict[str, str]], program: Any, workers: int) -> dict[str, dict[str, str]]:
