@@ -4,7 +4,12 @@ their own errors name), ``--external-data`` and ``--backend-option``."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,7 +19,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
 from language_models import tiny_llama  # noqa: E402
-from test_llm_command import _checkpoint  # noqa: E402
+from test_llm_command import _checkpoint, _prefix  # noqa: E402
 
 import torchdelegate as td  # noqa: E402
 from torchdelegate.cli import main  # noqa: E402
@@ -66,3 +71,65 @@ def test_every_llm_command_that_loads_a_file_takes_runs_loading_flags(command: s
     assert args.trust == ["inductor"] and args.backend_options == ["onnxruntime.intra_op_num_threads=2"]
     if command != "serve":
         assert args.imports == ["json"] and args.external_data == Path("m.tdd")
+
+
+INSTALLED = BACKEND.replace("test_llm_native", "installed_llm_native")
+
+
+def _installed(site: Path) -> Path:
+    """A distribution in ``site`` whose entry point names a backend that runs native code."""
+    (site / "installed_llm_native").mkdir(parents=True)
+    (site / "installed_llm_native" / "__init__.py").write_text(INSTALLED)
+    info = site / "installed_llm_native-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installed-llm-native\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[torchdelegate.backends]\ninstalled_llm_native = installed_llm_native:NativeLike\n"
+    )
+    return site
+
+
+def test_serve_trusts_a_native_backend_in_the_processes_that_load_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server loads the file in its own process, prepares it in another and runs it in workers:
+    --trust reaches all three (without it, the one line asks for it)."""
+    monkeypatch.delenv(td.TRUSTED_BACKENDS_VARIABLE, raising=False)
+    monkeypatch.delenv("TORCHDELEGATE_API_KEY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    site = _installed(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(site))
+    _checkpoint(tmp_path / "checkpoint", tiny_llama(vocab_size=512))
+    export = ["llm", "export", "checkpoint", "-o", "n.tdp", "--max-cache", "16", "-b", "installed_llm_native"]
+    assert main([*export, "--import", "installed_llm_native"]) == 0
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    serve = [*_prefix(), "llm", "serve", "n.tdp", "--port", "0"]
+    refused = subprocess.run(serve, capture_output=True, text=True, env=environment, timeout=120)
+    assert refused.returncode == 1 and "--trust" in refused.stderr, refused.stderr
+    with subprocess.Popen(
+        [*serve, "--trust", "installed_llm_native"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "stderr.txt").open("w"),
+        text=True,
+    ) as server:
+        try:
+            url = _served_at(server)
+            assert url is not None, (tmp_path / "stderr.txt").read_text()
+            body = json.dumps({"model": "n", "prompt": "It was", "max_tokens": 2, "temperature": 0}).encode()
+            request = urllib.request.Request(f"{url}/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                assert reply.status == 200 and json.loads(reply.read())["usage"]["completion_tokens"] == 2
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def _served_at(server: subprocess.Popen[str]) -> str | None:
+    """The URL the server prints once its workers are ready; None if it stops first."""
+    assert server.stdout is not None
+    for line in server.stdout:
+        if line.startswith("serving "):
+            found = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)
+            return found.group(1) if found else None
+    return None
