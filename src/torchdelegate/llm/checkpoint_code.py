@@ -35,15 +35,15 @@ class CheckpointCode:
         model = self.entries.get("config.json", {})
         return {name: model[name] for name in RUN_WHEN_TRUSTED if name in model}
 
-    def named(self, which: str = "all") -> str:
+    def named(self, only_unused: bool = False) -> str:
         """The entries, file by file: ``config.json's auto_map: AutoConfig: configuration_x.XConfig, ...``;
-        ``which`` ``"unused"``: only those that never run."""
+        ``only_unused``: only those that never run."""
         described = []
         for file, entries in self.entries.items():
             shown = {
                 name: references
                 for name, references in entries.items()
-                if which == "all" or not (file == "config.json" and name in RUN_WHEN_TRUSTED)
+                if not (only_unused and file == "config.json" and name in RUN_WHEN_TRUSTED)
             }
             if shown:
                 described.append(f"{file}'s auto_map: {_listed(shown)}")
@@ -122,7 +122,7 @@ def allowed(code: CheckpointCode, transformers: Any, trusted: bool) -> list[str]
     """What to tell the user before transformers reads the checkpoint: the files that will run
     (``trusted``), the entries that will not. A CheckpointError, naming every entry, where the
     checkpoint needs its own code and the user did not say to trust it."""
-    unused = code.named("unused")
+    unused = code.named(only_unused=True)
     lines = [f"not run: {unused} (llm export reads {NOT_RUN_BECAUSE})"] if unused else []
     if not code.needed:
         return lines
