@@ -121,6 +121,7 @@ def running_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
         process.wait(timeout=30)
         pytest.fail(f"the server did not start: {''.join(lines)}{(place / 'stderr.txt').read_text()}")
     assert any("packed for this machine" in line for line in lines), lines  # the workers share one copy
+    assert any(f"connections at once: the open-files limit ({SERVER_FILES}) allows no more" in line for line in lines)
     served = Server(process, found.group(1), model, tokenizer, place / "stderr.txt")
     served.generate_text = _command(  # type: ignore[attr-defined]
         "llm", "generate", "tiny.tdp", "-p", TEXT[0][:30], "--max-new-tokens", "12", cwd=place

@@ -33,9 +33,15 @@ BODY_BYTES_PER_SECOND = 16 << 10
 a 1 MiB body may take 69 s; one sent a byte at a time is dropped after 5."""
 MOST_CONNECTIONS = 8192
 """Open connections at most, whatever the files allow (each holds some memory)."""
-ACCEPT_BATCH = 100
-"""Connections accepted at once when many wait (the listening backlog given to the event loop): files
-are kept free for that many beyond the cap, so accepting never fails for want of one."""
+ACCEPT_BATCH = 50
+"""Connections the event loop accepts at once when many wait (uvicorn's backlog). A connection is
+counted against the cap two turns of the loop after it is accepted, and one closed to make room gives
+its file back a turn later, so files are kept free for :data:`ACCEPTS_IN_FLIGHT` batches beyond the
+cap: accepting never fails for want of one."""
+ACCEPTS_IN_FLIGHT = 5
+LISTEN_BACKLOG = 4096
+"""Connections the kernel holds for the server to accept (no file each until accepted; the system's
+``somaxconn`` may lower it): a burst waits there rather than being refused and retried a second later."""
 FILES_BESIDE_CONNECTIONS = 64
 """Files the front holds besides connections and its workers' pipes: standard streams, the listening
 socket, the event loop's, the program file, the tokenizer's."""
@@ -60,9 +66,17 @@ def connection_cap(workers: int) -> int:
     """How many connections the server keeps open at once: :data:`MOST_CONNECTIONS`, or fewer when
     the open-files limit (raised as far as it may be first) leaves room for fewer beside the files
     the front and its ``workers`` need and a batch of connections being accepted."""
-    beside = FILES_BESIDE_CONNECTIONS + FILES_PER_WORKER * workers + 2 * ACCEPT_BATCH
+    beside = FILES_BESIDE_CONNECTIONS + FILES_PER_WORKER * workers + ACCEPTS_IN_FLIGHT * ACCEPT_BATCH
     files = raised_file_limit(MOST_CONNECTIONS + beside)
-    return max(1, min(MOST_CONNECTIONS, files - beside))
+    return max(files // 2, min(MOST_CONNECTIONS, files - beside))
+
+
+def cap_note(cap: int) -> str | None:
+    """What to tell the operator when the open-files limit holds connections below :data:`MOST_CONNECTIONS`."""
+    if cap >= MOST_CONNECTIONS:
+        return None
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return f"at most {cap} connections at once: the open-files limit ({files}) allows no more; raise ulimit -Hn"
 
 
 class OpenConnections:

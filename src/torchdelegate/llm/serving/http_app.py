@@ -57,10 +57,13 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def serve(model: LanguageModel, pool: WorkerPool, listening: socket.socket, api_key: str | None, out: TextIO) -> None:
     """Serve ``model``'s file on ``listening`` until SIGTERM or Ctrl-C; the line ``serving NAME at
-    http://HOST:PORT/v1`` (and whether requests need a key) is printed once every worker is ready. A
+    http://HOST:PORT/v1`` (and whether requests need a key) is printed once every worker is ready, after
+    one saying how many connections the open-files limit allows if it holds them below the most. A
     worker that cannot load the program stops the server with a ``RuntimeError``; a stop asked for
     while the workers load stops it too, and is a clean exit like one asked for later. The socket is
     closed when it returns."""
+    from torchdelegate.llm.serving.connections import cap_note, connection_cap
+
     host, bound = listening.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     needs = "; requests need the API key" if api_key else ""
@@ -68,12 +71,14 @@ def serve(model: LanguageModel, pool: WorkerPool, listening: socket.socket, api_
         f"serving {model_name(model)} at http://{shown}:{bound}/v1 with {pool.size} worker(s){needs}; "
         "Ctrl-C or SIGTERM stops"
     )
+    cap = connection_cap(pool.size)
+    ready = "\n".join(filter(None, [cap_note(cap), ready]))
     # uvicorn stops gracefully on either signal, then passes it on to the handler it found: a quiet one,
     # so that a stop asked for is a clean exit, not a KeyboardInterrupt or a death by SIGTERM.
     before = {number: signal.signal(number, _stop_asked) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         with listening:
-            asyncio.run(_served(model, pool, api_key, listening, lambda: print(ready, file=out, flush=True)))
+            asyncio.run(_served(model, pool, api_key, listening, cap, lambda: print(ready, file=out, flush=True)))
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)
@@ -81,17 +86,12 @@ def serve(model: LanguageModel, pool: WorkerPool, listening: socket.socket, api_
 
 
 async def _served(model: LanguageModel, pool: WorkerPool, api_key: str | None, listening: socket.socket,
-                  announce: Any) -> None:  # fmt: skip
-    """Start the workers (a stop signal meanwhile ends it here), then serve until a stop signal;
-    the workers are stopped whatever happens."""
+                  cap: int, announce: Any) -> None:  # fmt: skip
+    """Start the workers (a stop signal meanwhile ends it here), then serve until a stop signal, with
+    at most ``cap`` connections open; the workers are stopped whatever happens."""
     import uvicorn
 
-    from torchdelegate.llm.serving.connections import (
-        ACCEPT_BATCH,
-        OpenConnections,
-        connection_cap,
-        guarded_protocol,
-    )
+    from torchdelegate.llm.serving.connections import ACCEPT_BATCH, OpenConnections, guarded_protocol
 
     loop = asyncio.get_running_loop()
     starting = asyncio.ensure_future(pool.start())
@@ -110,7 +110,7 @@ async def _served(model: LanguageModel, pool: WorkerPool, api_key: str | None, l
         templates = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="chat template")
         config = uvicorn.Config(
             server_app(model, pool, api_key, templates),
-            http=guarded_protocol(OpenConnections(connection_cap(pool.size))),
+            http=guarded_protocol(OpenConnections(cap)),
             ws="none",
             backlog=ACCEPT_BATCH,
             lifespan="off",
@@ -131,9 +131,17 @@ def _stop_asked(number: int, frame: Any) -> None:
 
 
 def _stop_bounded(server_class: type, pool: WorkerPool) -> type:
-    """uvicorn's ``Server``, whose first stop signal also starts the clock of :func:`_exit_if_still_running`."""
+    """uvicorn's ``Server``, whose first stop signal also starts the clock of :func:`_exit_if_still_running`,
+    and whose sockets queue :data:`~torchdelegate.llm.serving.connections.LISTEN_BACKLOG` connections in
+    the kernel (uvicorn's backlog, the event loop's batch of accepts, is kept small for the files)."""
+    from torchdelegate.llm.serving.connections import LISTEN_BACKLOG
 
     class Server(server_class):  # type: ignore[misc, valid-type]
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            for listening in sockets or []:
+                listening.listen(LISTEN_BACKLOG)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             if not self.should_exit:
                 clock = threading.Timer(GRACEFUL_SECONDS, _exit_if_still_running, (pool,))
