@@ -2,12 +2,14 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 from backends_for_tests import OpSetPartitioner
 from models import SharedConstant, TwoLinears, export
 
 import torchdelegate as td
-from torchdelegate.backends.reference import ReferencePartitioner
+from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
+from torchdelegate.delegate.trust import trusting
 
 aten = torch.ops.aten
 
@@ -39,3 +41,32 @@ def test_a_weight_read_by_two_partitions_is_one_named_data_entry() -> None:
     assert summary.unique_buffers == 1 and summary.unique_bytes == 64
     for got, expected in zip(lowered.exported_program().module()(x), model(x), strict=True):
         torch.testing.assert_close(got, expected)
+
+
+class NativeInner(ReferenceBackend):
+    """The reference backend declaring ``runs_native_code``: AOTInductor's trust, without its compile."""
+
+    backend_id = "test_reference_native_inner"
+    runs_native_code = True
+
+
+def test_check_blob_gives_a_nested_delegate_the_trust_init_would() -> None:
+    x = torch.randn(2, 4)
+    inner = td.to_backend(NativeInner.backend_id, td.to_edge(export(TwoLinears(), x)).exported_program(), [])
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x) * 2
+
+    outer = td.to_edge(torch.export.export(Outer(), (x,))).to_backend(td.DelegationSpec("reference"))
+    (delegate,) = outer.delegates()["forward"]
+    blob, named = memoryview(delegate.processed_bytes), td.NamedDataMap(delegate.named_data_store_output)
+    ReferenceBackend.check_blob(blob, [], named)  # this process's own lowering: any backend
+    with trusting(frozenset({NativeInner.backend_id})):
+        ReferenceBackend.check_blob(blob, [], named)
+    with trusting(frozenset({"reference"})), pytest.raises(td.UntrustedCodeError, match=r"\(nested\): backend 'test_"):
+        ReferenceBackend.check_blob(blob, [], named)  # the outer backend's trust is not the inner one's
