@@ -95,6 +95,15 @@ def _pdist(op: OpOverload, x: torch.Tensor, p: Any = 2.0) -> torch.Tensor:
     return op(x.contiguous(), p)  # type: ignore[no-any-return]
 
 
+def _range(op: OpOverload, start: Any, end: Any, step: Any = 1, *rest: Any, **kwargs: Any) -> torch.Tensor:
+    """An integer range steps by the step made an integer: a fractional step of 0 divided by zero."""
+    dtype = kwargs.get("dtype", rest[0] if rest else None)
+    integral = dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
+    if integral and int(step) == 0:
+        raise FormatError(f"aten.{op._opname}: a step of {step} is 0 as a {dtype}")
+    return op(start, end, step, *rest, **kwargs)  # type: ignore[no-any-return]
+
+
 def _fft_dims(name: str, x: torch.Tensor, dim: Any, normalization: Any) -> None:
     dims = [int(d) for d in dim]
     rank = x.dim()
@@ -123,6 +132,8 @@ _CONTRACTS: dict[OpOverload, Callable[..., Any]] = {
     _aten.as_strided.default: _as_strided,
     _aten.expand.default: _expand,
     _aten._pdist_forward.default: _pdist,
+    _aten.range.step: _range,
+    _aten.arange.start_step: _range,
     **{op: _zeroed for op in (_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default)},
     _aten.new_empty.default: _zeroed,
     _aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
