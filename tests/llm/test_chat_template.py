@@ -54,6 +54,19 @@ def test_a_common_template_renders_as_before() -> None:
         ("{{ '{:>9999999999}'.format(1) }}", "asked for a field wider than any text it may make"),
         ("{{ '%*s' % (9999999999, 'x') }}", "asked for 9,999,999,999 of something"),
         ("{{ 7 ** 9999999 }}", "asked for a number of more than 65,536 bits"),
+        ("{{ ('a' * 4000) | replace('a', 'a' * 4000) | replace('a', 'aa') }}", "asked replace for a text of more"),
+        ("{{ ('a' * 4000).replace('a', 'a' * 5000) }}", "asked replace for a text of more than"),
+        ("{{ range(100000) | join('x' * 1000) }}", "asked join for a text of more than"),
+        ("{{ ('x' * 1000).join(range(100000) | map('string')) }}", "asked join for a text of more than"),
+        ("{{ ('\\n' * 100000) | indent(1000) }}", "asked indent for a text of more than"),
+        ("{{ ('a ' * 100000) | wordwrap(1, wrapstring='y' * 1000) }}", "asked wordwrap for a text of more than"),
+        ("{{ ('\\t' * 100000).expandtabs(10000) }}", "asked expandtabs for a text of more than"),
+        ("{{ range(100000) | list | tojson(indent=100000) }}", "asked for a JSON indent of 100000 (more than 64)"),
+        (
+            "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}"
+            "{% set ns.l = ns.l + [('x' * 16000000) ~ i] %}{% endfor %}",
+            "made more than 67,108,864 characters and items in all",
+        ),
     ],
     ids=[
         "nested-loops",
@@ -65,6 +78,15 @@ def test_a_common_template_renders_as_before() -> None:
         "format",
         "percent",
         "power",
+        "replace",
+        "replace-method",
+        "join",
+        "join-method",
+        "indent",
+        "wordwrap",
+        "expandtabs",
+        "tojson",
+        "made-in-all",
     ],  # fmt: skip
 )
 def test_a_template_past_its_bounds_fails_fast_naming_the_template(template: str, bound: str) -> None:

@@ -26,6 +26,10 @@ TEMPLATE_SECONDS = 2.0
 """Seconds a chat template may take to render one conversation (common ones take milliseconds)."""
 TEMPLATE_CHARACTERS = 16 << 20
 """Characters (or items) in any text or list a chat template makes, its output included."""
+TEMPLATE_MADE = 4 * TEMPLATE_CHARACTERS
+"""Characters (or items) a chat template may make in all, over one render: what bounds its memory."""
+TEMPLATE_JSON_INDENT = 64
+"""The widest indent ``tojson`` may be given (each line of the JSON repeats it)."""
 
 
 class ChatTemplate:
@@ -34,9 +38,11 @@ class ChatTemplate:
     It is rendered in jinja2's immutable sandbox, which gives a template from a file no access to
     Python beyond the values passed, and within bounds a template cannot pass: :data:`TEMPLATE_STEPS`
     steps (loop iterations, calls, attribute and item reads, operators), :data:`TEMPLATE_SECONDS`
-    seconds, and :data:`TEMPLATE_CHARACTERS` characters in any text or list it makes, its output
-    included. A template past a bound fails with a ``CheckpointError`` that says which; a render
-    never runs on without end (a template's loops are jinja2's, over finite iterables, each counted)."""
+    seconds, :data:`TEMPLATE_CHARACTERS` characters in any text or list it makes, its output included,
+    and :data:`TEMPLATE_MADE` in all. Operators, filters and text methods that multiply one size by
+    another (``*``, ``replace``, ``join``, ``indent``, ...) are checked before they run. A template past
+    a bound fails with a ``CheckpointError`` that says which; a render never runs on without end (a
+    template's loops are jinja2's, over finite iterables, each counted)."""
 
     def __init__(self, path: str | Path, template: str, config: dict[str, Any]) -> None:
         self.path = path
@@ -71,6 +77,7 @@ def _token_text(value: Any) -> str:
 class _Budget:
     steps: int
     deadline: float
+    made: int = 0
 
 
 _RENDERING: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("chat template budget", default=None)
@@ -94,10 +101,51 @@ def _step() -> None:
 
 
 def _sized(value: Any) -> Any:
-    """``value``, refused if it is a text or list past :data:`TEMPLATE_CHARACTERS`."""
-    if isinstance(value, (str, list, tuple)) and len(value) > TEMPLATE_CHARACTERS:
-        raise _PastBound(f"made a text or list of more than {TEMPLATE_CHARACTERS:,} items")
+    """``value``, refused if it is a text or list past :data:`TEMPLATE_CHARACTERS`, or if the render
+    has now made more than :data:`TEMPLATE_MADE` characters and items in all."""
+    if isinstance(value, (str, list, tuple)):
+        if len(value) > TEMPLATE_CHARACTERS:
+            raise _PastBound(f"made a text or list of more than {TEMPLATE_CHARACTERS:,} items")
+        budget = _RENDERING.get()
+        if budget is not None:
+            budget.made += len(value)
+            if budget.made > TEMPLATE_MADE:
+                raise _PastBound(f"made more than {TEMPLATE_MADE:,} characters and items in all")
     return value
+
+
+def _growth(name: str, subject: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The most characters the filter or text method ``name`` can make of ``subject`` with ``args``
+    (0 for those whose result is no bigger than their arguments, or whose numbers bound it): each one
+    here multiplies a size by another, so it is checked before it runs."""
+    text = subject if isinstance(subject, str) else ""
+    given: dict[int | str, Any] = dict(enumerate(args))
+    given.update(kwargs)
+    if name == "replace" and isinstance(given.get(0), str) and isinstance(given.get(1), str):
+        count = text.count(given[0]) if given[0] else len(text) + 1
+        return len(text) + count * len(given[1])
+    if name == "join" and isinstance(subject, (list, tuple)):  # the filter; text.join is checked in call
+        separator = given.get(0, given.get("d", ""))
+        return sum(len(str(item)) for item in subject) + len(str(separator)) * len(subject)
+    if name == "indent":
+        width = given.get(0, given.get("width", 4))
+        return len(text) + (text.count("\n") + 1) * (width if isinstance(width, int) else len(str(width)))
+    if name == "wordwrap":
+        return len(text) * (1 + len(str(given.get(2, given.get("wrapstring")) or "\n")))
+    if name == "expandtabs":
+        size = given.get(0, given.get("tabsize", 8))
+        return len(text) + text.count("\t") * (size if isinstance(size, int) else 0)
+    if name == "tojson":
+        indent = given.get(0, given.get("indent"))
+        width = indent if isinstance(indent, int) else len(str(indent or ""))
+        if width > TEMPLATE_JSON_INDENT:
+            raise _PastBound(f"asked for a JSON indent of {width} (more than {TEMPLATE_JSON_INDENT})")
+    return 0
+
+
+def _checked_growth(name: str, subject: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    if _growth(name, subject, args, kwargs) > TEMPLATE_CHARACTERS:
+        raise _PastBound(f"asked {name} for a text of more than {TEMPLATE_CHARACTERS:,} characters")
 
 
 def _small_numbers(values: Any) -> None:
@@ -115,13 +163,20 @@ def _counted(items: Any) -> Any:
         yield item
 
 
-def _bounded_filter(function: Any) -> Any:
-    """``function`` (a filter) counted as a step, refusing huge numbers as arguments and huge results."""
+def _bounded_filter(name: str, function: Any) -> Any:
+    """``function`` (the filter ``name``) counted as a step, refusing huge numbers as arguments, a
+    result that would be huge (:func:`_growth`) before it is made, and a huge one after."""
+    leading = 1 if getattr(function, "jinja_pass_arg", None) is not None else 0  # the context or environment
 
     @functools.wraps(function)  # keeps jinja2's pass_context/pass_environment marks
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _step()
-        _small_numbers([*args[1:], *kwargs.values()])
+        head, subject, rest = args[:leading], args[leading] if len(args) > leading else None, args[leading + 1 :]
+        _small_numbers([*rest, *kwargs.values()])
+        if name == "join" and subject is not None and not isinstance(subject, (str, list, tuple)):
+            subject = _sized(list(subject))  # an iterable read once: its items counted before they are joined
+            args = (*head, subject, *rest)
+        _checked_growth(name, subject, rest, kwargs)
         return _sized(function(*args, **kwargs))
 
     return bounded
@@ -158,7 +213,7 @@ def _bounded_environment() -> type:
 
         def __init__(self) -> None:
             super().__init__(trim_blocks=True, lstrip_blocks=True)
-            self.filters = {name: _bounded_filter(function) for name, function in self.filters.items()}
+            self.filters = {name: _bounded_filter(name, function) for name, function in self.filters.items()}
             self.filters["_counted"] = _counted
             self.filters["_sized"] = _sized
 
@@ -195,9 +250,17 @@ def _bounded_environment() -> type:
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
             _step()
             _small_numbers([*args, *kwargs.values()])
-            text = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
-            if isinstance(text, str) and _WIDE_FIELD.search(text):
-                raise _PastBound("asked for a field wider than any text it may make")
+            method = getattr(__obj, "__wrapped__", __obj)
+            text = getattr(method, "__self__", None)
+            if isinstance(text, str):
+                if _WIDE_FIELD.search(text):
+                    raise _PastBound("asked for a field wider than any text it may make")
+                if method.__name__ == "join" and args:
+                    items = _sized(list(args[0]))  # read once, counted, then joined
+                    args = (items, *args[1:])
+                    if sum(len(str(item)) for item in items) + len(text) * len(items) > TEMPLATE_CHARACTERS:
+                        raise _PastBound(f"asked join for a text of more than {TEMPLATE_CHARACTERS:,} characters")
+                _checked_growth(method.__name__, text, args, kwargs)
             return _sized(super().call(__context, __obj, *args, **kwargs))
 
         def getattr(self, obj: Any, attribute: str) -> Any:
