@@ -111,9 +111,9 @@ def _placed(spec: tuple[torch.dtype, list[int], list[float]], pattern: int, guar
     return middle.view(shape)
 
 
-def _tensor_reference(draws: Draws, produced: list[int]) -> tuple[str, int | None]:
-    """An earlier call's output, or a new input tensor."""
-    return ("tensor", draws.pick(produced)) if produced and draws.chance(160) else ("new", None)
+def _tensor_reference(draws: Draws, produced: list[int]) -> tuple[str, int | None, int]:
+    """An earlier call's output (an item of it, when it is a tuple), or a new input tensor."""
+    return ("tensor", draws.pick(produced), draws.byte() % 4) if produced and draws.chance(160) else ("new", None, 0)
 
 
 def _value(kind: str, name: str, draws: Draws, produced: list[int]) -> Any:
@@ -168,10 +168,10 @@ def _run(
     guards: list[torch.Tensor] = []
 
     def resolved(value: Any) -> Any:
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == "tensor":
+        if isinstance(value, tuple) and len(value) == 3 and value[0] == "tensor":
             earlier = outputs[value[1]]
-            return earlier[0] if isinstance(earlier, (tuple, list)) and earlier else earlier
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == "new":
+            return earlier[value[2] % len(earlier)] if isinstance(earlier, (tuple, list)) and earlier else earlier
+        if isinstance(value, tuple) and len(value) == 3 and value[0] == "new":
             return _placed(next(made), pattern, guards)
         if isinstance(value, list):
             return [resolved(v) for v in value]
@@ -180,7 +180,8 @@ def _run(
     torch.manual_seed(0)
     try:
         for op, args, kwargs in calls:
-            outputs.append(checked_operator(op)(*resolved(args), **{k: resolved(v) for k, v in kwargs.items()}))
+            call = checked_operator(op, inputs_may_be_missing=True)  # as a graph calls it on values read from tuples
+            outputs.append(call(*resolved(args), **{k: resolved(v) for k, v in kwargs.items()}))
     except Exception as error:  # a kernel's or a contract's refusal
         outputs = error  # type: ignore[assignment]
     if any(bool((guard != pattern).any()) for guard in guards):
@@ -193,7 +194,7 @@ def _tensor_specs(calls: list[Any], draws: Draws) -> list[Any]:
 
     def visit(value: Any) -> None:
         nonlocal count
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == "new":
+        if isinstance(value, tuple) and len(value) == 3 and value[0] == "new":
             count += 1
         elif isinstance(value, list):
             for v in value:

@@ -205,3 +205,19 @@ def test_arguments_a_kernel_would_take_on_trust_are_refused(op: Any, arguments: 
 
     with pytest.raises(td.FormatError, match=message):
         checked_operator(op)(*arguments)
+
+
+def test_a_tensor_argument_given_as_none_is_refused_at_load(residual_file: bytes, tmp_path: Path) -> None:
+    """Kernels dereference a required tensor unchecked: aten.copy(None, None) crashed the process."""
+    crafted = _edited(residual_file, lambda m: _as_call(m, "copy.default", {"as_none": True}))
+    with pytest.raises(td.FormatError, match=r"calls aten\.copy without its tensor argument 'src'"):
+        _run(crafted, tmp_path / "m.tdp")
+
+
+def test_a_missing_tensor_read_from_a_tuple_is_refused_when_it_runs() -> None:
+    from torchdelegate.serialize.operator_contracts import checked_operator
+
+    copy = checked_operator(torch.ops.aten.copy.default, inputs_may_be_missing=True)
+    torch.testing.assert_close(copy(torch.zeros(2), torch.ones(2)), torch.ones(2))
+    with pytest.raises(td.FormatError, match=r"aten\.copy: tensor argument 'self' is missing"):
+        copy(None, None, False)

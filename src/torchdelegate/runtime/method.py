@@ -23,7 +23,7 @@ from torchdelegate.exported.programs import output_values
 from torchdelegate.runtime.inputs import MethodInputs
 from torchdelegate.serialize.allow_list import allowed_call_target
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
-from torchdelegate.serialize.operator_contracts import checked_operator, has_contract
+from torchdelegate.serialize.operator_contracts import node_target
 from torchdelegate.serialize.residual_graph import ResidualGraph, TensorValue
 
 
@@ -53,8 +53,12 @@ def _compile_graph(
             for target in (node.target, *_operators_in((node.args, node.kwargs))):
                 if not allowed_call_target(target):
                     raise FormatError(f"method {method!r}: node {node.name!r} calls {target!r}, which is not allowed")
-            if has_contract(node.target):
-                node.target = checked_operator(node.target)
+            try:
+                target = node_target(node)
+            except FormatError as e:
+                raise FormatError(f"method {method!r}: {e}") from None
+            if target is not node.target:
+                node.target = target
                 touched[submodule] = None
     for module in touched:
         module.recompile()
