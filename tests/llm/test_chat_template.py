@@ -94,3 +94,18 @@ def test_a_template_past_its_bounds_fails_fast_naming_the_template(template: str
     assert message.startswith("hostile.tdp: its chat template "), message
     assert bound in message and "fix the template" in message, message
     assert took < 5, f"the template ran {took:.1f} s before it was stopped"
+
+
+def test_llm_export_compiles_a_template_within_the_same_bounds() -> None:
+    """jinja2 evaluates constant expressions while it compiles: unbounded, this took 1.4 GB at export."""
+    import tracemalloc
+
+    from torchdelegate.llm.checkpoint import read_chat_template
+
+    tracemalloc.start()
+    try:
+        read_chat_template("{{ 'a'|center(3*10**8) }}", "chat_template.jinja")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50 << 20

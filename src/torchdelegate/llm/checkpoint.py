@@ -21,6 +21,7 @@ import torch
 from torchdelegate.errors import CheckpointError, first_line
 from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.llm.checkpoint_code import allowed, checkpoint_code
+from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -161,22 +162,36 @@ def chat_template_text(assets: Mapping[str, bytes]) -> str | None:
     ``chat_template`` string of ``tokenizer_config.json``; None if neither has one."""
     if assets.get("chat_template.jinja", b"").strip():
         return assets["chat_template.jinja"].decode("utf-8", "replace")
-    config = json.loads(assets["tokenizer_config.json"]) if "tokenizer_config.json" in assets else {}
+    config = asset_json(assets, "tokenizer_config.json", {})
     template = config.get("chat_template") if isinstance(config, dict) else None
     return template if isinstance(template, str) and template.strip() else None
 
 
-def read_chat_template(text: bytes | str, where: str) -> Any:
-    """A chat template compiled in jinja2's immutable sandbox, which gives a template from a file no
-    access to Python beyond the values passed; CheckpointError naming ``where`` if unreadable."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+MAX_ASSET_JSON = 64 << 20
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+def asset_json(assets: Mapping[str, bytes], name: str, default: Any) -> Any:
+    """The JSON asset ``name`` (``default`` when absent), read by the bounded reader: a file's assets
+    come from whoever wrote it. A ``CheckpointError`` when it is not JSON within the reader's bounds."""
+    if name not in assets:
+        return default
     try:
-        return environment.from_string(text.decode("utf-8") if isinstance(text, bytes) else text)
-    except (TemplateError, UnicodeDecodeError) as e:
+        return bounded_json(assets[name], MAX_ASSET_JSON)
+    except JsonLimitError as e:
+        raise CheckpointError(f"{name} cannot be read: {e}") from None
+
+
+def read_chat_template(text: bytes | str, where: str) -> Any:
+    """A chat template compiled as ``llm serve`` and ``llm chat`` compile it: in jinja2's immutable
+    sandbox, bounded in steps, time and sizes (compiling evaluates constant expressions too);
+    CheckpointError naming ``where`` if unreadable or past a bound."""
+    from torchdelegate.llm.chat_template import bounded_template
+
+    try:
+        source = text.decode("utf-8") if isinstance(text, bytes) else text
+    except UnicodeDecodeError as e:
         raise CheckpointError(f"{where} is not a template jinja2 reads ({e})") from e
+    return bounded_template(source, where)
 
 
 PREFILL_LOGITS = ("last", "all")

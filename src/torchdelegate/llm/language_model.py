@@ -7,11 +7,9 @@ becomes the same tokens and tokens the same text whichever command runs it.
 
 from __future__ import annotations
 
-import json
-
 from torchdelegate.errors import CheckpointError
 from torchdelegate.llm.chat_template import ChatTemplate
-from torchdelegate.llm.checkpoint import SETTINGS, chat_template_text, read_tokenizer
+from torchdelegate.llm.checkpoint import SETTINGS, asset_json, chat_template_text, read_tokenizer
 from torchdelegate.llm.generation import Generator
 from torchdelegate.runtime.program import Program
 
@@ -31,7 +29,7 @@ class LanguageModel:
         self.program = program
         self._generator: Generator | None = None
         self._template: ChatTemplate | None = None
-        self.settings = json.loads(program.asset(SETTINGS))
+        self.settings = asset_json({SETTINGS: program.asset(SETTINGS)}, SETTINGS, {})
         self.max_cache: int = self.settings["max_cache"]
         self.stop_tokens: list[int] = list(self.settings["stop_tokens"])
         try:
@@ -79,7 +77,7 @@ class LanguageModel:
         template = chat_template_text(assets)
         if template is None:
             raise CheckpointError(f"{program.path} carries no chat template (its checkpoint had none): {instead}")
-        config = json.loads(assets["tokenizer_config.json"]) if "tokenizer_config.json" in assets else {}
+        config = asset_json(assets, "tokenizer_config.json", {})
         self._template = ChatTemplate(program.path, template, config)
         return self._template
 
