@@ -108,8 +108,10 @@ def _range(op: OpOverload, start: Any, end: Any, step: Any = 1, *rest: Any, **kw
 def _fft_dims(name: str, x: torch.Tensor, dim: Any, normalization: Any) -> None:
     dims = [int(d) for d in dim]
     rank = x.dim()
-    if not dims or any(not -rank <= d < rank for d in dims) or len({d % rank for d in dims}) != len(dims):
-        raise FormatError(f"aten.{name}: dims {dims} are not distinct dimensions of an input of rank {rank}")
+    if not dims or any(not 0 <= d < rank for d in dims) or len(set(dims)) != len(dims):
+        raise FormatError(
+            f"aten.{name}: dims {dims} are not distinct dimensions of an input of rank {rank}, counted from 0"
+        )
     if int(normalization) not in (0, 1, 2):
         raise FormatError(f"aten.{name}: normalization {normalization} is not 0, 1 or 2")
 
