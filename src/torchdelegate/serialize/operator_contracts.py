@@ -105,6 +105,14 @@ def _range(op: OpOverload, start: Any, end: Any, step: Any = 1, *rest: Any, **kw
     return op(start, end, step, *rest, **kwargs)  # type: ignore[no-any-return]
 
 
+def _grid_sampler(op: OpOverload, x: torch.Tensor, grid: torch.Tensor, mode: Any, padding: Any, *rest: Any) -> Any:
+    """Modes are enums passed as integers; the kernels dispatch on them unchecked."""
+    modes = (0, 1, 2) if op is _aten.grid_sampler_2d.default else (0, 1)
+    if int(mode) not in modes or int(padding) not in (0, 1, 2):
+        raise FormatError(f"aten.{op._opname}: interpolation mode {mode} or padding mode {padding} does not exist")
+    return op(x, grid, mode, padding, *rest)
+
+
 def _fft_dims(name: str, x: torch.Tensor, dim: Any, normalization: Any) -> None:
     dims = [int(d) for d in dim]
     rank = x.dim()
@@ -136,6 +144,8 @@ _CONTRACTS: dict[OpOverload, Callable[..., Any]] = {
     _aten.expand.default: _expand,
     _aten._pdist_forward.default: _pdist,
     _aten.range.step: _range,
+    _aten.grid_sampler_2d.default: _grid_sampler,
+    _aten.grid_sampler_3d.default: _grid_sampler,
     _aten.arange.start_step: _range,
     **{op: _zeroed for op in (_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default)},
     _aten.new_empty.default: _zeroed,
