@@ -102,3 +102,38 @@ def test_the_command_shows_and_empties_the_cache_by_kind(cache_directory: Path) 
     assert "  compile: 0 entries" in shown and "  onnxruntime: 1 entries" in shown
     assert "removed every entry" in command("clear")
     assert "  onnxruntime: 0 entries" in command("info")
+
+
+@pytest.mark.usefixtures("cache_directory")
+def test_a_manifest_past_its_cap_and_a_file_past_twice_the_bound_are_never_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(os.environ["TORCHDELEGATE_CACHE"])
+    store.publish(ENTRIES, "01" * 32, {"entry": b"e" * 4000})
+    manifest = store.directory() / ENTRIES / ("01" * 32) / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes() + b" " * (1 << 20))  # still a valid manifest, in 1 MiB of blanks
+    with pytest.raises(ValueError, match=r"its manifest is \d+ bytes, more than a manifest may be \(1048576\)"):
+        store.read(ENTRIES, "01" * 32, "entry")
+    assert store.read(ENTRIES, "01" * 32, "entry") is None  # said once: then a miss
+    store.publish(ENTRIES, "02" * 32, {"entry": b"e" * 4000})
+    monkeypatch.setenv("TORCHDELEGATE_CACHE_MAX_BYTES", "1000")
+    with pytest.raises(ValueError, match=r"gives 'entry' 4000 bytes, more than the cache reads in one file \(2000\)"):
+        store.read(ENTRIES, "02" * 32, "entry")
+    monkeypatch.setenv("TORCHDELEGATE_CACHE_MAX_BYTES", "2000")
+    assert store.read(ENTRIES, "02" * 32, "entry") == b"e" * 4000
+
+
+def test_at_a_url_an_object_past_its_record_or_its_cap_is_never_read() -> None:
+    import fsspec
+
+    store = Store("memory://torchdelegate-store-bounds")
+    store.publish(ENTRIES, "03" * 32, {"entry": b"e" * 100})
+    place = store.entry_place(ENTRIES, "03" * 32)
+    memory = fsspec.filesystem("memory")
+    memory.pipe_file(f"{place}/entry", b"e" * 200)
+    with pytest.raises(ValueError, match=r"'entry' is missing or not 100 bytes \(it has 200\)"):
+        store.read(ENTRIES, "03" * 32, "entry")
+    memory.pipe_file(f"{place}/manifest.json", b" " * (1 << 20) + b"{}")
+    assert store.problem(ENTRIES, "03" * 32, verify=False) == (
+        "its manifest is 1048578 bytes, more than a manifest may be (1048576)"
+    )

@@ -12,32 +12,35 @@ flushed to disk and renamed into it, under a lock per key, so two writers never 
 URL each file is written whole by the object store and the manifest goes last. Reading an entry
 marks it used; :meth:`Store.evict` removes the least recently used entries of every kind until the
 rest fit the bound, and what a crashed writer left. Deleting the store, or any entry, is always safe.
+Every file of an entry is read through ``entry_files.py``: regular files inside the store only, no more
+than the manifest records, and no file larger than twice the bound (no entry written here has one:
+``prepare`` writes none whose weights pass the bound); an entry refused is damaged, never a hang.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import secrets
 import shutil
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchdelegate.exported.mapped_pages import hash_releasing, mapped_file, sha256_releasing, write_releasing
+from torchdelegate.cache.entry_files import MANIFEST, UNFOLLOWED, EntryFiles, file_digest, manifest_bytes
+from torchdelegate.exported.mapped_pages import hash_releasing, sha256_releasing, write_releasing
 
 CACHE_VARIABLE = "TORCHDELEGATE_CACHE"
 MAX_BYTES_VARIABLE = "TORCHDELEGATE_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 16 << 30
-MANIFEST = "manifest.json"
-_FORMAT = 2  # the machine cache's manifests before the store was shared read the same
 _OFF = ("off", "0", "none", "false", "no")
-_CHUNK = 1 << 23
+ABSENT = "it is absent or has no manifest"
 STALE_SECONDS = 3600.0  # a scratch folder or a half-written entry older than this was left by a crash
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | UNFOLLOWED
 
 
 def turned_off(value: str) -> bool:
@@ -77,6 +80,15 @@ def max_bytes_setting() -> int:
     return bound
 
 
+def read_cap() -> int:
+    """The most one file of an entry may hold to be read: twice the store's bound (an entry holds the
+    weights beside their packed form), the default bound's if the setting is not a number."""
+    try:
+        return 2 * max_bytes_setting()
+    except ValueError:
+        return 2 * DEFAULT_MAX_BYTES
+
+
 @dataclass(frozen=True)
 class EntryInfo:
     kind: str
@@ -85,6 +97,7 @@ class EntryInfo:
     used: float  # when it was last written or read, seconds since the epoch
     whole: bool  # False: a scratch folder or an entry without a whole manifest (left by a crash)
     place: str  # its folder
+    damage: str | None = None  # why an entry in place (not a scratch folder) with a manifest cannot be used
 
 
 class StoreError(ValueError):
@@ -117,6 +130,8 @@ class Store:
             except (ImportError, ValueError) as e:
                 raise StoreError(f"the {name} {self.location!r} cannot be opened: {e}") from e
             self._root = root.rstrip("/")
+        self._files = EntryFiles(self._root, self._fs, read_cap)
+        self._reported: dict[tuple[str, str], str] = {}  # damaged entries read, and how
 
     def __repr__(self) -> str:
         return f"Store({self.location!r})"
@@ -155,21 +170,31 @@ class Store:
     def read(self, kind: str, key: str, name: str) -> bytes | memoryview | None:
         """One file of an entry, checked against the entry's manifest (in a local store, a view of the
         file's mapped pages); None if there is no entry (or one still being written at a URL). An entry
-        that is there but damaged is a ``ValueError`` saying how."""
-        place = self.entry_place(kind, key)
+        that is there but damaged is a ``ValueError`` saying how, once: read again, damaged the same way,
+        it is None (a caller that looks twice warns once)."""
         try:
-            manifest = self._read_bytes(f"{place}/{MANIFEST}")
+            found = self._read(kind, key, name)
+        except ValueError as e:
+            if self._reported.get((kind, key)) == str(e):
+                return None
+            self._reported[(kind, key)] = str(e)
+            raise
+        self._reported.pop((kind, key), None)
+        return found
+
+    def _read(self, kind: str, key: str, name: str) -> bytes | memoryview | None:
+        try:
+            files = self._files.manifest(kind, key)
         except OSError:
             return None
-        files = _checked_manifest(manifest)
         record = files.get(name)
         if record is None:
             raise ValueError(f"its manifest lists no {name!r}")
         try:
-            data = mapped_file(f"{place}/{name}") if self.local else self._read_bytes(f"{place}/{name}")
+            data = self._files.read(kind, key, name, record["size"])
         except OSError as e:
             raise ValueError(f"{name!r} cannot be read ({e})") from e
-        if len(data) != record["size"] or sha256_releasing(data).hex() != record["sha256"]:
+        if sha256_releasing(data).hex() != record["sha256"]:
             raise ValueError(f"{name!r} does not match its manifest (damaged)")
         self.touch(kind, key)
         return data
@@ -177,19 +202,16 @@ class Store:
     def problem(self, kind: str, key: str, *, verify: bool) -> str | None:
         """Why an entry cannot be used (absent, not whole, or with ``verify`` a file not matching its
         digest), or None."""
-        place = self.entry_place(kind, key)
         try:
-            files = _checked_manifest(self._read_bytes(f"{place}/{MANIFEST}"))
+            files = self._files.manifest(kind, key)
         except OSError:
-            return "it is absent or has no manifest"
+            return ABSENT
         except ValueError as e:
             return str(e)
         for name, record in sorted(files.items()):
-            path = f"{place}/{name}"
-            if self._size(path) != record["size"]:
-                return f"{name!r} is missing or not {record['size']} bytes"
-            if verify and self._digest(path) != record["sha256"]:
-                return f"{name!r} does not match its digest (damaged)"
+            why = self._files.problem(kind, key, name, record, verify)
+            if why is not None:
+                return why
         return None
 
     def touch(self, kind: str, key: str) -> None:
@@ -207,30 +229,37 @@ class Store:
     def lock(self, kind: str, key: str) -> Iterator[None]:
         """Held while one process makes an entry, so two that need it at once make it once (local
         directories on POSIX; elsewhere two writers each publish a whole entry and one stays)."""
-        if not self.local:
-            yield
-            return
-        folder = self.directory() / kind
-        folder.mkdir(exist_ok=True, mode=0o700)
         try:
             import fcntl
-        except ImportError:
+
+            descriptor = os.open(self._kind_folder(kind) / f".{key}.lock", _LOCK_FLAGS, 0o600) if self.local else -1
+        except (ImportError, OSError):  # no lock to take (one planted as a link or a FIFO included): none held
+            descriptor = -1
+        if descriptor < 0:
             yield
             return
-        with open(folder / f".{key}.lock", "a+b") as lock:
+        with open(descriptor, "r+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
+    def _kind_folder(self, kind: str) -> Path:
+        """The local folder of ``kind``'s entries, made if missing: an ``OSError`` if a link or a file is
+        in its place (entries are written inside the store only)."""
+        folder = self.directory() / kind
+        folder.mkdir(exist_ok=True, mode=0o700)
+        if folder.is_symlink() or not folder.is_dir():
+            raise OSError(f"{folder} is a link or a file, not a folder of the {self.name}: remove it")
+        return folder
+
     @contextlib.contextmanager
     def new_entry(self, kind: str, key: str) -> Iterator[Path]:
         """A local scratch folder to write an entry's files into; when the block ends it is published
         in the entry's place (replacing one there); if the block fails, nothing is left."""
         place = self.local_place(kind, key)
-        self.directory()
-        place.parent.mkdir(exist_ok=True, mode=0o700)
+        self._kind_folder(kind)
         scratch = Path(f"{place.parent}/.{key}.{secrets.token_hex(6)}.partial")
         scratch.mkdir(mode=0o700)
         try:
@@ -240,10 +269,12 @@ class Store:
                 if path.is_file() and path.name != MANIFEST:
                     _flush(path)
                     files[path.name] = {"size": path.stat().st_size, "sha256": file_digest(path)}
-            (scratch / MANIFEST).write_bytes(_manifest_bytes(files))
+            (scratch / MANIFEST).write_bytes(manifest_bytes(files))
             _flush(scratch / MANIFEST)
             _flush(scratch)
-            if place.exists():
+            if os.path.islink(place) or (place.exists() and not place.is_dir()):
+                place.unlink()  # planted in an entry's place: the link goes, never what it names
+            elif place.exists():
                 shutil.rmtree(place)
             os.rename(scratch, place)
             _flush(place.parent)
@@ -274,14 +305,14 @@ class Store:
                     write_releasing(out, part)
                     size += len(part)
             records[name] = {"size": size, "sha256": digest.hexdigest()}
-        self._fs.pipe_file(f"{place}/{MANIFEST}", _manifest_bytes(records))
+        self._fs.pipe_file(f"{place}/{MANIFEST}", manifest_bytes(records))
 
     # ------------------------------------------------------------------ housekeeping
     def entries(self, kind: str | None = None) -> list[EntryInfo]:
         """Every entry (of ``kind``, or of every kind), whole or left by a crash, in a stable order."""
         found: list[EntryInfo] = []
         for entry_kind in [kind] if kind is not None else self.kinds():
-            for place in self._list(f"{self._root}/{entry_kind}"):
+            for place in self._list(f"{self._root}/{entry_kind}", links=True):
                 found.append(self._info(entry_kind, place))
         return sorted(found, key=lambda e: (e.kind, e.key))
 
@@ -289,13 +320,17 @@ class Store:
         return sorted(p.rsplit("/", 1)[-1] for p in self._list(self._root) if not p.rsplit("/", 1)[-1].startswith("."))
 
     def evict(self, max_bytes: int) -> int:
-        """Remove what a crash left (older than an hour), then the least recently used entries until
-        the rest take at most ``max_bytes``; the bytes freed. The entry used last always stays."""
+        """Remove damaged entries (a warning names each), what a crash left (older than an hour), then the
+        least recently used entries until the rest take at most ``max_bytes``; the bytes freed. The entry
+        used last always stays."""
         listed = self.entries()
         now = time.time()
         freed = 0
         for entry in listed:
-            if not entry.whole and now - entry.used > STALE_SECONDS:
+            if entry.damage is not None:
+                self.warn_damaged(entry, "removed")
+                freed += self._remove(entry)
+            elif not entry.whole and now - entry.used > STALE_SECONDS:
                 freed += self._remove(entry)
         whole = sorted((e for e in listed if e.whole), key=lambda e: (e.used, e.kind, e.key))
         total = sum(e.size for e in whole)
@@ -308,8 +343,16 @@ class Store:
         return freed
 
     def clear(self, kind: str | None = None) -> int:
-        """Remove every entry (of ``kind``); the bytes freed."""
-        return sum(self._remove(entry) for entry in self.entries(kind))
+        """Remove every entry (of ``kind``), damaged ones included (a warning names each); the bytes freed."""
+        listed = self.entries(kind)
+        for entry in listed:
+            if entry.damage is not None:
+                self.warn_damaged(entry, "removed")
+        return sum(self._remove(entry) for entry in listed)
+
+    def warn_damaged(self, entry: EntryInfo, outcome: str) -> None:
+        """The one warning about a damaged entry: where it is, what is wrong, what became of it."""
+        warnings.warn(f"the {self.name} entry {entry.place} is damaged ({entry.damage}); {outcome}", stacklevel=3)
 
     def _info(self, kind: str, place: str) -> EntryInfo:
         name = place.rsplit("/", 1)[-1]
@@ -319,16 +362,20 @@ class Store:
             size, used = self._stat(path)
             sizes.append(size)
             times.append(used)
-        whole = not name.startswith(".") and self.problem(kind, key, verify=False) is None
+        problem = None if name.startswith(".") else self.problem(kind, key, verify=False)
+        whole = not name.startswith(".") and problem is None
         if whole:
             used = self._stat(place)[1] if self.local else self._stat(f"{place}/{MANIFEST}")[1]
         else:  # a scratch folder: when it was last written to
             used = max(times, default=0.0) or self._stat(place)[1]
-        return EntryInfo(kind, key, sum(sizes), used, whole, place)
+        damage = problem if problem not in (None, ABSENT) else None  # without a manifest: maybe being written
+        return EntryInfo(kind, key, sum(sizes), used, whole, place, damage)
 
     def _remove(self, entry: EntryInfo) -> int:
         try:
-            if self.local:
+            if self.local and os.path.islink(entry.place):
+                os.unlink(entry.place)  # a link in an entry's place: the link goes, never what it names
+            elif self.local:
                 shutil.rmtree(entry.place)
             else:
                 self._fs.rm(entry.place, recursive=True)
@@ -336,13 +383,15 @@ class Store:
             return 0
         return entry.size
 
-    def _list(self, path: str, files: bool = False) -> list[str]:
+    def _list(self, path: str, files: bool = False, links: bool = False) -> list[str]:
+        """The folders in ``path`` (with ``links``, links too), or its files; never through a link: what a
+        link names is not the store's to list, count or remove."""
         if self.local:
+            if os.path.islink(path):
+                return []
             try:
                 with os.scandir(path) as scan:
-                    return sorted(
-                        e.path for e in scan if (e.is_file() if files else e.is_dir()) and not e.name.endswith(".lock")
-                    )
+                    return sorted(e.path for e in scan if _listed(e, files, links) and not e.name.endswith(".lock"))
             except OSError:
                 return []
         try:
@@ -355,59 +404,18 @@ class Store:
     def _stat(self, path: str) -> tuple[int, float]:
         try:
             if self.local:
-                status = os.stat(path)
+                status = os.lstat(path)
                 return status.st_size, status.st_mtime
             info = self._fs.info(path)
         except OSError:
             return 0, 0.0
         return int(info.get("size") or 0), _seconds(info.get("mtime") or info.get("LastModified") or 0)
 
-    def _read_bytes(self, path: str) -> bytes:
-        if self.local:
-            with open(path, "rb") as file:
-                return file.read()
-        return bytes(self._fs.cat_file(path))
 
-    def _digest(self, path: str) -> str:
-        return file_digest(Path(path)) if self.local else hashlib.sha256(self._read_bytes(path)).hexdigest()
-
-    def _size(self, path: str) -> int | None:
-        try:
-            return os.path.getsize(path) if self.local else int(self._fs.size(path))
-        except (OSError, FileNotFoundError, TypeError, ValueError):
-            return None
-
-
-def _manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:
-    return json.dumps({"format": _FORMAT, "files": files}, sort_keys=True).encode()
-
-
-def _checked_manifest(data: bytes) -> dict[str, dict[str, Any]]:
-    """An entry's files from its manifest: a ``ValueError`` saying what is wrong with it."""
-    try:
-        manifest = json.loads(data)
-    except ValueError as e:
-        raise ValueError(f"its manifest cannot be read ({e})") from e
-    files = manifest.get("files") if isinstance(manifest, dict) and manifest.get("format") == _FORMAT else None
-    if not isinstance(files, dict) or not files:
-        raise ValueError("its manifest lists no files")
-    for name, record in files.items():
-        if not isinstance(name, str) or os.path.basename(name) != name or name in (MANIFEST, "", ".", ".."):
-            raise ValueError(f"its manifest names {name!r}")
-        if not (isinstance(record, dict) and isinstance(record.get("size"), int) and record.get("sha256")):
-            raise ValueError(f"its manifest's record of {name!r} is not a size and a digest")
-    return files
-
-
-def file_digest(path: Path) -> str:
-    """The SHA-256 of a file, read in chunks (through the page cache: nothing stays mapped)."""
-    digest = hashlib.sha256()
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as file:
-        while count := file.readinto(buffer):
-            digest.update(view[:count])
-    return digest.hexdigest()
+def _listed(found: os.DirEntry[str], files: bool, links: bool) -> bool:
+    if files:
+        return not found.is_dir(follow_symlinks=False)
+    return found.is_dir(follow_symlinks=False) or (links and found.is_symlink())
 
 
 def _flush(path: Path) -> None:

@@ -45,12 +45,16 @@ def cache_command(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{location}: removed {what}, {human_bytes(freed)}", file=out)
         return EXIT_OK
     entries = [e for kind in kinds for e in store.entries(kind)]
+    for entry in entries:
+        if entry.damage is not None:
+            store.warn_damaged(entry, "it is not used; `torchdelegate cache clear` removes it")
     print(f"{location}: {human_bytes(sum(e.size for e in entries))} of at most {human_bytes(bound)}", file=out)
     for kind in kinds:
         listed = [e for e in entries if e.kind == kind]
         label = "compiled partitions" if kind == ENTRIES else "bindings" if kind == BINDINGS else "prepared (machine)"
-        left = sum(not e.whole for e in listed)
-        extra = f", {left} left unfinished" if left else ""
+        damaged = sum(e.damage is not None for e in listed)
+        left = sum(not e.whole for e in listed) - damaged
+        extra = (f", {left} left unfinished" if left else "") + (f", {damaged} damaged" if damaged else "")
         size = human_bytes(sum(e.size for e in listed))
         print(f"  {kind}: {len(listed)} entries, {size} ({label}{extra})", file=out)
     return EXIT_OK
