@@ -199,6 +199,7 @@ def test_a_contracted_operator_passed_as_an_argument_is_refused(residual_file: b
         (torch.ops.aten._pdist_forward.default, (torch.ones(5, 3, 0), 2.0), "2-D float tensor"),
         (torch.ops.aten._fft_r2c.default, (torch.ones(2, 4, 1), [2, -2], 0, True), "counted from 0"),
         (torch.ops.aten.grid_sampler_2d.default, (torch.ones(3, 3, 2, 2), torch.ones(3, 3, 2, 2), -1, 2, True), "mode"),
+        (torch.ops.aten.reflection_pad2d.default, (torch.ones(0, 1, 2, 5), [-2, 2, -65536, -2]), "sizes \\[0, 1, -6"),
         (torch.ops.aten.range.step, (3, 10, 0.5, torch.int64), "a step of 0.5 is 0 as a torch.int64"),
     ],
 )

@@ -181,6 +181,29 @@ def _with_output_sizes() -> dict[OpOverload, Callable[..., Any]]:
 _CONTRACTS.update(_with_output_sizes())
 
 
+def _sized_by_arguments() -> frozenset[OpOverload]:
+    """Listed operators that take sizes, paddings, kernels or strides (integer lists other than
+    dimensions): kernels made tensors of negative size from negative ones."""
+    found = set()
+    for entry in sorted(ATEN_OPERATORS):
+        name, overload = entry.split(".")
+        op = getattr(getattr(_aten, name), overload)
+        if any("List[int]" in str(a.type) and a.name not in ("dim", "dims") for a in op._schema.arguments):
+            found.add(op)
+    return frozenset(found)
+
+
+_SIZED_BY_ARGUMENTS = _sized_by_arguments()
+
+
+def _negative_size(outputs: Any) -> list[int] | None:
+    if isinstance(outputs, torch.Tensor):
+        return list(outputs.shape) if any(size < 0 for size in outputs.shape) else None
+    if isinstance(outputs, (tuple, list)):
+        return next((sizes for output in outputs if (sizes := _negative_size(output)) is not None), None)
+    return None
+
+
 def _is_tensor(kind: Any) -> bool:
     return isinstance(kind, torch._C.TensorType)
 
@@ -217,9 +240,13 @@ def _defined(op: OpOverload, call: Callable[..., Any]) -> Callable[..., Any]:
 @functools.cache
 def _checked(op: OpOverload, inputs_may_be_missing: bool) -> Callable[..., Any]:
     contract = _CONTRACTS.get(op)
+    sized = op in _SIZED_BY_ARGUMENTS
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return op(*args, **kwargs) if contract is None else contract(op, *args, **kwargs)
+        result = op(*args, **kwargs) if contract is None else contract(op, *args, **kwargs)
+        if sized and (sizes := _negative_size(result)) is not None:
+            raise FormatError(f"aten.{op._opname}: its arguments make a tensor of sizes {sizes}")
+        return result
 
     made = _defined(op, call) if inputs_may_be_missing else call
     made.__name__ = made.__qualname__ = f"checked_{op._opname}_{op._overloadname}"
@@ -232,7 +259,7 @@ _MADE: dict[Callable[..., Any], OpOverload] = {}
 
 
 def has_contract(target: Any) -> bool:
-    return isinstance(target, OpOverload) and target in _CONTRACTS
+    return isinstance(target, OpOverload) and (target in _CONTRACTS or target in _SIZED_BY_ARGUMENTS)
 
 
 def checked_operator(target: Any, inputs_may_be_missing: bool = False) -> Any:
