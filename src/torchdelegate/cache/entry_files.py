@@ -195,11 +195,14 @@ def _read_exactly(descriptor: int, size: int, name: str) -> bytes:
 
 
 def _descriptor_digest(descriptor: int, size: int, name: str) -> str:
-    """The SHA-256 of the ``size`` bytes of an open regular file, a chunk at a time."""
+    """The SHA-256 of the ``size`` bytes of an open regular file, a chunk at a time into one buffer (no
+    chunk-sized allocations left for the heap to keep)."""
     digest, count = hashlib.sha256(), 0
-    while count < size and (chunk := os.read(descriptor, min(_CHUNK, size - count))):
-        digest.update(chunk)
-        count += len(chunk)
+    view = memoryview(bytearray(min(_CHUNK, size)))
+    with open(descriptor, "rb", buffering=0, closefd=False) as file:
+        while count < size and (read := file.readinto(view[: min(len(view), size - count)])):
+            digest.update(view[:read])
+            count += read
     if count != size or os.read(descriptor, 1):
         raise ValueError(f"{name!r} changed while it was read")
     return digest.hexdigest()
