@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdelegate.exported.mapped_pages import register_mapping
+from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
 
 MANIFEST = "manifest.json"
 MANIFEST_CAP = 1 << 20
@@ -215,8 +216,8 @@ def manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:
 def checked_manifest(data: bytes) -> dict[str, dict[str, Any]]:
     """An entry's files from its manifest: a ``ValueError`` saying what is wrong with it."""
     try:
-        manifest = json.loads(data)
-    except ValueError as e:
+        manifest = bounded_json(data, len(data))  # the size is capped where the file is read
+    except JsonLimitError as e:
         raise ValueError(f"its manifest cannot be read ({e})") from e
     files = manifest.get("files") if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
     if not isinstance(files, dict) or not files:
