@@ -70,7 +70,9 @@ def test_an_entry_is_found_whole_or_not_at_all() -> None:
     place = find_entry("test-whole", key)
     assert place is not None and (place / "data.bin").read_bytes() == b"whole"
     manifest = json.loads((place / "manifest.json").read_text())
-    assert manifest["files"] == {"data.bin": {"size": 5, "sha256": hashlib.sha256(b"whole").hexdigest()}}
+    record = {"size": 5, "sha256": hashlib.sha256(b"whole").hexdigest()}
+    assert manifest["files"]["data.bin"] == record and sorted(manifest["files"]) == ["data.bin", "signed.json"]
+    assert json.loads((place / "signed.json").read_text())["files"] == {"data.bin": record}
 
 
 def test_an_entry_whose_files_differ_from_its_manifest_is_not_used_and_can_be_written_again() -> None:
@@ -97,7 +99,8 @@ def test_an_entry_damaged_at_its_size_is_found_by_its_digests() -> None:
     assert place is not None and EntryCheck(place).problem() is None
     (place / "data.bin").write_bytes(b"0123456780")  # same size: only the digest tells
     assert find_entry("test-digest", key) == place  # sizes only: a load checks the digests meanwhile
-    assert EntryCheck(place).problem() == "'data.bin' does not match its digest (damaged)"
+    why = EntryCheck(place).problem()
+    assert why == "its files are not those its signed record lists: 'data.bin' does not match its digest (damaged)"
     with pytest.warns(UserWarning, match="does not match its digest"):
         assert find_entry("test-digest", key, verify=True) is None
 

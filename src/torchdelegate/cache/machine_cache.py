@@ -11,10 +11,15 @@ asked.
 
 Entries live in the one store (``store.py``: where ``TORCHDELEGATE_CACHE`` puts it, how an entry is
 published whole under a lock, its size bound shared with the compile cache), which must be a local
-directory here: a backend maps these files. An entry whose files do not match their sizes is never
-used; their digests are checked by :func:`find_entry` with ``verify=True`` (``prepare`` does, and
-writes a damaged entry again) and, while a backend loads an entry, by :class:`EntryCheck` on another
-thread. Deleting the directory, or any entry in it, is always safe: loads then do the work again.
+directory here: a backend maps these files. Each entry holds a signed record (``signed.json``,
+``entry_signature.py``: the team's key, or unsigned where this user alone writes) of the key it was
+made for, which covers the blob and its weights' digests, and of its files' sizes and digests: an
+entry whose record is unsigned where a signature is needed, signed with another key, made for
+another key, or whose files are not those it lists, is never used. The record is checked by
+:func:`find_entry` (the files' digests too with ``verify=True``: ``prepare`` does, and writes a
+refused entry again) and, while a backend loads an entry, the files' digests by :class:`EntryCheck`
+on another thread. Deleting the directory, or any entry in it, is always safe: loads then do the
+work again.
 """
 
 from __future__ import annotations
@@ -33,9 +38,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from torchdelegate.cache.store import CACHE_VARIABLE, Store, StoreError, cache_location, max_bytes_setting
+from torchdelegate.cache.entry_files import EntryFiles
+from torchdelegate.cache.entry_signature import EntrySigner, signer_for
+from torchdelegate.cache.store import CACHE_VARIABLE, Store, StoreError, cache_location, max_bytes_setting, read_cap
+from torchdelegate.serialize.bounded_json import bounded_json
+from torchdelegate.serialize.container import canonical_json
 
-_FORMAT = 2
+_FORMAT = 3  # 3: entries hold their signed record
+SIGNED = "signed.json"
+_SIGNED_CAP = 1 << 20
+_warned_locations: set[tuple[str, str]] = set()
 
 
 def cache_directory() -> Path | None:
@@ -114,7 +126,14 @@ def find_entry(kind: str, key: str, verify: bool = False, quiet: bool = False) -
     place = found.local_place(kind, key)
     if not place.exists():
         return None
-    why = found.problem(kind, key, verify=verify)
+    why = found.problem(kind, key, verify=False)
+    if why is None:
+        signer = signer_for(found.location)
+        record = _signed_record(found, signer, kind, key)
+        if isinstance(record, _Refused):
+            _say_refused(signer, str(record))
+            return None
+        why = record if isinstance(record, str) else _files_problem(found, kind, key, record) if verify else None
     if why is not None and not quiet:
         warnings.warn(
             f"the machine cache entry {place} is not used: {why}; `torchdelegate prepare FILE` writes it again",
@@ -136,9 +155,14 @@ class EntryCheck:
 
     def _check(self) -> None:
         try:
-            self._problem = Store(self._place.parent.parent).problem(
-                self._place.parent.name, self._place.name, verify=True
-            )
+            found, kind, key = Store(self._place.parent.parent), self._place.parent.name, self._place.name
+            self._problem = found.problem(kind, key, verify=False)
+            if self._problem is None:
+                record = _signed_record(found, signer_for(found.location), kind, key)
+                if isinstance(record, _Refused):
+                    self._problem = str(record)
+                else:
+                    self._problem = record if isinstance(record, str) else _files_problem(found, kind, key, record)
         except BaseException as e:  # whatever stops the check makes the entry unusable
             self._problem = f"it cannot be checked ({type(e).__name__}: {e})"
 
@@ -164,7 +188,80 @@ def new_entry(kind: str, key: str) -> Iterator[Path]:
     found = _writable(kind)
     with found.new_entry(kind, key) as scratch:
         yield scratch
+        _sign(signer_for(found.location), kind, key, scratch)
     found.evict(max_bytes_setting())
+
+
+class _Refused(str):
+    """Why an entry's signature is not accepted here (said once per location, not per entry)."""
+
+
+def _sign(signer: EntrySigner, kind: str, key: str, scratch: Path) -> None:
+    """Write the entry's record: the key it was made for, its files' sizes and digests, signed."""
+    files = {
+        path.name: {"size": path.stat().st_size, "sha256": _digest(path)}
+        for path in sorted(scratch.iterdir())
+        if path.is_file() and path.name != SIGNED
+    }
+    record: dict[str, Any] = {"kind": kind, "key": key, "files": files}
+    signature = signer.signature(kind, hashlib.sha256(canonical_json(record)).digest())
+    (scratch / SIGNED).write_bytes(canonical_json({**record, "signature": signature.hex()}))
+
+
+def _digest(path: Path) -> str:
+    """The SHA-256 of a file this process just wrote, a chunk at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 23):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _signed_record(found: Store, signer: EntrySigner, kind: str, key: str) -> dict[str, dict[str, Any]] | str:
+    """The files an entry's signed record lists; else why the entry is not to be used (a ``_Refused``
+    when its signature is not accepted here)."""
+    if signer.key is None and signer.unsigned_refused is not None:
+        return _Refused(signer.unsigned_refused)
+    try:
+        data = found.read(kind, key, SIGNED)
+        record = bounded_json(data if data is not None else b"", _SIGNED_CAP)
+        signature = bytes.fromhex(record.pop("signature"))
+        files = record["files"]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"its signed record cannot be read ({type(e).__name__}: {e})"
+    refusal = signer.problem(kind, hashlib.sha256(canonical_json(record)).digest(), signature)
+    if refusal is not None:
+        return _Refused(refusal)
+    if record.get("kind") != kind or record.get("key") != key:
+        return f"it was made for something else (its record names the key {str(record.get('key'))[:16]})"
+    if not isinstance(files, dict) or not all(
+        isinstance(r, dict) and isinstance(r.get("size"), int) and isinstance(r.get("sha256"), str)
+        for r in files.values()
+    ):
+        return "its signed record of its files is malformed"
+    return files
+
+
+def _files_problem(found: Store, kind: str, key: str, files: dict[str, dict[str, Any]]) -> str | None:
+    """Why an entry's files are not those its signed record lists (sizes and digests), or None."""
+    reader = EntryFiles(found.location, None, read_cap)
+    for name, record in sorted(files.items()):
+        why = reader.problem(kind, key, name, record, verify=True)
+        if why is not None:
+            return f"its files are not those its signed record lists: {why}"
+    return None
+
+
+def _say_refused(signer: EntrySigner, why: str) -> None:
+    """Warn once per process, location and reason that entries are refused for their signature, and what to do."""
+    if (signer.location, why) in _warned_locations:
+        return
+    _warned_locations.add((signer.location, why))
+    warnings.warn(
+        f"machine cache: entries at {signer.location} are not used: {why}; loads do their work again, and "
+        f"`torchdelegate prepare FILE` writes them again. {signer.advice()}",
+        stacklevel=3,
+    )
 
 
 def entry_size(place: Path) -> int:
