@@ -163,20 +163,23 @@ def test_the_list_names_registered_aten_operators_only() -> None:
         assert isinstance(getattr(getattr(torch.ops.aten, name), overload), torch._ops.OpOverload), entry
 
 
-def test_a_contracted_operator_passed_as_an_argument_is_refused(residual_file: bytes, tmp_path: Path) -> None:
-    """A control-flow operator calls the operator it is given, which would skip the contract's check."""
+@pytest.mark.parametrize("passed", ["as_strided.default", "copy.default"])
+def test_an_aten_operator_passed_as_an_argument_is_refused(residual_file: bytes, tmp_path: Path, passed: str) -> None:
+    """A control-flow operator calls the operator it is given, past the contract's and the None checks:
+    wrap_with_set_grad_enabled(False, aten.copy, None, None) crashed the loader."""
 
-    def passed(manifest: dict[str, Any]) -> None:
+    def passing(manifest: dict[str, Any]) -> None:
         node = _node(manifest, "mul.Tensor")
         node["target"] = "torch.ops.higher_order.wrap_with_set_grad_enabled"
         node["inputs"] = [
             {"name": "", "arg": {"as_bool": False}, "kind": 1},
-            {"name": "", "arg": {"as_operator": "torch.ops.aten.as_strided.default"}, "kind": 1},
-            node["inputs"][0],
+            {"name": "", "arg": {"as_operator": f"torch.ops.aten.{passed}"}, "kind": 1},
+            {"name": "", "arg": {"as_none": True}, "kind": 1},
+            {"name": "", "arg": {"as_none": True}, "kind": 1},
         ]
 
-    with pytest.raises(td.FormatError, match=r"passes 'torch\.ops\.aten\.as_strided\.default' to another operator"):
-        _run(_edited(residual_file, passed), tmp_path / "m.tdp")
+    with pytest.raises(td.FormatError, match=rf"passes 'torch\.ops\.aten\.{passed}', which is not an operator"):
+        _run(_edited(residual_file, passing), tmp_path / "m.tdp")
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegateError
 from torchdelegate.exported.programs import output_values
 from torchdelegate.runtime.inputs import MethodInputs
-from torchdelegate.serialize.allow_list import allowed_call_target
+from torchdelegate.serialize.allow_list import allowed_call_target, passed_operator_allowed
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
 from torchdelegate.serialize.operator_contracts import node_target
 from torchdelegate.serialize.residual_graph import ResidualGraph, TensorValue
@@ -53,6 +53,12 @@ def _compile_graph(
             for target in (node.target, *_operators_in((node.args, node.kwargs))):
                 if not allowed_call_target(target):
                     raise FormatError(f"method {method!r}: node {node.name!r} calls {target!r}, which is not allowed")
+            for passed in _operators_in((node.args, node.kwargs)):
+                namespace = getattr(passed, "namespace", None)
+                if isinstance(namespace, str) and not passed_operator_allowed(namespace):
+                    raise FormatError(
+                        f"method {method!r}: node {node.name!r} passes {passed!r}, which may not be passed"
+                    )
             try:
                 target = node_target(node)
             except FormatError as e:

@@ -6,7 +6,8 @@ namespace belongs to an extension library, and is called only once the caller im
 Higher-order ops and Python builtins come from fixed lists; symbolic sizes are expressions over a
 fixed vocabulary. Nothing in a file is executable: a graph that names anything else is a
 FormatError. An operator whose kernel takes its arguments on trust runs behind its contract
-(``operator_contracts``), and so is never passed as an argument.
+(``operator_contracts``); torch's operators are never passed as an argument, where nothing checks
+the arguments they are called with.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch._ops import HigherOrderOperator, OpOverload
 
 from torchdelegate.errors import FormatError
-from torchdelegate.serialize.operator_contracts import has_contract, operator_behind
+from torchdelegate.serialize.operator_contracts import operator_behind
 from torchdelegate.serialize.operator_list import ATEN_OPERATORS, OUR_OPERATORS, TORCH_NAMESPACES
 
 # What a saved graph may name. Operators must be registered torch ops (never a Python path);
@@ -138,6 +139,8 @@ def walk(value: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _check_target(target: str, where: str, passed: bool = False) -> None:
+    if passed:
+        return _check_passed(target, where)
     if target in _BUILTINS:
         return
     match = _OPERATOR_TARGET.fullmatch(target)
@@ -146,11 +149,6 @@ def _check_target(target: str, where: str, passed: bool = False) -> None:
         if namespace == "higher_order":
             return _check_higher_order(name, target, where)
         if _listed(namespace, f"{name}.{overload}"):
-            if passed and namespace == "aten" and _has_contract(name, overload):
-                raise FormatError(
-                    f"{where}: the graph passes {target!r} to another operator; it runs only behind its argument "
-                    "contract, called by the graph itself"
-                )
             return None
     if target.startswith("torch.ops.higher_order."):
         return _check_higher_order(target.removeprefix("torch.ops.higher_order."), target, where)
@@ -160,16 +158,27 @@ def _check_target(target: str, where: str, passed: bool = False) -> None:
     )
 
 
+def _check_passed(target: str, where: str) -> None:
+    """An operator passed to another (``auto_functionalized``'s mutating operator) is called without the
+    checks a graph's own calls get: only an extension library's operator may be passed."""
+    match = _OPERATOR_TARGET.fullmatch(target)
+    if match is None or not passed_operator_allowed(match.group(1)):
+        raise FormatError(
+            f"{where}: the graph passes {target!r}, which is not an operator a saved graph may pass to another "
+            "(only an extension library's operators are passed, to auto_functionalized)"
+        )
+
+
+def passed_operator_allowed(namespace: str) -> bool:
+    """Whether an operator of ``namespace`` may be passed as an argument: not torch's, nor ours."""
+    return namespace not in TORCH_NAMESPACES
+
+
 def _listed(namespace: str, name: str) -> bool:
     """Whether an operator of ``namespace`` named ``name.overload`` is one a saved graph may call."""
     if namespace in _LISTED:
         return name in _LISTED[namespace]
     return namespace not in TORCH_NAMESPACES
-
-
-def _has_contract(name: str, overload: str) -> bool:
-    packet = getattr(torch.ops.aten, name, None)
-    return has_contract(getattr(packet, overload, None))
 
 
 def _check_higher_order(name: str, target: str, where: str) -> None:
