@@ -5,7 +5,7 @@ Each input is a small graph: up to three calls of operators from the allow-list,
 arguments built from the operator's schema, hostile ones included (negative, huge and boundary
 sizes, NaN and infinities, sizes and strides that do not fit), a call's tensors taken from the
 graph's inputs or from earlier calls. Each operator is called as a loaded graph calls it: through
-``allowed_call_target`` and behind its argument contract (``checked_operator``).
+``allowed_call_target`` and behind its argument contract and the check that its tensors are given (``checked_call``).
 
 Every input tensor is a view into the middle of a larger buffer. The graph runs twice, with the
 memory around the inputs filled with two different patterns: a kernel that reads past its inputs
@@ -42,7 +42,7 @@ import torch
 
 from torchdelegate.exported.freed_memory import return_freed_memory
 from torchdelegate.serialize.allow_list import allowed_call_target
-from torchdelegate.serialize.operator_contracts import checked_operator
+from torchdelegate.serialize.node_checks import checked_call, tensor_arguments
 from torchdelegate.serialize.operator_list import ATEN_OPERATORS
 
 OPERATORS = [
@@ -181,7 +181,7 @@ def _run(
     torch.manual_seed(0)
     try:
         for op, args, kwargs in calls:
-            call = checked_operator(op, inputs_may_be_missing=True)  # as a graph calls it on values read from tuples
+            call = checked_call(op, tensor_arguments(op))  # as a graph calls it on values read from tuples
             outputs.append(call(*resolved(args), **{k: resolved(v) for k, v in kwargs.items()}))
     except Exception as error:  # a kernel's or a contract's refusal
         outputs = error  # type: ignore[assignment]

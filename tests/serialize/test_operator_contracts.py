@@ -4,6 +4,7 @@ load, and the listed ones whose kernels trust their arguments run behind a check
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -207,10 +208,10 @@ def test_an_aten_operator_passed_as_an_argument_is_refused(residual_file: bytes,
     ],
 )
 def test_arguments_a_kernel_would_take_on_trust_are_refused(op: Any, arguments: tuple[Any, ...], message: str) -> None:
-    from torchdelegate.serialize.operator_contracts import checked_operator
+    from torchdelegate.serialize.node_checks import checked_call
 
     with pytest.raises(td.FormatError, match=message):
-        checked_operator(op)(*arguments)
+        checked_call(op)(*arguments)
 
 
 def test_a_tensor_argument_given_as_none_is_refused_at_load(residual_file: bytes, tmp_path: Path) -> None:
@@ -221,9 +222,32 @@ def test_a_tensor_argument_given_as_none_is_refused_at_load(residual_file: bytes
 
 
 def test_a_missing_tensor_read_from_a_tuple_is_refused_when_it_runs() -> None:
-    from torchdelegate.serialize.operator_contracts import checked_operator
+    from torchdelegate.serialize.node_checks import checked_call
 
-    copy = checked_operator(torch.ops.aten.copy.default, inputs_may_be_missing=True)
+    copy = checked_call(torch.ops.aten.copy.default, ("self", "src"))
     torch.testing.assert_close(copy(torch.zeros(2), torch.ones(2)), torch.ones(2))
     with pytest.raises(td.FormatError, match=r"aten\.copy: tensor argument 'self' is missing"):
         copy(None, None, False)
+
+
+def test_size_arithmetic_past_64_bits_is_refused_before_it_runs_for_minutes(
+    residual_file: bytes, tmp_path: Path
+) -> None:
+    """Python's integers have no bound: _operator.pow(10, 300000000) in a graph computed for minutes."""
+
+    def power(manifest: dict[str, Any]) -> None:
+        nodes = manifest["methods"][0]["graph"]["graph_module"]["graph"]["nodes"]
+        arguments = [
+            {"name": "", "arg": {"as_int": 10}, "kind": 1},
+            {"name": "", "arg": {"as_int": 300000000}, "kind": 1},
+        ]
+        pow_node = {"target": "_operator.pow", "name": "big", "metadata": {}, "inputs": arguments}
+        nodes.insert(0, pow_node | {"outputs": [{"as_sym_int": {"as_name": "big"}}]})
+        node = _node(manifest, "mul.Tensor")
+        node["target"] = "torch.ops.aten.mul.Scalar"
+        node["inputs"] = [node["inputs"][0], {"name": "", "arg": {"as_sym_int": {"as_name": "big"}}, "kind": 1}]
+
+    started = time.monotonic()
+    with pytest.raises(td.FormatError, match=r"10 \*\* 300000000 is past 64 bits"):
+        _run(_edited(residual_file, power), tmp_path / "m.tdp")
+    assert time.monotonic() - started < 30

@@ -23,7 +23,7 @@ from torchdelegate.exported.programs import output_values
 from torchdelegate.runtime.inputs import MethodInputs
 from torchdelegate.serialize.allow_list import allowed_call_target, passed_operator_allowed
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
-from torchdelegate.serialize.operator_contracts import node_target
+from torchdelegate.serialize.node_checks import node_target
 from torchdelegate.serialize.residual_graph import ResidualGraph, TensorValue
 
 
@@ -31,7 +31,7 @@ def _compile_graph(
     program: ResidualGraph, method: str, delegates: Mapping[int, DelegateInstance], kinds: Mapping[int, str]
 ) -> GraphModule:
     """The program's graph module with every delegate call bound to its delegate instance, and every
-    operator that has an argument contract called behind it (``operator_contracts``)."""
+    call behind the checks its arguments need (``node_checks``)."""
     gm = program.graph_module
     touched: dict[GraphModule, None] = {}
     top_level: dict[int, list[torch.fx.Node]] = {}

@@ -21,7 +21,7 @@ import torch
 from torch._ops import HigherOrderOperator, OpOverload
 
 from torchdelegate.errors import FormatError
-from torchdelegate.serialize.operator_contracts import operator_behind
+from torchdelegate.serialize.node_checks import operator_behind
 from torchdelegate.serialize.operator_list import ATEN_OPERATORS, OUR_OPERATORS, TORCH_NAMESPACES
 
 # What a saved graph may name. Operators must be registered torch ops (never a Python path);

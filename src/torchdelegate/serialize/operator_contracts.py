@@ -1,17 +1,18 @@
 """Argument contracts of the listed operators whose kernels take their arguments on trust.
 
 A saved graph chooses every argument of every call. Most ATen kernels check theirs against their
-inputs; the few listed here do not, and would read memory outside their inputs (a view with
-caller-given sizes and strides, per-channel tensors shorter than the channels) or hand back memory
-never written (``empty``). A loaded graph calls each of them through :func:`checked_operator`,
-which checks the contract before the kernel runs (a ``FormatError`` naming the operator and what
-is wrong) or makes the result deterministic (``empty`` gives zeros).
+inputs; the few here do not, and would read memory outside their inputs (a view with caller-given
+sizes and strides, per-channel tensors shorter than the channels), crash (FFT dimensions, modes
+that do not exist, an integer step of 0) or hand back memory never written (``empty``). Each runs
+behind its contract (:func:`contracted`), checked before the kernel runs (a ``FormatError`` naming
+the operator and what is wrong) or making the result deterministic (``empty`` gives zeros); an
+operator whose output's sizes come from its arguments has them checked after it runs.
+``node_checks`` puts these calls into a loaded graph.
 """
 
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -204,43 +205,14 @@ def _negative_size(outputs: Any) -> list[int] | None:
     return None
 
 
-def _is_tensor(kind: Any) -> bool:
-    return isinstance(kind, torch._C.TensorType)
-
-
-def _tensors_of(kind: Any) -> bool:
-    return isinstance(kind, torch._C.ListType) and _is_tensor(kind.getElementType())
-
-
-def missing_tensor(op: OpOverload, args: Any, kwargs: Any, absent: Callable[[Any], bool]) -> str | None:
-    """The name of the first tensor argument ``op`` requires that ``absent`` says is missing (None, or
-    what an operator that returns nothing gave): kernels dereference such an argument unchecked."""
-    given = dict(zip((a.name for a in op._schema.arguments), args, strict=False)) | dict(kwargs)
-    for argument in op._schema.arguments:
-        if argument.name not in given:
-            continue
-        value = given[argument.name]
-        if _is_tensor(argument.type) and absent(value):
-            return argument.name
-        if _tensors_of(argument.type) and isinstance(value, (list, tuple)) and any(absent(v) for v in value):
-            return argument.name
-    return None
-
-
-def _defined(op: OpOverload, call: Callable[..., Any]) -> Callable[..., Any]:
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        name = missing_tensor(op, args, kwargs, lambda value: value is None)
-        if name is not None:
-            raise FormatError(f"aten.{op._opname}: tensor argument {name!r} is missing (None)")
-        return call(*args, **kwargs)
-
-    return checked
-
-
 @functools.cache
-def _checked(op: OpOverload, inputs_may_be_missing: bool) -> Callable[..., Any]:
+def contracted(op: OpOverload) -> Callable[..., Any]:
+    """``op`` behind its contract, and for an operator sized by its arguments, with its outputs' sizes
+    checked after it runs; ``op`` itself for any other."""
     contract = _CONTRACTS.get(op)
     sized = op in _SIZED_BY_ARGUMENTS
+    if contract is None and not sized:
+        return op
 
     def call(*args: Any, **kwargs: Any) -> Any:
         result = op(*args, **kwargs) if contract is None else contract(op, *args, **kwargs)
@@ -248,54 +220,4 @@ def _checked(op: OpOverload, inputs_may_be_missing: bool) -> Callable[..., Any]:
             raise FormatError(f"aten.{op._opname}: its arguments make a tensor of sizes {sizes}")
         return result
 
-    made = _defined(op, call) if inputs_may_be_missing else call
-    made.__name__ = made.__qualname__ = f"checked_{op._opname}_{op._overloadname}"
-    made.__module__ = __name__
-    _MADE[made] = op
-    return made
-
-
-_MADE: dict[Callable[..., Any], OpOverload] = {}
-
-
-def has_contract(target: Any) -> bool:
-    return isinstance(target, OpOverload) and (target in _CONTRACTS or target in _SIZED_BY_ARGUMENTS)
-
-
-def checked_operator(target: Any, inputs_may_be_missing: bool = False) -> Any:
-    """What a loaded graph calls for ``target``: the operator behind its contract's check (and, when
-    ``inputs_may_be_missing``, behind the check that every tensor it requires is given), else itself."""
-    if not isinstance(target, OpOverload) or not (inputs_may_be_missing or has_contract(target)):
-        return target
-    return _checked(target, inputs_may_be_missing)
-
-
-def node_target(node: torch.fx.Node) -> Any:
-    """What a loaded graph's ``node`` calls: its operator behind the checks its arguments need. A
-    tensor argument that is missing whatever the inputs (None, or the result of an operator that
-    returns nothing) is a ``FormatError`` now; one read from a tuple (which may hold None) is
-    checked when it runs."""
-    op = operator_behind(node.target)
-    if not isinstance(op, OpOverload):
-        return node.target
-    name = missing_tensor(op, node.args, node.kwargs, _missing_in_any_run)
-    if name is not None:
-        raise FormatError(f"node {node.name!r} calls aten.{op._opname} without its tensor argument {name!r}")
-    from_tuple = missing_tensor(op, node.args, node.kwargs, _read_from_tuple) is not None
-    return checked_operator(op, inputs_may_be_missing=from_tuple)
-
-
-def _missing_in_any_run(value: Any) -> bool:
-    if value is None:
-        return True
-    target = operator_behind(value.target) if isinstance(value, torch.fx.Node) else None
-    return isinstance(target, OpOverload) and not target._schema.returns
-
-
-def _read_from_tuple(value: Any) -> bool:
-    return isinstance(value, torch.fx.Node) and value.target is operator.getitem
-
-
-def operator_behind(target: Any) -> Any:
-    """The operator a :func:`checked_operator` call stands for; ``target`` itself for any other."""
-    return _MADE.get(target, target)
+    return call
