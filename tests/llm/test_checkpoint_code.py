@@ -148,6 +148,20 @@ def test_code_outside_the_directory_or_missing_from_it_is_refused_before_anythin
     with pytest.raises(CheckpointError, match=r"llm export runs no code from elsewhere"):
         read_checkpoint(checkpoint, trust_remote_code=True)
     (checkpoint / "config.json").write_text("{")
-    with pytest.raises(CheckpointError, match=r"config.json cannot be read \(JSONDecodeError"):
+    with pytest.raises(CheckpointError, match=r"config.json cannot be read \(JsonLimitError: not JSON"):
         read_checkpoint(checkpoint)
     assert _ran(tmp_path) == set()
+
+
+def test_a_hostile_config_is_a_checkpoint_error_not_a_hang_or_a_traceback(tmp_path: Path) -> None:
+    """config.json nested 100,000 deep raised RecursionError; a FIFO in its place hung llm export."""
+    from torchdelegate.llm.checkpoint_code import checkpoint_code
+
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match=r"config\.json cannot be read \(JsonLimitError: JSON nesting deeper"):
+        checkpoint_code(tmp_path / "deep")
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "config.json")
+    with pytest.raises(CheckpointError, match=r"config\.json is not a JSON file of at most"):
+        checkpoint_code(tmp_path / "fifo")

@@ -10,12 +10,14 @@ code never runs at all: a program carries ``tokenizer.json``, which the tokenize
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchdelegate.errors import CheckpointError, first_line
+from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
 
 RUN_WHEN_TRUSTED = ("AutoConfig", "AutoModelForCausalLM")
 """The auto_map entries reading a causal LM imports; the others (tokenizers, other heads) never run."""
@@ -95,15 +97,30 @@ def checkpoint_code(directory: Path) -> CheckpointCode:
     return CheckpointCode(directory, entries)
 
 
-def _auto_map(path: Path) -> dict[str, list[str]]:
-    if not path.is_file():
-        return {}
+MAX_CONFIG_BYTES = 64 << 20
+
+
+def checkpoint_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file as an object: a regular file (a FIFO is never waited for) of at most
+    :data:`MAX_CONFIG_BYTES`, read by the bounded reader; a ``CheckpointError`` saying what is wrong."""
     try:
-        content = json.loads(path.read_bytes())
-    except (ValueError, OSError) as e:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(descriptor, "rb") as file:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_CONFIG_BYTES:
+                raise CheckpointError(f"{path} is not a JSON file of at most {MAX_CONFIG_BYTES} bytes")
+            content = bounded_json(file.read(MAX_CONFIG_BYTES + 1), MAX_CONFIG_BYTES)
+    except (JsonLimitError, OSError) as e:
         raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {first_line(e)})") from e
     if not isinstance(content, dict):
         raise CheckpointError(f"{path} is not a JSON object; give the file save_pretrained wrote")
+    return content
+
+
+def _auto_map(path: Path) -> dict[str, list[str]]:
+    if not path.exists():
+        return {}
+    content = checkpoint_json(path)
     found = content.get("auto_map") or {}
     if isinstance(found, list):  # an old tokenizer_config.json: the slow and fast tokenizer classes
         found = {"AutoTokenizer": found}
@@ -150,7 +167,7 @@ def _listed(entries: dict[str, list[str]]) -> str:
 
 def _transformers_own_class(transformers: Any, config_file: Path) -> str | None:
     """The name of transformers' own causal-LM class for the config's ``model_type``, if it has one."""
-    model_type = json.loads(config_file.read_bytes()).get("model_type")
+    model_type = checkpoint_json(config_file).get("model_type")
     if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
         return None
     config_class = transformers.CONFIG_MAPPING[model_type]
