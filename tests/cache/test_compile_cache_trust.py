@@ -236,3 +236,15 @@ def test_the_key_comes_from_the_environment_or_a_file_and_is_long_enough(
     monkeypatch.setenv(KEY_FILE_VARIABLE, str(tmp_path))
     with pytest.raises(ValueError, match=r"TORCHDELEGATE_CACHE_KEY_FILE: .* is not a regular file|cannot be read"):
         configured_key()
+
+
+def test_a_planted_bindings_list_nested_too_deep_is_damaged_not_a_recursion_error(tmp_path: Path) -> None:
+    """The unsigned list of bindings steers look-ups only: read by the bounded reader, at most 8 kept."""
+    from torchdelegate.cache.compile_cache import BINDINGS
+
+    cache = td.CompileCache(tmp_path / "cache")
+    cache.store.publish(BINDINGS, "a" * 64, {"bindings.json": b"[" * 100_000 + b"]" * 100_000})
+    with pytest.warns(UserWarning, match="is damaged .*nesting deeper than 128 levels"):
+        assert cache.bindings("a" * 64) == []
+    cache.store.publish(BINDINGS, "b" * 64, {"bindings.json": repr([["w"]] * 20).replace("'", '"').encode()})
+    assert cache.bindings("b" * 64) == [["w"]] * 8

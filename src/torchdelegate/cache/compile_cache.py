@@ -25,10 +25,12 @@ from typing import Any
 from torchdelegate.cache.compiled_entry import Entry, EntryError, binding_problem, decode_sealed, encode
 from torchdelegate.cache.entry_signature import signer_for
 from torchdelegate.cache.store import STALE_SECONDS, FileParts, Store, max_bytes_setting
+from torchdelegate.serialize.bounded_json import bounded_json
 
 ENTRIES, BINDINGS = "compile", "compile-bindings"
 _ENTRY, _BINDINGS = "entry", "bindings.json"
 _KEEP_BINDINGS = 8
+_MAX_BINDINGS_BYTES = 1 << 20  # unsigned (it only steers look-ups): read no more than a few bindings need
 
 
 class CompileCache:
@@ -56,14 +58,14 @@ class CompileCache:
         first; none (a warning) when what lists them is damaged."""
         try:
             data = self.store.read(BINDINGS, structure, _BINDINGS)
-            found = [] if data is None else json.loads(bytes(data))
+            found = [] if data is None else bounded_json(data, _MAX_BINDINGS_BYTES)
         except ValueError as e:
             return self._damaged_bindings(structure, str(e))
         if not (
             isinstance(found, list) and all(isinstance(b, list) and all(isinstance(n, str) for n in b) for b in found)
         ):
             return self._damaged_bindings(structure, "not a list of bindings")
-        return found
+        return found[:_KEEP_BINDINGS]
 
     def _damaged_bindings(self, structure: str, why: str) -> list[list[str]]:
         place = self.store.entry_place(BINDINGS, structure)
