@@ -295,10 +295,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--only", help="a comma-separated list of operators (name.overload) to draw from")
     parser.add_argument("--seed-corpus", type=Path, help="write --runs seeded inputs into this directory, then stop")
     known, _ = parser.parse_known_args()
-    global VERBOSE
+    global VERBOSE, OPERATORS
     VERBOSE = known.verbose
+    if known.only:
+        OPERATORS = [op for op in OPERATORS if f"{op._opname}.{op._overloadname}" in known.only.split(",")]
     bounded_process()
     if known.seed_corpus is not None:
         generator = random.Random(known.seed)

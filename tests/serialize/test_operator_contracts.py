@@ -251,3 +251,40 @@ def test_size_arithmetic_past_64_bits_is_refused_before_it_runs_for_minutes(
     with pytest.raises(td.FormatError, match=r"10 \*\* 300000000 is past 64 bits"):
         _run(_edited(residual_file, power), tmp_path / "m.tdp")
     assert time.monotonic() - started < 30
+
+
+class Histogram(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.histogram(x, bins=4)[0]
+
+
+def test_a_program_calling_an_unlisted_operator_is_refused_at_save_not_at_load(tmp_path: Path) -> None:
+    """A file no reader would run is never written: the user learns it where the program is."""
+    manager = td.to_edge(export(Histogram(), torch.randn(8)))
+    with pytest.raises(td.SerializationError, match=r"method 'forward': the graph calls 'torch\.ops\.aten\.histogram"):
+        manager.save(tmp_path / "h.tdp")
+    assert not (tmp_path / "h.tdp").exists()
+
+
+class Legitimate(torch.nn.Module):
+    """Operators to_edge leaves whole that a new user's models called, refused by the first list."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bilinear = torch.nn.Bilinear(4, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spectrum = torch.fft.fft2(x).abs()
+        rows, columns = torch.tril_indices(4, 4)
+        picked = x[:, rows, columns].sum() + torch.triu_indices(3, 3).sum()
+        special = torch.polygamma(1, x.abs() + 1).sum() + torch.dist(x, spectrum)
+        noisy = torch.nn.functional.rrelu(x, training=False)
+        return self.bilinear(noisy[:, 0], x[:, 1]).sum() + spectrum.sum() + picked + special
+
+
+def test_operators_to_edge_leaves_in_models_load_and_run_as_eager(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, x = Legitimate().eval(), torch.randn(2, 4, 4)
+    td.to_edge(export(model, x)).save(tmp_path / "m.tdp")
+    with td.load(tmp_path / "m.tdp") as program:
+        torch.testing.assert_close(program.run("forward", x), model(x))

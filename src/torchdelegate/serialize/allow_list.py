@@ -154,7 +154,7 @@ def _check_target(target: str, where: str, passed: bool = False) -> None:
         return _check_higher_order(target.removeprefix("torch.ops.higher_order."), target, where)
     raise FormatError(
         f"{where}: the graph calls {target!r}, which is not an operator a saved graph may call "
-        "(docs/FORMAT.md §7 lists them); a graph that to_edge decomposed calls only listed ones"
+        "(the list: torchdelegate/serialize/operator_list.py, docs/FORMAT.md §3)"
     )
 
 

@@ -130,6 +130,18 @@ def _fft_r2c(op: OpOverload, x: torch.Tensor, dim: Any, normalization: Any, ones
     return op(x, dim, normalization, onesided)  # type: ignore[no-any-return]
 
 
+def _fft_c2c(op: OpOverload, x: torch.Tensor, dim: Any, normalization: Any, forward: Any) -> torch.Tensor:
+    _fft_dims(op._opname, x, dim, normalization)
+    return op(x, dim, normalization, forward)  # type: ignore[no-any-return]
+
+
+def _noise_like_input(op: OpOverload, x: torch.Tensor, noise: torch.Tensor, *rest: Any, **kwargs: Any) -> Any:
+    """In training, the kernel writes one noise value per element of the input into ``noise``."""
+    if isinstance(noise, torch.Tensor) and isinstance(x, torch.Tensor) and noise.shape != x.shape:
+        raise FormatError(f"aten.{op._opname}: noise of sizes {list(noise.shape)} for an input of {list(x.shape)}")
+    return op(x, noise, *rest, **kwargs)
+
+
 def _fft_c2r(op: OpOverload, x: torch.Tensor, dim: Any, normalization: Any, last_dim_size: Any) -> torch.Tensor:
     _fft_dims(op._opname, x, dim, normalization)
     last = x.shape[int(dim[-1])]
@@ -156,6 +168,8 @@ _CONTRACTS: dict[OpOverload, Callable[..., Any]] = {
     _aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
     _aten._fft_r2c.default: _fft_r2c,
     _aten._fft_c2r.default: _fft_c2r,
+    _aten._fft_c2c.default: _fft_c2c,
+    _aten.rrelu_with_noise_functional.default: _noise_like_input,
 }
 
 

@@ -22,8 +22,9 @@ from torch.export import ExportedProgram
 from torchdelegate.delegate.backend_details import delegate_info_problem, get_backend
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.named_data import NamedDataStoreOutput, tensor_bytes
-from torchdelegate.errors import SerializationError, first_line
+from torchdelegate.errors import FormatError, SerializationError, first_line
 from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
+from torchdelegate.serialize.allow_list import check_graph_document
 from torchdelegate.serialize.call_delegate import DelegateCall, serializable_program
 from torchdelegate.serialize.container import (
     MAX_ALIGNMENT,
@@ -106,6 +107,7 @@ def save_program(
             if delegates[call.module] == len(delegate_entries):  # first met here
                 delegate_entries.append(_delegate_entry(method, call, local))
         graph = program_to_json(serializable, f"method {method!r}", debug_info=debug_info)
+        _check_loadable(graph, method)
         methods.append(MethodRecord(method, graph, sorted({delegates[c.module] for c in calls})))
     _check_named_data(delegates, named_data)
     state = _state_entries(programs, data)
@@ -213,6 +215,18 @@ def _delegate_info(module: LoweredBackendModule) -> Any:
             "keep str, int, float, bool, None, lists of them, or dicts with str keys of them"
         )
     return info
+
+
+def _check_loadable(graph: dict[str, Any], method: str) -> None:
+    """Refuse now what ``load`` would refuse: a graph calling an operator off the list, so that no file
+    is written that no reader will run."""
+    try:
+        check_graph_document(graph, f"method {method!r}")
+    except FormatError as e:
+        raise SerializationError(
+            f"{e}. A loaded file runs only the operators on that list; lower the nodes that call it to a "
+            "backend (or, if to_edge left it in your program, report it so that it can be listed)"
+        ) from None
 
 
 def _debug_handle_map(module: LoweredBackendModule) -> dict[Any, Any] | None:
