@@ -288,3 +288,16 @@ def test_operators_to_edge_leaves_in_models_load_and_run_as_eager(tmp_path: Path
     td.to_edge(export(model, x)).save(tmp_path / "m.tdp")
     with td.load(tmp_path / "m.tdp") as program:
         torch.testing.assert_close(program.run("forward", x), model(x))
+
+
+class Positives(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[x > 0] * 2
+
+
+def test_a_data_dependent_size_loads_and_runs(tmp_path: Path) -> None:
+    """Its range's expressions name LessThan, which the reader refused (from a new user's trial)."""
+    x = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0, 0.5])
+    td.to_edge(export(Positives(), x)).save(tmp_path / "m.tdp")
+    with td.load(tmp_path / "m.tdp") as program:
+        torch.testing.assert_close(program.run("forward", x), Positives()(x))

@@ -47,7 +47,8 @@ _LISTED = {"aten": ATEN_OPERATORS, "torchdelegate": OUR_OPERATORS}
 # No powers or shifts (a few characters could ask sympy for an astronomically large number),
 # numbers of at most 19 digits, parentheses at most 32 deep.
 _EXPRESSION_TOKEN = re.compile(
-    r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d{1,19}(?:\.\d{1,19})?(?![\d.]))|'([a-z]+\d+)'|(//|!=|[-+*/%(),<>=&|~]=?|==))"
+    r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d{1,19}(?:\.\d{1,19})?(?![\d.]))|'([a-z]+\d+)'|(//|!=|[-+*/%(),<>=&|~]=?|==)"
+    r"|'-?\d{1,19}(?:\.\d{1,19})?')"  # a quoted number: Float('2.5', precision=53)
 )
 _MAX_NESTING = 32
 _SYMBOL = re.compile(r"[a-z]+\d+")
@@ -58,7 +59,8 @@ _EXPRESSION_FUNCTIONS = frozenset(
         *("FloorToInt", "Identity", "OpaqueUnaryFn_sqrt", "PythonMod", "IsNonOverlappingAndDenseIndicator"),
         *("Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "Piecewise", "ITE", "True", "False", "oo"),
         *("floor", "ceiling", "sqrt", "Abs", "Integer", "Rational", "Float", "BitwiseFn_bitwise_and"),
-        *("BitwiseFn_bitwise_or", "Symbol", "Add", "Mul"),
+        *("BitwiseFn_bitwise_or", "Symbol", "Add", "Mul", "precision"),
+        *("LessThan", "StrictLessThan", "GreaterThan", "StrictGreaterThan", "Equality", "Unequality"),
         # keyword assumptions of Symbol('s0', positive=True, integer=True)
         *("positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "zero", "commutative"),
     }

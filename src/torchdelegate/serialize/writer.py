@@ -224,8 +224,8 @@ def _check_loadable(graph: dict[str, Any], method: str) -> None:
         check_graph_document(graph, f"method {method!r}")
     except FormatError as e:
         raise SerializationError(
-            f"{e}. A loaded file runs only the operators on that list; lower the nodes that call it to a "
-            "backend (or, if to_edge left it in your program, report it so that it can be listed)"
+            f"{e}. load would refuse the file, so it is not written: lower the nodes concerned to a backend "
+            "(or, if to_edge made this graph, report it)"
         ) from None
 
 
