@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,35 @@ def test_a_request_is_answered_within_2_s_while_1100_connections_hold_half_a_hea
     assert all(said.startswith(b"HTTP/1.1 503 ") for said in evicted)
     if opened < HEADER_SECONDS:  # none could have timed out before the last was opened: the cap closed them
         assert len(evicted) >= HALF_OPEN - SERVER_FILES, (len(evicted), len(timed_out))
+
+
+class _Connection:
+    """What OpenConnections asks of a connection: to be refused, with a status and why."""
+
+    def __init__(self, connections: Any) -> None:
+        self.connections = connections
+        self.refused: tuple[int, str] | None = None
+
+    def refuse(self, status: int, message: str) -> None:
+        self.refused = (status, message)
+        self.connections.closed(self)
+
+
+def test_past_the_cap_a_body_sent_slowly_gives_way_to_a_new_connection() -> None:
+    """Bodies sent just fast enough to pass the rate held every place, and each new connection was
+    refused: past the cap, the one receiving its body longest is closed instead (from the review)."""
+    from torchdelegate.llm.serving.connections import OpenConnections
+
+    connections = OpenConnections(cap=2)
+    first, second = _Connection(connections), _Connection(connections)
+    for sending in (first, second):
+        connections.opened(sending)  # type: ignore[arg-type]
+        connections.waiting.pop(sending)  # its header read: now receiving its body
+        connections.receiving[sending] = None  # type: ignore[index]
+    newest = _Connection(connections)
+    connections.opened(newest)  # type: ignore[arg-type]
+    assert newest.refused is None and second.refused is None
+    assert first.refused is not None and "still sending its body, was closed for a newer one" in first.refused[1]
 
 
 def _said_if_closed(connection: socket.socket) -> bytes | None:

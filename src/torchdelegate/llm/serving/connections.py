@@ -80,31 +80,41 @@ def cap_note(cap: int) -> str | None:
 
 
 class OpenConnections:
-    """The connections of one server: how many are open, and those waiting for a request's header,
-    oldest first (the ones closed to make room past :attr:`cap`)."""
+    """The connections of one server: how many are open, those waiting for a request's header and those
+    still receiving a body, oldest first (the ones closed to make room past :attr:`cap`)."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.count = 0
         self.waiting: dict[GuardedH11Protocol, None] = {}  # insertion order: oldest first
+        self.receiving: dict[GuardedH11Protocol, None] = {}
 
     def opened(self, connection: GuardedH11Protocol) -> None:
         """Counts ``connection`` in; past the cap, closes the one that has waited longest for its
-        header, or ``connection`` itself (a 503) when every other one has sent its request."""
+        header, else the one that has been receiving its body longest (a body sent just fast enough
+        must not hold a place for ever), or ``connection`` itself (a 503) when every other one has
+        sent its request whole."""
         self.count += 1
         self.waiting[connection] = None
         if self.count <= self.cap:
             return
         oldest = next(iter(self.waiting))
-        if oldest is connection:
-            oldest.refuse(503, f"the server holds {self.cap} connections, each with a request: try again")
-        else:
+        if oldest is not connection:
             oldest.refuse(503, f"the server holds {self.cap} connections: this one, still without a request, "
                                "was closed for a newer one; send the request whole as soon as connected")  # fmt: skip
+        elif self.receiving:
+            next(iter(self.receiving)).refuse(
+                503,
+                f"the server holds {self.cap} connections: this one, still sending its body, was closed for "
+                "a newer one; send the request whole as soon as connected",
+            )
+        else:
+            connection.refuse(503, f"the server holds {self.cap} connections, each with a request: try again")
 
     def closed(self, connection: GuardedH11Protocol) -> None:
         self.count -= 1
         self.waiting.pop(connection, None)
+        self.receiving.pop(connection, None)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -167,9 +177,12 @@ class GuardedH11Protocol(H11Protocol):
         if self._phase == "header" and state is not h11.IDLE:
             self._phase, self._body_start, self._body_bytes = "body", time.monotonic(), 0
             self.open_connections.waiting.pop(self, None)
+            if self._counted:
+                self.open_connections.receiving[self] = None
             self._set_timer(self.loop.call_later(BODY_GRACE_SECONDS, self._body_slow))
         if self._phase == "body" and state is not h11.SEND_BODY:
             self._phase = "answer"
+            self.open_connections.receiving.pop(self, None)
             self._set_timer(None)
 
     def _header_late(self) -> None:
