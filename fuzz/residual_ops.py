@@ -273,7 +273,7 @@ def check_one(data: bytes) -> str:
     return "ran"
 
 
-def bounded_process(address_space_gib: int = 3) -> None:
+def bounded_process(address_space_gib: int = 2) -> None:
     """Refused allocations instead of a machine out of memory: huge sizes are part of the input
     (and a graph that fills a gigabyte is slow, however valid)."""
     limit = address_space_gib << 30
