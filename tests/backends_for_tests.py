@@ -276,3 +276,15 @@ class DyingReference(ReferenceBackend):
                 open(how[5:], "w").close()
             os._exit(3)
         return super().preprocess(edge_program, [s for s in compile_specs if s.key != "die"])
+
+
+def installed_distribution(site: Any, package: str, source: str, backend_id: str, class_name: str) -> Any:
+    """A distribution in the directory ``site`` (a ``Path``): the module ``package`` holding ``source``,
+    whose entry point in ``torchdelegate.backends`` names ``backend_id`` as ``package:class_name``."""
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text(source)
+    info = site / f"{package}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.replace('_', '-')}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[torchdelegate.backends]\n{backend_id} = {package}:{class_name}\n")
+    return site

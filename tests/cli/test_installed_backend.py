@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from backends_for_tests import installed_distribution
 
 _PACKAGE = """
 from torchdelegate.backends.reference import ReferenceBackend, reference_support
@@ -27,15 +28,7 @@ class InstalledBackend(ReferenceBackend):
 
 
 def _distribution(root: Path) -> Path:
-    (root / "installed_backend_pkg").mkdir(parents=True)
-    (root / "installed_backend_pkg" / "__init__.py").write_text(_PACKAGE)
-    info = root / "installed_backend_pkg-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installed-backend-pkg\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[torchdelegate.backends]\ninstalled_reference = installed_backend_pkg:InstalledBackend\n"
-    )
-    return root
+    return installed_distribution(root, "installed_backend_pkg", _PACKAGE, "installed_reference", "InstalledBackend")
 
 
 def test_a_backend_installed_by_entry_point_is_named_with_backend_and_lowers(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
+from backends_for_tests import installed_distribution  # noqa: E402
 from language_models import tiny_llama  # noqa: E402
 from test_llm_command import _checkpoint, _prefix  # noqa: E402
 
@@ -78,15 +79,7 @@ INSTALLED = BACKEND.replace("test_llm_native", "installed_llm_native")
 
 def _installed(site: Path) -> Path:
     """A distribution in ``site`` whose entry point names a backend that runs native code."""
-    (site / "installed_llm_native").mkdir(parents=True)
-    (site / "installed_llm_native" / "__init__.py").write_text(INSTALLED)
-    info = site / "installed_llm_native-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installed-llm-native\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[torchdelegate.backends]\ninstalled_llm_native = installed_llm_native:NativeLike\n"
-    )
-    return site
+    return installed_distribution(site, "installed_llm_native", INSTALLED, "installed_llm_native", "NativeLike")
 
 
 def test_serve_trusts_a_native_backend_in_the_processes_that_load_the_file(
