@@ -93,6 +93,17 @@ class WhileLoop(torch.nn.Module):
         return torch._higher_order_ops.while_loop(cond_fn, body_fn, (i0, x))[1]
 
 
+class TwiceInner(torch.nn.Module):
+    """A module around another (a lowered delegate, say): twice what it returns."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * 2
+
+
 def export(model: torch.nn.Module, *args: torch.Tensor, **kwargs: object) -> torch.export.ExportedProgram:
     return torch.export.export(model, args, **kwargs).run_decompositions()  # type: ignore[arg-type]
 

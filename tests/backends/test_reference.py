@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from backends_for_tests import OpSetPartitioner
-from models import SharedConstant, TwoLinears, export
+from models import SharedConstant, TwiceInner, TwoLinears, export
 
 import torchdelegate as td
 from torchdelegate.backends.reference import ReferenceBackend, ReferencePartitioner
@@ -54,15 +54,7 @@ def test_check_blob_gives_a_nested_delegate_the_trust_init_would() -> None:
     x = torch.randn(2, 4)
     inner = td.to_backend(NativeInner.backend_id, td.to_edge(export(TwoLinears(), x)).exported_program(), [])
 
-    class Outer(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.inner(x) * 2
-
-    outer = td.to_edge(torch.export.export(Outer(), (x,))).to_backend(td.DelegationSpec("reference"))
+    outer = td.to_edge(torch.export.export(TwiceInner(inner), (x,))).to_backend(td.DelegationSpec("reference"))
     (delegate,) = outer.delegates()["forward"]
     blob, named = memoryview(delegate.processed_bytes), td.NamedDataMap(delegate.named_data_store_output)
     ReferenceBackend.check_blob(blob, [], named)  # this process's own lowering: any backend

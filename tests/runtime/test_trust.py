@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import TwoLinears, export
+from models import TwiceInner, TwoLinears, export
 
 import torchdelegate as td
 from torchdelegate.backends.reference import ReferenceBackend
@@ -69,15 +69,7 @@ def test_a_native_delegate_nested_in_another_blob_needs_the_same_trust(
         NativeReference.backend_id, td.to_edge(export(TwoLinears(), torch.randn(2, 4))).exported_program(), []
     )
 
-    class Outer(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.inner(x) * 2
-
-    model, x = Outer(), torch.randn(2, 4)
+    model, x = TwiceInner(inner), torch.randn(2, 4)
     nested = td.to_edge(torch.export.export(model, (x,))).to_backend(td.DelegationSpec("reference"))
     nested.save(tmp_path / "nested.tdp")
     with td.load(tmp_path / "nested.tdp") as program:  # the file's own delegate is the reference backend's
