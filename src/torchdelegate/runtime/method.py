@@ -50,10 +50,11 @@ def _compile_graph(
         for node in submodule.graph.nodes:
             if node.op != "call_function" or _is_bound_delegate(node.target):
                 continue
-            for target in (node.target, *_operators_in((node.args, node.kwargs))):
+            passed_operators = _operators_in((node.args, node.kwargs))
+            for target in (node.target, *passed_operators):
                 if not allowed_call_target(target):
                     raise FormatError(f"method {method!r}: node {node.name!r} calls {target!r}, which is not allowed")
-            for passed in _operators_in((node.args, node.kwargs)):
+            for passed in passed_operators:
                 namespace = getattr(passed, "namespace", None)
                 if isinstance(namespace, str) and not passed_operator_allowed(namespace):
                     raise FormatError(
