@@ -39,6 +39,21 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+FULL_INSTALL = "pip install torchdelegate (the full distribution; torchdelegate-runtime only runs files)"
+"""How to get torch and what lowers with it, where only the runtime is installed."""
+
+
+def require_torch(what: str = "lowering") -> None:
+    """A ``CommandError`` in one line where torch cannot be imported: ``what`` needs it, and how to
+    install it. Commands that lower call it first (they import torch right after anyway)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as error:
+        raise CommandError(
+            f"{what} needs torch, which cannot be imported here ({first_line(error)}): {FULL_INSTALL}"
+        ) from error
+
+
 def add_verbose(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
 
@@ -168,3 +183,32 @@ def loaded(path: Path, external_data: Path | None, trust: Sequence[str], options
         if external_data is not None or not path.is_file():
             raise
         raise CommandError(f"{error} (with this command: --external-data FILE)") from error  # its data file
+
+
+def file_backend_ids(path: Path, external_data: Path | None) -> list[str]:
+    """The ids of the backends whose delegates ``path`` holds (its own, not those nested in their
+    blobs), read from its manifest without loading it."""
+    from torchdelegate.serialize.reader import ProgramFile
+
+    file = ProgramFile(path, external_data)
+    try:
+        return sorted({record.backend_id for record in file.delegates})
+    finally:
+        file.close()
+
+
+def backend_runtime(backend_id: str) -> Any | None:
+    """What runs ``backend_id``'s blobs, for its declarations (``runs_native_code``, ``load_options``):
+    its torch-free array runtime where it has one (so asking imports no torch), else its
+    ``BackendDetails``; None where neither can be imported here (loading the file says why)."""
+    try:
+        from torchdelegate.delegate.array_runtime import array_runtime
+
+        runtime = array_runtime(backend_id)
+        if runtime is not None:
+            return runtime
+        from torchdelegate.delegate.backend_details import get_backend
+
+        return get_backend(backend_id)
+    except Exception:  # ImportError without torch, a backend that fails to import: loading reports it
+        return None

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TextIO
 
-from torchdelegate.cli.command import EXIT_FAILED, EXIT_OK, CommandError, UsageError, add_verbose
+from torchdelegate.cli.command import EXIT_FAILED, EXIT_OK, CommandError, UsageError, add_verbose, require_torch
 
 HELP = "lower, save, load and run a small language model, checked against eager"
 DESCRIPTION = (
@@ -32,6 +32,7 @@ def define(parser: argparse.ArgumentParser) -> None:
 
 
 def demo_command(args: argparse.Namespace, out: TextIO) -> int:
+    require_torch("the demo")
     from torchdelegate.demo.walkthrough import run_demo
 
     if args.checkpoint is not None:

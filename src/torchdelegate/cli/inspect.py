@@ -15,6 +15,8 @@ from torchdelegate.cli.command import (
     add_file_options,
     add_imports,
     add_verbose,
+    backend_runtime,
+    file_backend_ids,
     loaded,
 )
 from torchdelegate.report.terminal import coverage_line, human_bytes
@@ -76,18 +78,14 @@ def _print_debug_handles(delegates: list[Any], report: dict[str, Any] | None, fu
         print("  (--debug-handles prints every entry)", file=out)
 
 
-def _native_backends() -> list[str]:
-    """Registered backends whose blobs are native code: inspect loads them (it never runs one) and marks them."""
-    from torchdelegate.delegate.backend_details import get_backend, registered_backend_ids
-
-    native = []
-    for backend_id in registered_backend_ids():
-        try:
-            if get_backend(backend_id).runs_native_code:
-                native.append(backend_id)
-        except Exception:  # a backend that cannot be imported here is reported when the file needs it
-            continue
-    return native
+def _native_backends(path: Path, external_data: Path | None) -> list[str]:
+    """The file's backends whose blobs are native code: inspect loads them (it never runs one) and marks
+    them. Asked of their torch-free runtimes where they have one, so describing such a file imports no torch."""
+    try:
+        used = file_backend_ids(path, external_data)
+    except Exception:  # not a program file, a missing data file...: loading it says so, with the command's hints
+        return []
+    return [backend_id for backend_id in used if getattr(backend_runtime(backend_id), "runs_native_code", False)]
 
 
 def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -100,7 +98,7 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
     if args.port is not None and not args.open:
         raise UsageError("--port is Model Explorer's port: it goes with --open")
 
-    native = _native_backends()
+    native = _native_backends(args.file, args.external_data)
     with loaded(args.file, args.external_data, native) as program:
         file = program.file
         producer = file.producer.get("torch", "?")

@@ -27,6 +27,7 @@ from torchdelegate.cli.command import (
     backend_options,
     loaded,
     refuse_directory,
+    require_torch,
 )
 from torchdelegate.cli.lower import add_lowering_options
 
@@ -162,17 +163,12 @@ def _add_sampling(parser: argparse.ArgumentParser, tokens: int) -> None:
 
 
 def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
+    require_torch()
     # Imported here: generating from a file needs none of the lowering machinery.
     from torchdelegate.cli.lower import chosen_partitioners, lowered_programs, start_preprocessing
     from torchdelegate.errors import CheckpointError
-    from torchdelegate.llm.checkpoint import (
-        SETTINGS,
-        chat_template_text,
-        export_methods,
-        logits_given,
-        read_checkpoint,
-        settings_asset,
-    )
+    from torchdelegate.llm.assets import SETTINGS, chat_template_text, settings_asset
+    from torchdelegate.llm.checkpoint import export_methods, logits_given, read_checkpoint
 
     if args.output.is_dir():
         raise UsageError(f"-o {args.output} is a directory: give the file to write, e.g. {args.output}/model.tdp")

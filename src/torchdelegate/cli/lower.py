@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, add_imports, add_verbose
+from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, add_imports, add_verbose, require_torch
 from torchdelegate.delegate.progress import PreprocessProgress
 from torchdelegate.errors import BackendNotFoundError, FormatError
 from torchdelegate.exported.torch_warnings import loggers_quieted
@@ -96,6 +96,8 @@ def add_lowering_options(parser: argparse.ArgumentParser) -> None:
 
 def lower_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.report import render_html, render_text
+
+    require_torch()
 
     methods = _method_files(args.methods)
     partitioners = chosen_partitioners(args, args.backends, _compile_specs(args.compile_spec))

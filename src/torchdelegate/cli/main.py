@@ -15,6 +15,7 @@ from typing import Any, TextIO, cast
 from torchdelegate.cli.command import (
     EXIT_FAILED,
     EXIT_USAGE,
+    FULL_INSTALL,
     CommandError,
     CommandParser,
     PrintableText,
@@ -22,7 +23,7 @@ from torchdelegate.cli.command import (
     import_module,
     printable,
 )
-from torchdelegate.errors import TorchDelegateError
+from torchdelegate.errors import TorchDelegateError, first_line
 from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
 from torchdelegate.version import __version__
 
@@ -59,6 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader stopped (| head): nothing more to say, and nowhere to say it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+    except ImportError as error:
+        needed = _library_missing(error)
+        if needed is None:
+            raise
+        if getattr(args, "verbose", False):
+            traceback.print_exc()
+        print(f"torchdelegate: error: {printable(needed)}", file=sys.stderr)
+        return EXIT_FAILED
     except (CommandError, TorchDelegateError, ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         if getattr(args, "verbose", False):
             traceback.print_exc()
@@ -66,6 +75,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes = "; ".join(getattr(error, "__notes__", ()))  # where torch failed, added by torchdelegate
         print(f"torchdelegate: error: {printable(message + (f' ({notes})' if notes else ''))}", file=sys.stderr)
         return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILED
+
+
+_LIBRARIES = {
+    "torch": FULL_INSTALL,
+    "transformers": "pip install 'torchdelegate[llm]'",
+}
+
+
+def _library_missing(error: ImportError) -> str | None:
+    """What a command met an ImportError of torch or transformers for, as one line that says how to
+    install it; None for any other library (a bug, shown whole). Where only the runtime is installed,
+    a command that lowers says so itself (``require_torch``); this catches the rest."""
+    root = (error.name or "").partition(".")[0]
+    if root not in _LIBRARIES:
+        return None
+    return f"this needs {root}, which cannot be imported here ({first_line(error)}): {_LIBRARIES[root]}"
 
 
 @contextlib.contextmanager

@@ -1,4 +1,8 @@
-"""``torchdelegate run``: one method of a program file on inputs from .npy files or numbers."""
+"""``torchdelegate run``: one method of a program file on inputs from .npy files or numbers.
+
+Inputs go in as numpy arrays and outputs come back as arrays: a file whose delegates need no torch
+(ONNX Runtime's) runs without importing it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from torchdelegate.cli.command import (
     add_file_options,
     add_imports,
     add_verbose,
+    backend_runtime,
+    file_backend_ids,
     loaded,
 )
 
@@ -51,9 +57,8 @@ def define(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace, out: TextIO) -> int:
     import numpy as np
-    import torch
 
-    from torchdelegate.cli.outputs import as_array, container_phrase, describe_value, output_names
+    from torchdelegate.cli.outputs import as_array, container_phrase, describe_value, flat_outputs, output_names
 
     args_in, kwargs_in = _inputs(args.inputs)
     if args.save:
@@ -69,7 +74,7 @@ def run_command(args: argparse.Namespace, out: TextIO) -> int:
         seconds = time.perf_counter() - started
         container = container_phrase(program.method(method).output_type, program.plain_types)
         profiled = _profile_lines(program) if args.profile else []
-    flat = torch.utils._pytree.tree_flatten_with_path(outputs)[0]
+    flat = flat_outputs(outputs)
     print(f"{method}: {len(flat)} output(s) in {seconds * 1e3:.2f} ms{container}", file=out)
     places = output_names([path for path, _ in flat])
     for index, ((_, value), name) in enumerate(zip(flat, places, strict=True)):
@@ -88,21 +93,9 @@ PROFILE_LINES = 20
 
 def _profiling(path: Path, external_data: Path | None) -> list[str]:
     """``ID.profile=1`` for each backend of the file that takes a ``profile`` load option."""
-    from torchdelegate.delegate.backend_details import get_backend
-    from torchdelegate.serialize.reader import ProgramFile
-
-    file = ProgramFile(path, external_data)
-    try:
-        used = sorted({record.backend_id for record in file.delegates})
-    finally:
-        file.close()
-    chosen = []
-    for backend_id in used:
-        try:
-            if "profile" in get_backend(backend_id).load_options:
-                chosen.append(f"{backend_id}.profile=1")
-        except Exception:  # a backend this process cannot import: loading says so
-            continue
+    used = file_backend_ids(path, external_data)
+    runtimes = {backend_id: backend_runtime(backend_id) for backend_id in used}
+    chosen = [f"{i}.profile=1" for i, runtime in runtimes.items() if "profile" in getattr(runtime, "load_options", {})]
     if not chosen:
         raise CommandError(f"no backend of {path} records a profile ({', '.join(used) or 'no delegates'})")
     return chosen
@@ -150,10 +143,10 @@ def _inputs(values: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _input(value: str) -> Any:
-    """A .npy file as a tensor; otherwise an int, a float, or true/false."""
+    """A .npy file as a numpy array (the program returns arrays for it, and needs no torch to take it);
+    otherwise an int, a float, or true/false."""
     if value.endswith(".npy"):
         import numpy as np
-        import torch
 
         path = Path(value)
         if not path.is_file():
@@ -162,7 +155,7 @@ def _input(value: str) -> Any:
             array = np.load(path, allow_pickle=False)
         except ValueError as error:
             raise CommandError(f"{value!r} is not a .npy array without objects: {error}") from error
-        return torch.from_numpy(np.ascontiguousarray(array))
+        return np.ascontiguousarray(array)
     lowered = value.lower()
     if lowered in ("true", "false"):
         return lowered == "true"

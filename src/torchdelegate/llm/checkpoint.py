@@ -2,16 +2,18 @@
 as ``prefill`` (a chunk of prompt tokens) and ``decode`` (one token), and the files a program
 carries to generate text with it (its tokenizer, its generation config, the settings ``Generator``
 needs). Nothing is downloaded.
+
+Exporting needs torch and transformers; what the file carries is read back by ``assets.py``, which
+needs neither.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,8 +22,8 @@ import torch
 
 from torchdelegate.errors import CheckpointError, first_line
 from torchdelegate.exported.torch_warnings import loggers_quieted
+from torchdelegate.llm.assets import read_chat_template, read_tokenizer
 from torchdelegate.llm.checkpoint_code import allowed, checkpoint_code
-from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -33,8 +35,6 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-SETTINGS = "torchdelegate_llm.json"
-"""The asset that says how the program generates: cache length, prefill chunk, prefill logits, stop tokens."""
 
 
 @dataclass(frozen=True)
@@ -145,55 +145,6 @@ def _read_checkpoint(directory: Path, lazily: bool, trust: bool, notify: Callabl
     return Checkpoint(directory, model.eval(), assets, _stop_tokens(model), positions, None, reason)
 
 
-def read_tokenizer(data: bytes, where: str) -> Any:
-    """``tokenizer.json``'s bytes as a tokenizers ``Tokenizer``; CheckpointError naming ``where`` if unreadable."""
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_str(data.decode("utf-8"))
-    except Exception as e:
-        raise CheckpointError(
-            f"{where} cannot be read by the tokenizers library ({type(e).__name__}: {first_line(e)})"
-        ) from e
-
-
-def chat_template_text(assets: Mapping[str, bytes]) -> str | None:
-    """The chat template among a checkpoint's tokenizer files: ``chat_template.jinja``, else the
-    ``chat_template`` string of ``tokenizer_config.json``; None if neither has one."""
-    if assets.get("chat_template.jinja", b"").strip():
-        return assets["chat_template.jinja"].decode("utf-8", "replace")
-    config = asset_json(assets, "tokenizer_config.json", {})
-    template = config.get("chat_template") if isinstance(config, dict) else None
-    return template if isinstance(template, str) and template.strip() else None
-
-
-MAX_ASSET_JSON = 64 << 20
-
-
-def asset_json(assets: Mapping[str, bytes], name: str, default: Any) -> Any:
-    """The JSON asset ``name`` (``default`` when absent), read by the bounded reader: a file's assets
-    come from whoever wrote it. A ``CheckpointError`` when it is not JSON within the reader's bounds."""
-    if name not in assets:
-        return default
-    try:
-        return bounded_json(assets[name], MAX_ASSET_JSON)
-    except JsonLimitError as e:
-        raise CheckpointError(f"{name} cannot be read: {e}") from None
-
-
-def read_chat_template(text: bytes | str, where: str) -> Any:
-    """A chat template compiled as ``llm serve`` and ``llm chat`` compile it: in jinja2's immutable
-    sandbox, bounded in steps, time and sizes (compiling evaluates constant expressions too);
-    CheckpointError naming ``where`` if unreadable or past a bound."""
-    from torchdelegate.llm.chat_template import bounded_template
-
-    try:
-        source = text.decode("utf-8") if isinstance(text, bytes) else text
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{where} is not a template jinja2 reads ({e})") from e
-    return bounded_template(source, where)
-
-
 PREFILL_LOGITS = ("last", "all")
 """What prefill returns: the logits after the prompt's last token only ([1, 1, vocabulary]; all a
 generation reads), or those after each of its tokens ([1, n, vocabulary]; to score a prompt)."""
@@ -265,17 +216,6 @@ def logits_given(prefill: ExportedProgram) -> str:
     each prompt token's (as :data:`PREFILL_LOGITS` names them)."""
     (logits, *_) = prefill.graph_module.graph.output_node().args[0]
     return "last" if logits.meta["val"].shape[1] == 1 else "all"
-
-
-def settings_asset(max_cache: int, chunk: int | None, stop_tokens: list[int], prefill_logits: str = "last") -> bytes:
-    """The generation settings a program carries (``SETTINGS``); ``prefill_chunk`` null: any length."""
-    settings = {
-        "max_cache": max_cache,
-        "prefill_chunk": chunk,
-        "prefill_logits": prefill_logits,
-        "stop_tokens": stop_tokens,
-    }
-    return json.dumps(settings, sort_keys=True).encode()
 
 
 def _stop_tokens(model: Any, generation_config: Any = None) -> list[int]:

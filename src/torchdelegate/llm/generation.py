@@ -8,6 +8,11 @@ cache they share at those positions. A prefill of dynamic length reads the whole
 length, the last one padded: the padding's cache entries lie past the prompt, where causal attention
 never reads them before decoding writes them again; where the padded chunk's logits are the
 padding's, decode reads the prompt's last token again for its own.
+
+Everything here is numpy: ids and positions go in as int64 arrays and logits come back as arrays, so
+generating never imports torch (a file whose graphs only call ONNX Runtime's delegates runs without
+it). A decode step writes its token and position into two arrays made once per generator, so the
+program is handed the same inputs each step and rebinds nothing but their contents.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
-from torchdelegate.runtime.program import Program
+if TYPE_CHECKING:
+    from torchdelegate.runtime.program import Program
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,8 @@ class Generator:
         """The prompt length prefill was exported for (None: any length)."""
         self.stop_tokens = frozenset(int(t) for t in stop_tokens)
         self.max_positions = max_positions
+        self._step_ids = np.zeros((1, 1), dtype=np.int64)  # decode's inputs, written in place each step
+        self._step_position = np.zeros(1, dtype=np.int64)
 
     def generate(
         self,
@@ -154,63 +163,74 @@ class Generator:
                 "shorten the prompt, or export the model with a longer cache"
             )
         choose = _Chooser(sampling)
-        with torch.no_grad():
-            token = choose(self._read_prompt(prompt, cached))
-            position = len(prompt)
-            for count in range(max_new_tokens):
-                yield token
-                if count + 1 == max_new_tokens or token in self.stop_tokens:
-                    return
-                if self.max_positions is not None and position >= self.max_positions:
-                    yield "cache full"
-                    return
-                logits = self._decode(input_ids=torch.tensor([[token]]), cache_position=torch.tensor([position]))
-                token = choose(logits[0, -1])
-                position += 1
+        token = choose(self._read_prompt(prompt, cached))
+        position = len(prompt)
+        for count in range(max_new_tokens):
+            yield token
+            if count + 1 == max_new_tokens or token in self.stop_tokens:
+                return
+            if self.max_positions is not None and position >= self.max_positions:
+                yield "cache full"
+                return
+            token = choose(self._decoded(token, position))
+            position += 1
 
-    def _read_prompt(self, prompt: list[int], cached: int) -> torch.Tensor:
+    def _decoded(self, token: int, position: int) -> np.ndarray:
+        """The logits after ``token`` read by decode at ``position`` (written into the cache there)."""
+        self._step_ids[0, 0] = token
+        self._step_position[0] = position
+        return self._decode(input_ids=self._step_ids, cache_position=self._step_position)[0, -1]
+
+    def _read_prompt(self, prompt: list[int], cached: int) -> np.ndarray:
         """The prompt from position ``cached`` on written into the cache; the logits after its last token."""
         chunk = self.chunk or len(prompt) - cached
-        logits = torch.empty(0)
+        logits = np.empty(0, dtype=np.float32)
         for start in range(cached, len(prompt), chunk):
             part = prompt[start : start + chunk]
             no_room = self.max_positions is not None and start + chunk > self.max_positions
             if no_room or (self.chunk is None and len(part) == 1):  # decode reads a lone token
                 for offset, token in enumerate(part):  # one token at a time
-                    ids, at = torch.tensor([[token]]), torch.tensor([start + offset])
-                    logits = self._decode(input_ids=ids, cache_position=at)[0, -1]
+                    logits = self._decoded(token, start + offset)
                 break
-            padded = torch.tensor([part + [part[-1]] * (chunk - len(part))])
-            logits = self._prefill(input_ids=padded, cache_position=torch.arange(start, start + chunk))
+            padded = np.array([part + [part[-1]] * (chunk - len(part))], dtype=np.int64)
+            logits = self._prefill(input_ids=padded, cache_position=np.arange(start, start + chunk, dtype=np.int64))
             if logits.shape[1] == chunk:  # every position's logits
                 logits = logits[0, len(part) - 1]
             elif len(part) == chunk:
                 logits = logits[0, -1]
             else:  # the last position's only, and it was padding's: the prompt's last token read again
-                at = torch.tensor([start + len(part) - 1])
-                logits = self._decode(input_ids=torch.tensor([[part[-1]]]), cache_position=at)[0, -1]
+                logits = self._decoded(part[-1], start + len(part) - 1)
         return logits
 
 
 class _Chooser:
-    """Chooses each next token from a row of logits, as ``sampling`` says."""
+    """Chooses each next token from a row of logits, as ``sampling`` says: greedy takes the first
+    highest score; sampling draws from numpy's generator, seeded by ``sampling.seed`` (unseeded: fresh
+    entropy for each generation, so workers and restarts draw differently)."""
 
     def __init__(self, sampling: Sampling) -> None:
         self.sampling = sampling
-        self.random = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        self.random = np.random.default_rng(sampling.seed) if sampling.temperature else None
 
-    def __call__(self, logits: torch.Tensor) -> int:
+    def __call__(self, logits: np.ndarray) -> int:
         sampling = self.sampling
-        if sampling.temperature == 0:
-            return int(logits.argmax())
-        scores = logits.float() / sampling.temperature
-        if sampling.top_k is not None and sampling.top_k < scores.numel():
-            cutoff = torch.topk(scores, sampling.top_k).values[-1]
-            scores = scores.masked_fill(scores < cutoff, float("-inf"))
+        if self.random is None:
+            return int(np.argmax(logits))
+        scores = np.asarray(logits, dtype=np.float64) / sampling.temperature
+        if sampling.top_k is not None and sampling.top_k < scores.size:
+            cutoff = np.partition(scores, -sampling.top_k)[-sampling.top_k]  # the k-th highest score
+            scores[scores < cutoff] = -np.inf
         if sampling.top_p is not None and sampling.top_p < 1:
-            ordered, order = torch.sort(scores, descending=True)
-            cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-            drop = cumulative - torch.softmax(ordered, dim=-1) >= sampling.top_p  # keep the token that crosses
-            scores = scores.scatter(0, order[drop], float("-inf"))
-        probabilities = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probabilities, 1, generator=self.random))
+            order = np.argsort(-scores, kind="stable")
+            probabilities = _softmax(scores[order])
+            before = np.cumsum(probabilities) - probabilities  # keep the token that crosses top_p
+            scores[order[before >= sampling.top_p]] = -np.inf
+        cumulative = np.cumsum(_softmax(scores))
+        drawn = np.searchsorted(cumulative, self.random.random() * cumulative[-1], side="right")
+        return int(min(drawn, scores.size - 1))
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """Probabilities from scores (``-inf``: none), computed from the highest so nothing overflows."""
+    exponentials = np.exp(scores - scores.max())
+    return exponentials / exponentials.sum()

@@ -2,16 +2,21 @@
 the file carries, and the generator over its ``prefill`` and ``decode``.
 
 ``llm generate``, ``llm chat`` and ``llm serve`` all read a file through this class, so a prompt
-becomes the same tokens and tokens the same text whichever command runs it.
+becomes the same tokens and tokens the same text whichever command runs it. Nothing here imports
+torch: on a file whose delegates need none, text goes in and out with the runtime alone.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torchdelegate.errors import CheckpointError
+from torchdelegate.llm.assets import SETTINGS, asset_json, chat_template_text, read_tokenizer
 from torchdelegate.llm.chat_template import ChatTemplate
-from torchdelegate.llm.checkpoint import SETTINGS, asset_json, chat_template_text, read_tokenizer
 from torchdelegate.llm.generation import Generator
-from torchdelegate.runtime.program import Program
+
+if TYPE_CHECKING:
+    from torchdelegate.runtime.program import Program
 
 NO_TEMPLATE = "give a prompt, not messages"
 

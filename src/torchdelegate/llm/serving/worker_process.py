@@ -12,6 +12,10 @@ The worker speaks over one ``multiprocessing`` connection, in tuples:
 - from the worker: ``("ready", pid)``, ``("failed", message)`` (could not load),
   ``("token", id, token)``, ``("done", id, finish, cached, seconds_to_first_token, decode_seconds)``,
   ``("error", id, message)``.
+
+A worker imports the runtime and never torch itself: on a file whose delegates need none (ONNX
+Runtime's), it holds the runtime alone. Unseeded sampling draws fresh entropy for each request, so
+workers and restarts differ as separate servers would.
 """
 
 from __future__ import annotations
@@ -39,8 +43,6 @@ def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection
     connection closes. Started by :class:`~torchdelegate.llm.serving.worker_pool.WorkerPool`."""
     for number in (signal.SIGINT, signal.SIGTERM):  # sent to the whole group: the server stops its workers itself
         signal.signal(number, signal.SIG_IGN)
-    import torch
-
     from torchdelegate.llm.generation import Sampling
     from torchdelegate.llm.language_model import HeldTokens, LanguageModel
     from torchdelegate.runtime.program import load
@@ -51,7 +53,6 @@ def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection
     except Exception as e:
         connection.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    torch.seed()  # unseeded sampling differs between workers and restarts, as it would between servers
     connection.send(("ready", os.getpid()))
     held = HeldTokens()
     while True:
