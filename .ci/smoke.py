@@ -8,21 +8,14 @@ Each stage lowers, saves, loads and runs what its extra is for, and compares wit
 
 from __future__ import annotations
 
-import queue
-import re
-import signal
-import subprocess
 import sys
-import threading
-import urllib.request
 from pathlib import Path
 
+import smoke_commands
 import torch
+from smoke_commands import HERE, command
 
 import torchdelegate as td
-
-HERE = Path.cwd()
-COMMAND = str(Path(sys.executable).parent / "torchdelegate")
 
 
 class _Model(torch.nn.Module):
@@ -60,7 +53,7 @@ def core() -> None:
     from torchdelegate.backends.reference import ReferencePartitioner
 
     _lowered_and_run([ReferencePartitioner()], "reference")
-    _command("demo", "--tokens", "12", "--rounds", "1")
+    command("demo", "--tokens", "12", "--rounds", "1")
 
 
 def onnxruntime() -> None:
@@ -85,37 +78,15 @@ def all() -> None:  # noqa: A001 - the extra's name
 
 
 def llm() -> None:
-    _command("demo", "--checkpoint", "checkpoint")
-    _command("llm", "export", "checkpoint", "-o", "demo.tdp", "--max-cache", "64")
-    printed = _command("llm", "generate", "demo.tdp", "-p", "The teacher said", "--max-new-tokens", "8")
+    command("demo", "--checkpoint", "checkpoint")
+    command("llm", "export", "checkpoint", "-o", "demo.tdp", "--max-cache", "64")
+    printed = command("llm", "generate", "demo.tdp", "-p", "The teacher said", "--max-new-tokens", "8")
     assert printed.startswith(" that he"), printed  # the demo model's greedy continuation
 
 
 def serve() -> None:
-    """``llm serve`` on the file the llm stage wrote: it answers /health and a completion, and stops on SIGTERM."""
-    server = subprocess.Popen(
-        [COMMAND, "llm", "serve", "demo.tdp", "--port", "0"], stdout=subprocess.PIPE, text=True, cwd=HERE
-    )
-    try:
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in server.stdout or []], daemon=True).start()
-        line = ""
-        while not line.startswith("serving "):
-            line = lines.get(timeout=120)  # queue.Empty: the server never said it serves
-        found = re.search(r"(http://127\.0\.0\.1:\d+)/v1", line)
-        assert found, line
-        with urllib.request.urlopen(f"{found.group(1)}/health", timeout=30) as answer:
-            assert answer.status == 200
-        body = b'{"model": "demo", "prompt": "The teacher said", "max_tokens": 4, "temperature": 0}'
-        asked = urllib.request.Request(f"{found.group(1)}/v1/completions", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(asked, timeout=60) as answer:
-            assert b'"text_completion"' in answer.read()
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=60) == 0
-        print("serve: answered /health and a completion, stopped on SIGTERM")
-    finally:
-        if server.poll() is None:
-            server.kill()
+    """``llm serve`` on the file the llm stage wrote."""
+    smoke_commands.serve("demo.tdp")
 
 
 def distributed() -> None:
@@ -131,7 +102,7 @@ def distributed() -> None:
 def viz() -> None:
     import model_explorer  # what inspect --open starts
 
-    _command("inspect", "reference.tdp", "--model-explorer", "explorer")
+    command("inspect", "reference.tdp", "--model-explorer", "explorer")
     assert any(Path("explorer").iterdir()), "inspect --model-explorer wrote nothing"
     print(f"viz: {model_explorer.__name__} imports")
 
@@ -146,13 +117,6 @@ def bench() -> None:
     import matplotlib
 
     print(f"bench: matplotlib {matplotlib.__version__}")
-
-
-def _command(*args: str) -> str:
-    done = subprocess.run([COMMAND, *args], capture_output=True, text=True, timeout=600, cwd=HERE)
-    assert done.returncode == 0, f"torchdelegate {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
-    print(f"torchdelegate {' '.join(args)}: ok")
-    return done.stdout
 
 
 if __name__ == "__main__":
