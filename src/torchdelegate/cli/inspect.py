@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from torchdelegate.cli.command import (
     EXIT_OK,
+    FULL_INSTALL,
     CommandError,
     UsageError,
     add_file_options,
@@ -19,6 +20,7 @@ from torchdelegate.cli.command import (
     file_backend_ids,
     loaded,
 )
+from torchdelegate.errors import first_line
 from torchdelegate.report.terminal import coverage_line, human_bytes
 
 if TYPE_CHECKING:
@@ -90,7 +92,6 @@ def _native_backends(path: Path, external_data: Path | None) -> list[str]:
 
 def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.cli.outputs import named_output_type
-    from torchdelegate.report import LoweringReport, render_html, render_text
     from torchdelegate.serialize.container import FORMAT_VERSION
 
     if (args.open or args.port is not None) and args.model_explorer is None:
@@ -148,11 +149,27 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
                 f"{n} ({human_bytes(file.segment_length(d, 'asset'))})" for n, d in sorted(file.assets.items())
             )
             print(f"assets: {carried}", file=out)
+    _print_report(saved, args, out)
+    return EXIT_OK
+
+
+def _print_report(saved: dict[str, Any] | None, args: argparse.Namespace, out: TextIO) -> None:
+    """The saved partition report: each method's coverage, or in full (``--report``), as HTML, for
+    Model Explorer. Reading it needs torch (the report's classes are lowering's); without torch the
+    rest of inspect's description stands and the report is said to need it."""
     if saved is None:
         if args.html or args.report or args.model_explorer:
             raise CommandError(f"{args.file} holds no partition report; {_NO_REPORT}")
         print(f"report: none saved ({_NO_REPORT})", file=out)
-        return EXIT_OK
+        return
+    try:
+        from torchdelegate.report import LoweringReport, render_html, render_text
+    except ImportError as error:
+        needs = f"reading the saved partition report needs torch ({first_line(error)}): {FULL_INSTALL}"
+        if args.html or args.report or args.model_explorer:
+            raise CommandError(f"{args.file}: {needs}") from error
+        print(f"report: saved; {needs}", file=out)
+        return
     try:
         report = LoweringReport.from_json(saved)
     except ValueError as error:
@@ -168,7 +185,6 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
         print(f"report: {args.html}", file=out)
     if args.model_explorer:
         _model_explorer(report, args, out)
-    return EXIT_OK
 
 
 def _model_explorer(report: LoweringReport, args: argparse.Namespace, out: TextIO) -> None:

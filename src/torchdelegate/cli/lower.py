@@ -95,9 +95,8 @@ def add_lowering_options(parser: argparse.ArgumentParser) -> None:
 
 
 def lower_command(args: argparse.Namespace, out: TextIO) -> int:
-    from torchdelegate.report import render_html, render_text
-
     require_torch()
+    from torchdelegate.report import render_html, render_text
 
     methods = _method_files(args.methods)
     partitioners = chosen_partitioners(args, args.backends, _compile_specs(args.compile_spec))
