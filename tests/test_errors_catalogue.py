@@ -29,6 +29,7 @@ INTERNAL = {
     "WorkerError",
     "Unkeyable",
     "JsonLimitError",
+    "NeedsTorch",
 }
 
 

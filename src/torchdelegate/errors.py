@@ -91,6 +91,11 @@ class BackendUnavailableError(TorchDelegateError, RuntimeError):
     """A program needs a backend whose ``is_available()`` is False on this machine."""
 
 
+class TorchRequiredError(TorchDelegateError, ImportError):
+    """A file needs torch to run (its graph computes outside its delegates, or a backend runs on torch),
+    or lowering was asked for, in a process where torch is not installed."""
+
+
 def first_line(error: BaseException, limit: int = 300) -> str:
     """``error``'s first message line, without terminal colours, cut at ``limit`` characters.
 

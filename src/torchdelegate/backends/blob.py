@@ -10,16 +10,15 @@ run time the tensors are views of the program file.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch.export import ExportedProgram
+from typing import TYPE_CHECKING, Any
 
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.errors import FormatError
-from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.serialize.container import framed, unframed
-from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
 
 WEIGHT_ALIGNMENT = 64
 
@@ -46,6 +45,9 @@ def unpack(
 
 def weight_table(program: ExportedProgram, store: NamedDataStore, where: str) -> list[dict[str, Any]]:
     """Every parameter, buffer and constant of ``program`` added to ``store`` by content (as views)."""
+    from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
+    from torchdelegate.serialize.tensors import dtype_name
+
     table = []
     for spec in program.graph_signature.input_specs:
         if spec.kind not in TENSOR_STATE_KINDS or spec.target is None:
@@ -70,6 +72,8 @@ def table_keys(table: Any) -> list[str]:
 
 def weights(table: Any, named_data: NamedDataMap, backend: str) -> dict[str, torch.Tensor]:
     """The tensors a weight table names, as views of the named data; a ``FormatError`` if malformed."""
+    from torchdelegate.serialize.tensors import tensor_from_bytes
+
     tensors: dict[str, torch.Tensor] = {}
     for entry in table if isinstance(table, list) else [None]:
         try:

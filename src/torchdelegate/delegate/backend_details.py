@@ -152,6 +152,11 @@ class BackendDetails(ABC):
     A file's delegates of such a backend are loaded only when the caller trusts it
     (``load(path, trusted_backends=[...])``); a backend that declares False must treat its
     blob as untrusted input and check everything it hands to its runtime."""
+    array_runtime: ClassVar[str | None] = None
+    """``"module:Class"`` of this backend's run-time half on numpy arrays, an
+    :class:`~torchdelegate.delegate.array_runtime.ArrayRuntime` in a module that imports no torch; None
+    (the default): running its blobs needs torch. Declare it also in the entry-point group
+    ``torchdelegate.array_runtimes`` (name: the backend id), so a process without torch finds it."""
     load_options: ClassVar[dict[str, str]] = {}
     """The compile specs that depend on the machine that runs a file rather than the one that lowered
     it (a thread count), each with what it means: ``load(path, backend_options={id: {key: value}})``

@@ -13,13 +13,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchdelegate.delegate.backend_details import BackendDetails
 from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.delegate.trust import INHERITED, Inherited, Trust, check_trusted, current_trust, trusting
 from torchdelegate.errors import DelegateExecutionError, FormatError, OperatorNotFoundError, UntrustedCodeError
+
+if TYPE_CHECKING:
+    from torchdelegate.delegate.backend_details import BackendDetails
 
 _PASS_THROUGH = (DelegateExecutionError, FormatError, OperatorNotFoundError, UntrustedCodeError)
 

@@ -9,16 +9,26 @@ At run time a backend reads the data through a :class:`NamedDataMap`, as zero-co
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-
-import torch
+from typing import TYPE_CHECKING
 
 from torchdelegate.errors import NamedDataConflictError
 from torchdelegate.exported.mapped_pages import release_buffer, sha256_releasing
 
+if TYPE_CHECKING:
+    import torch
+
 Buffer = bytes | memoryview
+
+
+def _is_tensor(data: object) -> bool:
+    """Whether ``data`` is a torch tensor, without importing torch: a process that has not imported it
+    holds none (a loaded program's named data map runs where torch is not installed)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(data, torch.Tensor)
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -26,8 +36,10 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
 
     The view keeps the tensor's storage alive. Bytes are in the machine's native order.
     """
-    if not isinstance(tensor, torch.Tensor):
+    if not _is_tensor(tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    import torch
+
     if tensor.device.type != "cpu":
         raise ValueError(f"named data must live on the CPU, got a tensor on {tensor.device}")
     flat = tensor.detach().contiguous().reshape(-1)
@@ -37,8 +49,8 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def _as_buffer(data: bytes | bytearray | memoryview | torch.Tensor) -> Buffer:
-    if isinstance(data, torch.Tensor):
-        return tensor_bytes(data)
+    if _is_tensor(data):
+        return tensor_bytes(data)  # type: ignore[arg-type]
     if isinstance(data, bytes):
         return data
     if isinstance(data, memoryview) and isinstance(data.obj, bytes):

@@ -14,9 +14,12 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
-from torchdelegate.delegate.backend_details import BackendDetails
 from torchdelegate.errors import UntrustedCodeError
+
+if TYPE_CHECKING:
+    from torchdelegate.delegate.backend_details import BackendDetails
 
 TRUSTED_BACKENDS_VARIABLE = "TORCHDELEGATE_TRUSTED_BACKENDS"
 

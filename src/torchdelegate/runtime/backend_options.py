@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from torchdelegate.delegate.backend_details import get_backend
+from torchdelegate.delegate.array_runtime import array_runtime
 from torchdelegate.delegate.specs import CompileSpec
 
 BackendOptions = dict[str, dict[str, bytes]]
@@ -39,7 +39,7 @@ def checked_backend_options(options: Any, backend_ids: Iterable[str], where: str
             )
         if not isinstance(values, Mapping):
             raise TypeError(f"backend_options[{backend_id!r}] must map option names to values, got {values!r:.80}")
-        declared = get_backend(backend_id).load_options
+        declared = declared_load_options(backend_id)
         checked[backend_id] = {}
         for key, value in sorted(values.items(), key=lambda item: str(item[0])):
             if key not in declared:
@@ -52,6 +52,17 @@ def checked_backend_options(options: Any, backend_ids: Iterable[str], where: str
             text = ("1" if value else "0") if isinstance(value, bool) else str(value)
             checked[backend_id][key] = text.encode()
     return checked
+
+
+def declared_load_options(backend_id: str) -> dict[str, str]:
+    """The load options ``backend_id`` declares: its array runtime's when it has one (a process without
+    torch reads them there), else its ``BackendDetails``'."""
+    runtime = array_runtime(backend_id)
+    if runtime is not None:
+        return runtime.load_options
+    from torchdelegate.delegate.backend_details import get_backend
+
+    return get_backend(backend_id).load_options
 
 
 def with_load_options(compile_specs: list[CompileSpec], values: Mapping[str, bytes]) -> list[CompileSpec]:

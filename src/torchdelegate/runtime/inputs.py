@@ -16,6 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchdelegate.errors import FormatError, ProgramInputError
+from torchdelegate.runtime.arguments import bound_arguments
 from torchdelegate.serialize.residual_graph import ConstantValue, ResidualGraph, SymbolicValue, TensorValue
 
 
@@ -133,33 +134,9 @@ class MethodInputs:
         return ProgramInputError(f"method {self.method!r}: the inputs do not match {self.describe()}")
 
     def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Arguments rearranged to the exported split between positional and keyword."""
-        names = self.arg_names
-        if len(args) > len(names):
-            raise ProgramInputError(
-                f"method {self.method!r} takes {len(names)} argument{'' if len(names) == 1 else 's'}, "
-                f"got {len(args)} positional: {self.describe()}"
-            )
-        bound = dict(zip(names, args, strict=False))
-        for key, value in kwargs.items():
-            if key not in names:
-                raise ProgramInputError(f"method {self.method!r} has no argument {key!r}: {self.describe()}")
-            if key in bound:
-                raise ProgramInputError(f"method {self.method!r}: argument {key!r} given twice")
-            bound[key] = value
-        positional = names[: self.positional_count]
-        missing = [n for n in [*positional, *self.keyword_names] if n not in bound]
-        if missing:
-            raise ProgramInputError(
-                f"method {self.method!r}: missing argument {', '.join(map(repr, missing))}: {self.describe()}"
-            )
-        extra = [n for n in bound if n not in positional and n not in self.keyword_names]
-        if extra:
-            raise ProgramInputError(
-                f"method {self.method!r}: argument {', '.join(map(repr, extra))} was not an input when the method "
-                "was exported"
-            )
-        return tuple(bound[n] for n in positional), {k: bound[k] for k in self.keyword_names}
+        return bound_arguments(
+            self.method, self.arg_names, self.positional_count, self.keyword_names, args, kwargs, self.describe()
+        )
 
     def _check(self, flat: Sequence[Any]) -> None:
         sizes: dict[str, tuple[int, str]] = {}

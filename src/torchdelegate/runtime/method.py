@@ -10,9 +10,11 @@ buffer updates are written into those tensors, as the exported module does in ea
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule
@@ -22,6 +24,7 @@ from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegat
 from torchdelegate.exported.programs import output_values
 from torchdelegate.runtime.inputs import MethodInputs
 from torchdelegate.serialize.allow_list import allowed_call_target, passed_operator_allowed
+from torchdelegate.serialize.arrays import numpy_dtype
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
 from torchdelegate.serialize.node_checks import node_target
 from torchdelegate.serialize.residual_graph import ResidualGraph, TensorValue
@@ -170,6 +173,22 @@ def _check_state(method: str, name: str, tensor: torch.Tensor, expected: Any) ->
         )
 
 
+def _tensor_of(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array``'s memory (a read-only array is used read-only, or copied before a write)."""
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def _array_of(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16", "a bfloat16 output"))
+    return tensor.numpy()
+
+
 class Method:
     """A callable method of a :class:`~torchdelegate.runtime.program.Program`."""
 
@@ -220,6 +239,15 @@ class Method:
         reads = {s.target for s in program.inputs if s.kind == "buffer"}
         # Buffers shared with other methods: calls that touch them are serialized by the program.
         self.uses_mutable_state = bool(self._buffer_updates) or not reads.isdisjoint(mutable)
+
+    def call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """Run with the exported module's calling convention; outputs in its structure. Numpy arrays
+        among the inputs are read as tensors (no copy), and the outputs then come back as arrays."""
+        arrays_in = any(isinstance(value, np.ndarray) for value in pytree.tree_leaves((args, kwargs)))
+        if arrays_in:
+            args, kwargs = pytree.tree_map_only(np.ndarray, _tensor_of, (tuple(args), dict(kwargs)))
+        outputs = self.run_flat(self.inputs.flatten(args, kwargs))
+        return pytree.tree_map_only(torch.Tensor, _array_of, outputs) if arrays_in else outputs
 
     def run_flat(self, user_inputs: Sequence[Any]) -> Any:
         """Run on already checked flat user inputs; the outputs in the method's structure."""

@@ -20,24 +20,30 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from torchdelegate.cache.machine_cache import required_cache_directory
-from torchdelegate.delegate.backend_details import BackendDetails, get_backend
 from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.delegate.trust import trusted_backends as trusted_backends_of
-from torchdelegate.errors import BackendNotFoundError, BackendUnavailableError, FormatError, ProgramClosedError
-from torchdelegate.exported.generated_source import GeneratedSource
+from torchdelegate.errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    FormatError,
+    ProgramClosedError,
+    TorchRequiredError,
+)
+from torchdelegate.runtime.array_method import ArrayMethod
 from torchdelegate.runtime.backend_options import BackendOptions, checked_backend_options, with_load_options
-from torchdelegate.runtime.method import Method
+from torchdelegate.runtime.engine import ENGINES, array_plans, require_torch
+from torchdelegate.serialize.arrays import array_from_bytes, zeros_array
+from torchdelegate.serialize.call_plan import CallPlan
 from torchdelegate.serialize.manifest import DelegateRecord
 from torchdelegate.serialize.reader import ProgramFile
-from torchdelegate.serialize.residual_graph import residual_graph
-from torchdelegate.serialize.tensors import tensor_from_bytes, zeros
 from torchdelegate.serialize.tree_specs import output_type_name
+
+if TYPE_CHECKING:
+    from torchdelegate.runtime.method import Method
 
 
 class FileNamedDataMap(NamedDataMap):
@@ -130,7 +136,7 @@ class _Gate:
 class BoundMethod:
     """``Program.method(name)``: a callable with the method's calling convention."""
 
-    def __init__(self, program: Program, method: Method) -> None:
+    def __init__(self, program: Program, method: Method | ArrayMethod) -> None:
         self._gate = program._gate
         self._method = method
         self.output_type = program._output_types[method.name]
@@ -142,11 +148,10 @@ class BoundMethod:
         self._gate.enter(self.name)
         try:
             self._verify(self._method)
-            flat = self._method.inputs.flatten(args, kwargs)
             if self._state_lock is None:
-                return self._method.run_flat(flat)
+                return self._method.call(args, kwargs)
             with self._state_lock:
-                return self._method.run_flat(flat)
+                return self._method.call(args, kwargs)
         finally:
             self._gate.leave()
 
@@ -175,9 +180,15 @@ class Program:
     """A loaded program: run its methods with :meth:`run` or :meth:`method`, then :meth:`close`."""
 
     def __init__(
-        self, file: ProgramFile, trust: frozenset[str] = frozenset(), backend_options: BackendOptions | None = None
+        self,
+        file: ProgramFile,
+        trust: frozenset[str] = frozenset(),
+        backend_options: BackendOptions | None = None,
+        plans: dict[str, CallPlan] | None = None,
     ) -> None:
+        """``plans``: each method's call plan, to run on array runtimes without torch; None: on torch."""
         self._file = file
+        self._plans = plans
         self._trust = trust
         self._backend_options = backend_options or {}
         self._gate = _Gate(str(file.path))
@@ -187,11 +198,23 @@ class Program:
         self._state = self._load_state()
         self._mutable = frozenset(r.name for r in file.state if r.mutable)
         self._delegates = [self._delegate(record) for record in file.delegates]
-        self._methods: dict[str, Method] = {}
+        self._methods: dict[str, Method | ArrayMethod] = {}
         self._bound: dict[str, BoundMethod] = {}
         self._unverified: dict[str, list[tuple[str, str]]] = {}  # method: (name, digest) of its read-only state
         self._output_types: dict[str, str | None] = {}
         self._plain_types: dict[str, str] = {}
+        self._source: Any = None
+        if plans is not None:
+            for record in file.methods:
+                self._output_types[record.name] = output_type_name(record.graph)
+                method = self._checked(
+                    record.name, lambda r=record: self._array_method(r.name, plans[r.name], r.delegates)
+                )
+                self._methods[record.name] = method
+                self._bound[record.name] = BoundMethod(self, method)
+            return
+        from torchdelegate.exported.generated_source import GeneratedSource
+
         self._source = GeneratedSource()
         try:
             with self._source.recording():
@@ -201,6 +224,11 @@ class Program:
         except BaseException:
             self._source.forget()
             raise
+
+    @property
+    def engine(self) -> str:
+        """What runs the methods: ``"arrays"`` (the delegates' array runtimes, numpy, no torch) or ``"torch"``."""
+        return "torch" if self._plans is None else "arrays"
 
     @property
     def path(self) -> str:
@@ -324,7 +352,8 @@ class Program:
             return
         for delegate in self._delegates:
             delegate.release()
-        self._source.forget()
+        if self._source is not None:
+            self._source.forget()
         self._file.close()
 
     def __enter__(self) -> Program:
@@ -339,21 +368,29 @@ class Program:
         state = "closed" if self._gate.closed else f"{len(self._delegates)} delegates"
         return f"Program({self.path!r}, methods={self.method_names}, {state})"
 
-    def _load_state(self) -> dict[str, torch.Tensor]:
-        state = {}
+    def _load_state(self) -> dict[str, Any]:
+        """The state by name: tensors on torch, arrays on array runtimes; read-only views of the file,
+        but for mutable state, which is the program's own copy (written by its methods)."""
+        if self._plans is None:
+            from torchdelegate.serialize.tensors import tensor_from_bytes as from_bytes
+            from torchdelegate.serialize.tensors import zeros
+        else:
+            from_bytes, zeros = array_from_bytes, zeros_array  # type: ignore[assignment]
+        state: dict[str, Any] = {}
         for record in self._file.state:
             where = f"{self._file.path}: state {record.name!r}"
             if record.data is None:
                 state[record.name] = zeros(record.dtype, record.shape, where)
-            elif record.mutable:  # the program's own copy, written by its methods
+            elif record.mutable:
                 data = self._file.data(record.data, f"state {record.name!r}")
-                state[record.name] = tensor_from_bytes(data, record.dtype, record.shape, where).clone()
+                value = from_bytes(data, record.dtype, record.shape, where)
+                state[record.name] = value.copy() if self._plans is not None else value.clone()  # type: ignore[attr-defined]
             else:
                 data = self._file.data(record.data, f"state {record.name!r}", verify=False)  # on first call
-                state[record.name] = tensor_from_bytes(data, record.dtype, record.shape, where)
+                state[record.name] = from_bytes(data, record.dtype, record.shape, where)
         return state
 
-    def _verify_state(self, method: Method) -> None:
+    def _verify_state(self, method: Method | ArrayMethod) -> None:
         """Check the checksums of the state ``method`` reads, before its first call runs.
 
         Until every one has passed, each call checks again: a corrupt weight never runs.
@@ -371,7 +408,7 @@ class Program:
     def _delegate(self, record: DelegateRecord) -> DelegateInstance:
         where = f"{self._file.path}: delegate {record.name!r} of method {record.method!r}"
         try:
-            backend: type[BackendDetails] = get_backend(record.backend_id)
+            backend = self._backend(record.backend_id)
         except BackendNotFoundError as e:
             raise BackendNotFoundError(f"{where} needs backend {record.backend_id!r}: {e}") from e
         try:
@@ -395,7 +432,45 @@ class Program:
             trust=self._trust,
         )
 
+    def _backend(self, backend_id: str) -> Any:
+        """The class that runs ``backend_id``'s delegates: its array runtime, or its ``BackendDetails``."""
+        if self._plans is not None:
+            from torchdelegate.delegate.array_runtime import array_runtime
+
+            return array_runtime(backend_id)
+        from torchdelegate.delegate.backend_details import get_backend
+
+        return get_backend(backend_id)
+
+    def _array_method(self, name: str, plan: CallPlan, indices: list[int]) -> ArrayMethod:
+        digests = {r.name: r.data for r in self._file.state}
+        for spec in plan.inputs:
+            if spec.target is not None and spec.target not in self._state:
+                raise FormatError(f"method {name!r} reads state {spec.target!r}, which the file does not hold")
+        reads = {s.target for s in plan.inputs if s.target is not None}
+        self._unverified[name] = [
+            (fqn, digest) for fqn in sorted(reads - self._mutable) if (digest := digests[fqn]) is not None
+        ]
+        return ArrayMethod(name, plan, self._state, {i: self._delegates[i] for i in indices}, self._mutable)
+
+    def _checked(self, name: str, make: Any) -> Any:
+        """``make()``, a method, checked to write only mutable state; its problems as ``FormatError``s."""
+        try:
+            method = make()
+            unmarked = sorted(method.writes - self._mutable)
+            if unmarked:  # the program's copy would be the file's shared, read-only bytes
+                raise FormatError(f"method {name!r} writes {', '.join(map(repr, unmarked))}, not marked mutable")
+            return method
+        except FormatError as e:
+            raise FormatError(f"{self._file.path}: {e}") from e
+        except Exception as e:  # anything else a malformed graph trips over
+            where = f"{self._file.path}: method {name!r}"
+            raise FormatError(f"{where}: the graph cannot be prepared to run ({type(e).__name__}: {e})") from e
+
     def _method(self, name: str, graph: dict[str, Any], indices: list[int]) -> Method:
+        from torchdelegate.runtime.method import Method
+        from torchdelegate.serialize.residual_graph import residual_graph
+
         where = f"{self._file.path}: method {name!r}"
         program = residual_graph(graph, self._state, where, self._plain_types)
         self._output_types[name] = output_type_name(graph)
@@ -408,16 +483,7 @@ class Program:
         ]
         delegates = {i: self._delegates[i] for i in indices}
         kinds = {i: self._file.delegates[i].input_kinds for i in indices}
-        try:
-            method = Method(name, program, self._state, delegates, kinds, self._mutable)
-            unmarked = sorted(method.writes - self._mutable)
-            if unmarked:  # the program's copy would be the file's shared, read-only bytes
-                raise FormatError(f"method {name!r} writes {', '.join(map(repr, unmarked))}, not marked mutable")
-            return method
-        except FormatError as e:
-            raise FormatError(f"{self._file.path}: {e}") from e
-        except Exception as e:  # anything else a malformed graph trips over
-            raise FormatError(f"{where}: the graph cannot be prepared to run ({type(e).__name__}: {e})") from e
+        return self._checked(name, lambda: Method(name, program, self._state, delegates, kinds, self._mutable))  # type: ignore[no-any-return]
 
 
 def load(
@@ -426,8 +492,14 @@ def load(
     external_data_path: str | os.PathLike[str] | None = None,
     trusted_backends: Iterable[str] | None = None,
     backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+    engine: str | None = None,
 ) -> Program:
     """Map a program file and get it ready to run; see :class:`Program`.
+
+    ``engine``: what runs the methods. By default, the delegates' array runtimes on numpy arrays, without
+    importing torch, when every graph only calls delegates and every backend has one (ONNX Runtime's does);
+    else torch. ``"arrays"`` requires the former (a ``TorchRequiredError`` naming what needs torch),
+    ``"torch"`` runs on torch whatever the file. Either takes numpy arrays and torch tensors.
 
     ``trusted_backends``: ids of backends whose native code this file may run (with those in
     ``TORCHDELEGATE_TRUSTED_BACKENDS``); a delegate of any other backend that declares
@@ -435,11 +507,18 @@ def load(
     ``backend_options``: ``{backend_id: {key: value}}``, what depends on this machine (a thread
     count), among the keys each backend declares in ``load_options`` (``runtime/backend_options.py``).
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: give None (the file decides), 'arrays' or 'torch'")
     trust = trusted_backends_of(trusted_backends)
     file = ProgramFile(path, external_data_path)
     try:
         options = checked_backend_options(backend_options, [d.backend_id for d in file.delegates], str(file.path))
-        return Program(file, trust, options)
+        plans, reasons = array_plans(file) if engine != "torch" else (None, ["torch was asked for"])
+        if plans is None:
+            if engine == "arrays":
+                raise TorchRequiredError(f"{file.path} cannot run without torch: {'; '.join(reasons)}")
+            require_torch(reasons, str(file.path))
+        return Program(file, trust, options, plans)
     except BaseException:
         file.close()
         raise

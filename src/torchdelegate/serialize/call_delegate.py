@@ -24,6 +24,7 @@ from torch.fx import GraphModule, Node
 from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate
 from torchdelegate.errors import SerializationError
 from torchdelegate.exported.structural_copy import copy_node, fetch_attr, graph_like, keep_name, program_around
+from torchdelegate.serialize.call_plan import SIZE, TENSOR
 
 _SCHEMA = "(int index, Tensor[] tensors, SymInt[] sizes) -> Tensor[]"
 _NAME, _NAME_BEFORE_RENAME = "call_delegate", "delegate_call"
@@ -46,8 +47,6 @@ def _define(name: str) -> OpOverload:
 
 saved_call_delegate = _define(_NAME)
 SAVED_CALL_DELEGATE_OPS = frozenset({saved_call_delegate, _define(_NAME_BEFORE_RENAME)})
-
-TENSOR, SIZE = "T", "S"
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ torch names without the ``torch.`` prefix.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import Any
 
 import torch
 
 from torchdelegate.errors import FormatError, SerializationError
+from torchdelegate.serialize.arrays import checked_shape, physical_memory
 
 DTYPES: dict[str, torch.dtype] = {
     str(dtype).removeprefix("torch."): dtype
@@ -60,25 +60,15 @@ def _checked(dtype: Any, shape: Any, where: str) -> torch.dtype:
     torch_dtype = DTYPES.get(dtype) if isinstance(dtype, str) else None
     if torch_dtype is None:
         raise FormatError(f"{where}: unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or len(shape) > 64 or any(type(d) is not int or not 0 <= d < 1 << 48 for d in shape):
-        raise FormatError(f"{where}: shape must be a list of at most 64 sizes below 2**48, got {shape!r:.200}")
-    if math.prod(max(d, 1) for d in shape) >= 1 << 48:
-        raise FormatError(f"{where}: shape {shape!r:.200} has too many elements (even if one size is 0)")
+    checked_shape(shape, where)
     return torch_dtype
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return 1 << 40
 
 
 def zeros(dtype: Any, shape: Any, where: str) -> torch.Tensor:
     """A tensor of zeros (stored as its shape alone), no larger than this machine's memory."""
     torch_dtype = _checked(dtype, shape, where)
     nbytes = math.prod(shape) * torch.empty((), dtype=torch_dtype).element_size()
-    if nbytes > _physical_memory():
+    if nbytes > physical_memory():
         raise FormatError(f"{where}: asks for {nbytes} bytes of zeros, more than this machine's memory")
     return torch.zeros(shape, dtype=torch_dtype)
 

@@ -22,8 +22,6 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE, is_namedtuple_class
-
 from torchdelegate.errors import FormatError, located
 from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
 
@@ -83,6 +81,8 @@ def _check_node(node: Any) -> None:
                 "a saved graph may name only a builtin type"
             )
     if name == _NAMEDTUPLE:
+        from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE, is_namedtuple_class
+
         cls = SERIALIZED_TYPE_TO_PYTHON_TYPE.get(context) if isinstance(context, str) else None
         if cls is not None and not is_namedtuple_class(cls):
             raise FormatError(f"a tree spec rebuilds {context!r:.80} as a named tuple, which it is not")
@@ -242,6 +242,8 @@ def _is_root(entry: Any) -> bool:
 
 def _registered(name: str | None) -> bool:
     """Whether this process can rebuild the container ``name`` (a leaf, None, always)."""
+    from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE
+
     return name is None or name in SERIALIZED_TYPE_TO_PYTHON_TYPE
 
 

@@ -39,11 +39,32 @@ names, checked), ``confinement`` (what a model may reach), ``in_place`` (the out
 writes into its inputs' memory), ``kept_binding`` (those calls' IO binding), ``session`` (a
 delegate's session),
 ``prepared`` (the machine cache's entries) and ``packing_memory`` (the pages and heap packing
-leaves behind); ``backend`` joins them behind :class:`OnnxRuntimeBackend`.
+leaves behind); ``array_runtime`` joins the run-time ones behind :class:`OnnxRuntimeArrays` (numpy arrays,
+no torch) and ``backend`` all of them behind :class:`OnnxRuntimeBackend`.
 """
 
-from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
-from torchdelegate.backends.onnxruntime.partitioner import OnnxRuntimePartitioner
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
+
+if TYPE_CHECKING:
+    from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
+    from torchdelegate.backends.onnxruntime.partitioner import OnnxRuntimePartitioner
+
+# Imported when asked for: the backend's class and partitioner import torch, which a process running a
+# file on ``array_runtime`` (numpy arrays) never does.
+_LAZY = {
+    "OnnxRuntimeBackend": "torchdelegate.backends.onnxruntime.backend",
+    "OnnxRuntimePartitioner": "torchdelegate.backends.onnxruntime.partitioner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = ["BLOB_VERSION", "OnnxRuntimeBackend", "OnnxRuntimePartitioner"]

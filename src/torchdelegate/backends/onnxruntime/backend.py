@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import replace
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdelegate.backends.onnxruntime.array_runtime import OnnxRuntimeArrays
 from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys, unpacked
 from torchdelegate.backends.onnxruntime.branches import branch_name
 from torchdelegate.backends.onnxruntime.session import branch_seconds, check_blob, delegate_handle, prepare_model
@@ -41,11 +41,7 @@ class OnnxRuntimeBackend(BackendDetails):
         "row blocks"
     )
     weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
-    load_options = {
-        "intra_op_num_threads": "threads of ONNX Runtime's intra-op pool (an integer; 0: ONNX Runtime's choice)",
-        "intra_op_spinning": "1: the pool's threads spin between calls (faster on a machine of its own), 0: sleep",
-        "profile": "1: ONNX Runtime times every node (Program.profile() reads it; `run --profile` prints it)",
-    }
+    load_options = OnnxRuntimeArrays.load_options
 
     @classmethod
     def compile_cache_identity(cls) -> dict[str, str] | None:
@@ -55,13 +51,10 @@ class OnnxRuntimeBackend(BackendDetails):
 
     @classmethod
     def is_available(cls) -> bool:
-        try:
-            ort = importlib.import_module("onnxruntime")
-        except ImportError:
-            return False
-        return "CPUExecutionProvider" in ort.get_available_providers()
+        return OnnxRuntimeArrays.is_available()
 
     needs = "install its runtime with pip install 'torchdelegate[onnxruntime]'"
+    array_runtime = "torchdelegate.backends.onnxruntime.array_runtime:OnnxRuntimeArrays"
 
     @classmethod
     def partitioner(cls, compile_specs: list[CompileSpec] | None = None) -> OnnxRuntimePartitioner:
@@ -131,7 +124,21 @@ class OnnxRuntimeBackend(BackendDetails):
 
     @classmethod
     def execute(cls, handle: Any, inputs: list[Any]) -> list[torch.Tensor]:
-        return handle(inputs)
+        """The session runs on numpy views of the tensors (no copy); an output it wrote in place is the
+        input tensor itself."""
+        arrays = [_array_view(value) for value in inputs]
+        outputs = handle(arrays)
+        return [
+            inputs[j] if (j := handle.written.get(k)) is not None and output is arrays[j] else torch.from_numpy(output)
+            for k, output in enumerate(outputs)
+        ]
+
+
+def _array_view(value: Any) -> Any:
+    """A tensor's memory as a numpy array (a Python int, a symbolic size, as it is)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().numpy()
+    return value
 
 
 def _with_branch_node_names(result: PreprocessResult) -> PreprocessResult:

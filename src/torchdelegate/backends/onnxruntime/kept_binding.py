@@ -14,7 +14,6 @@ import threading
 from typing import Any
 
 import numpy as np
-import torch
 
 from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES
 
@@ -44,20 +43,20 @@ class KeptBinding:
         for name in self._outputs:  # in order: the outputs are read back by position
             self._binding.bind_output(name, "cpu")
         self._allocated = [k for k in range(len(self._outputs)) if k not in written]
-        self._buffers: dict[int, tuple[int, tuple[int, ...], torch.dtype]] = {}
+        self._buffers: dict[int, tuple[int, tuple[int, ...], np.dtype]] = {}
         self.lock = threading.Lock()
         """Held by the call using the binding (calls that share a program's buffers are serialized anyway)."""
 
-    def run(self, inputs: list[Any], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One call on ``tensors`` (``inputs`` made contiguous tensors); the donated inputs are
-        ``inputs`` themselves, so their memory is the program's."""
-        for j, (name, tensor) in enumerate(zip(self._names, tensors, strict=True)):
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """One call on C-contiguous ``arrays``; the donated ones are the program's own memory, and the
+        outputs written there are those arrays themselves."""
+        for j, (name, array) in enumerate(zip(self._names, arrays, strict=True)):
             if j not in self._donated:
-                self._binding.bind_input(name, "cpu", 0, numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr())
+                self._binding.bind_input(name, "cpu", 0, bound_dtype(array), array.shape, array.ctypes.data)
                 continue
-            where = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+            where = (array.ctypes.data, array.shape, array.dtype)
             if self._buffers.get(j) != where:  # bound once for the program's buffer
-                dtype, shape, pointer = numpy_dtype(tensor), list(tensor.shape), tensor.data_ptr()
+                dtype, shape, pointer = bound_dtype(array), list(array.shape), array.ctypes.data
                 self._binding.bind_input(name, "cpu", 0, dtype, shape, pointer)
                 self._binding.bind_output(self._outputs[self._donated[j]], "cpu", 0, dtype, shape, pointer)
                 self._buffers[j] = where
@@ -66,17 +65,15 @@ class KeptBinding:
         self._session._sess.run_with_iobinding(self._binding._iobinding, None)
         values = self._binding._iobinding.get_outputs()
         return [
-            inputs[self._written[k]] if k in self._written else torch.from_dlpack(values[k])
-            for k in range(len(self._outputs))
+            arrays[self._written[k]] if k in self._written else values[k].numpy() for k in range(len(self._outputs))
         ]
 
 
-_TORCH_TO_NUMPY = {getattr(torch, name): np.dtype(name) for name in ONNX_TYPES if name != "bfloat16"}
+_BINDABLE = frozenset(np.dtype(name) for name in ONNX_TYPES if name != "bfloat16")
 
 
-def numpy_dtype(tensor: torch.Tensor) -> np.dtype:
-    """The numpy dtype ONNX Runtime's binding takes for ``tensor``'s (numpy has no bfloat16)."""
-    dtype = _TORCH_TO_NUMPY.get(tensor.dtype)
-    if dtype is None:
-        raise TypeError(f"a {tensor.dtype} tensor cannot be bound to ONNX Runtime")
-    return dtype
+def bound_dtype(array: np.ndarray) -> np.dtype:
+    """``array``'s dtype, one ONNX Runtime's binding takes (numpy has no bfloat16 of its own)."""
+    if array.dtype not in _BINDABLE:
+        raise TypeError(f"a {array.dtype} array cannot be bound to ONNX Runtime")
+    return array.dtype

@@ -13,7 +13,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import torch
 
 from torchdelegate.backends.onnxruntime.blob_header import (
     checked_branch,
@@ -145,13 +144,13 @@ class Model:
                 self._node_seconds = kernel_seconds(Path(path)) if path else {}
             return dict(self._node_seconds)
 
-    def run(self, branch: int, inputs: list[Any]) -> list[torch.Tensor]:
+    def run(self, branch: int, inputs: list[Any]) -> list[np.ndarray]:
         names, outputs = self.branches[branch]
         feed = dict(self._unread)
-        feed.update((name, _as_numpy(value)) for name, value in zip(names, inputs, strict=True))
+        feed.update((name, as_array(value)) for name, value in zip(names, inputs, strict=True))
         if self._selector is not None:
             feed[self._selector] = np.array(branch, dtype=np.int64)
-        return [torch.from_numpy(array) for array in self._run(outputs, feed, None)]
+        return list(self._run(outputs, feed, None))
 
     def kept_binding(self, branch: int, written: dict[int, int]) -> KeptBinding:
         """A binding for calls of ``branch`` that write ``written`` outputs into their inputs' memory."""
@@ -210,7 +209,7 @@ def _discard_profile(session: Any) -> None:
 
 
 class _Delegate:
-    """One delegate: a branch of a model's session."""
+    """One delegate: a branch of a model's session, called on numpy arrays (ints for symbolic sizes)."""
 
     def __init__(self, model: Model, branch: int) -> None:
         self.model, self.branch = model, branch
@@ -225,17 +224,18 @@ class _Delegate:
         self.written = {k: j for j, k in sorted(donated.items()) if possible.get(k) == j}
         self._binding = self.model.kept_binding(self.branch, self.written) if self.written else None
 
-    def __call__(self, inputs: list[Any]) -> list[torch.Tensor]:
+    def __call__(self, inputs: list[Any]) -> list[np.ndarray]:
+        """The outputs; an output written in place (``written``) is its input array itself."""
         if len(inputs) != self._arity:
             raise ValueError(f"expected {self._arity} inputs, got {len(inputs)}")
         binding = self._binding
         if binding is None:
             return self.model.run(self.branch, inputs)
-        tensors = [_as_tensor(value) for value in inputs]
-        if any(tensors[j] is not inputs[j] for j in self.written.values()):  # a copy: not the program's memory
-            return self.model.run(self.branch, inputs)
+        arrays = [as_array(value) for value in inputs]
+        if any(arrays[j] is not inputs[j] for j in self.written.values()):  # a copy: not the program's memory
+            return self.model.run(self.branch, arrays)
         with binding.lock:
-            return binding.run(inputs, tensors)
+            return binding.run(arrays)
 
 
 def _parsed(model: memoryview) -> Any:
@@ -303,18 +303,11 @@ def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memor
     )
 
 
-def _as_tensor(value: Any) -> torch.Tensor:
-    """``value`` as a contiguous tensor: itself when it is one already (a Python int becomes int64)."""
-    if isinstance(value, torch.Tensor):
-        return value if value.is_contiguous() else value.contiguous()
-    return torch.tensor(value, dtype=torch.int64)
-
-
-def _as_numpy(value: Any) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        if value.requires_grad:
-            value = value.detach()
-        return (value if value.is_contiguous() else value.contiguous()).numpy()
+def as_array(value: Any) -> np.ndarray:
+    """``value`` as a C-contiguous array: itself when it is one already (a Python int, a symbolic
+    size, becomes an int64 scalar)."""
+    if isinstance(value, np.ndarray):
+        return value if value.flags.c_contiguous else np.ascontiguousarray(value)
     return np.asarray(value, dtype=np.int64)
 
 

@@ -1,0 +1,118 @@
+"""A file whose graphs only call delegates runs on numpy arrays, without torch: where torch is not
+installed, and where it is (never imported). Outputs equal eager's and the torch engine's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from models import CumprodBetweenLinears, export
+from programs import DECODE_TOKENS, PROMPT, eager_generation, program_generation, save_decoder
+
+import torchdelegate as td
+from torchdelegate.errors import ProgramInputError, TorchRequiredError
+
+pytest.importorskip("onnxruntime")
+from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
+
+WITHOUT_TORCH = """
+import importlib.abc, sys
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"No module named {name!r} (torch is not installed here)")
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+@pytest.fixture(scope="module")
+def decoder_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_decoder(tmp_path_factory.mktemp("arrays") / "decoder.tdp", OnnxRuntimePartitioner())
+
+
+@pytest.fixture(scope="module")
+def residual_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cumprod between two linear layers: ONNX Runtime takes the layers, the graph keeps cumprod."""
+    path = tmp_path_factory.mktemp("arrays") / "residual.tdp"
+    program = export(CumprodBetweenLinears().eval(), torch.randn(2, 8))
+    td.to_edge(program).to_backend(OnnxRuntimePartitioner()).save(path)
+    return path
+
+
+def _python(code: str, *args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+
+
+def _generation_script(blocked: bool) -> str:
+    prompt, tokens = PROMPT.tolist(), list(DECODE_TOKENS)
+    return (WITHOUT_TORCH if blocked else "") + textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import torchdelegate as td
+        with td.load(sys.argv[1]) as program:
+            assert program.engine == "arrays", program.engine
+            prompt = np.array({prompt})
+            outputs = [program.run("prefill", prompt, np.arange(len(prompt)))]
+            for step, token in enumerate({tokens}):
+                outputs.append(program.run("decode", np.array([token]), np.array([len(prompt) + step])))
+        assert all(type(o) is np.ndarray for o in outputs)
+        np.savez(sys.argv[2], *outputs)
+        assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch."))[:5]
+        print("no torch")
+    """)
+
+
+@pytest.mark.parametrize("blocked", [True, False], ids=["torch not installed", "torch installed"])
+def test_a_delegate_only_file_runs_on_numpy_without_importing_torch(
+    decoder_file: Path, tmp_path: Path, blocked: bool
+) -> None:
+    result = _python(_generation_script(blocked), decoder_file, tmp_path / "out.npz")
+    assert result.returncode == 0 and "no torch" in result.stdout, result.stderr
+    saved = np.load(tmp_path / "out.npz")
+    for index, expected in enumerate(eager_generation()):
+        np.testing.assert_allclose(saved[f"arr_{index}"], expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_torch_tensors_in_give_torch_tensors_out_equal_to_the_torch_engine(decoder_file: Path) -> None:
+    with td.load(decoder_file) as arrays, td.load(decoder_file, engine="torch") as on_torch:
+        assert (arrays.engine, on_torch.engine) == ("arrays", "torch")
+        for ours, theirs in zip(program_generation(arrays), program_generation(on_torch), strict=True):
+            assert type(ours) is torch.Tensor
+            torch.testing.assert_close(ours, theirs)
+
+
+def test_the_torch_engine_takes_numpy_arrays_and_gives_arrays(decoder_file: Path) -> None:
+    with td.load(decoder_file, engine="torch") as program:
+        logits = program.run("prefill", PROMPT.numpy(), np.arange(len(PROMPT)))
+    assert type(logits) is np.ndarray
+    np.testing.assert_allclose(logits, eager_generation()[0].numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_an_array_of_the_wrong_dtype_is_named(decoder_file: Path) -> None:
+    with td.load(decoder_file) as program:
+        assert program.method("decode").signature() == ["tokens: int64[1]", "positions: int64[1]"]
+        with pytest.raises(ProgramInputError, match="argument 'tokens' must have dtype int64, got int32"):
+            program.run("decode", np.array([3], dtype=np.int32), np.array([8]))
+        with pytest.raises(ProgramInputError, match="argument 'tokens' must be a tensor"):
+            program.run("decode", [3], np.array([8]))
+
+
+def test_a_graph_that_computes_needs_torch_and_says_which_nodes(residual_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(TorchRequiredError, match=r"cannot run without torch: method 'forward': .*cumprod"):
+        td.load(residual_file, engine="arrays")
+    with td.load(residual_file) as program:  # torch is installed: the graph runs on it
+        assert program.engine == "torch"
+        assert program.run("forward", np.ones((2, 8), dtype=np.float32)).shape == (2, 4)
+    script = WITHOUT_TORCH + "import sys, torchdelegate as td\ntd.load(sys.argv[1])\n"
+    result = _python(script, residual_file)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("torchdelegate.errors.TorchRequiredError: ") and "needs torch to run" in last, last
+    assert "cumprod" in last and "pip install torchdelegate" in last, last
