@@ -14,10 +14,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import tomllib
 
 import torchdelegate
 
+tomllib = pytest.importorskip("tomllib", reason="pyproject.toml is read by Python 3.11's tomllib")
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_FILES = {"numpy", "onnxruntime", "ml-dtypes", "tokenizers", "jinja2"}
 SERVES = {"starlette", "uvicorn", "h11"}
