@@ -116,6 +116,22 @@ def test_sampling_is_reproducible_with_a_seed_and_the_cache_bounds_generation(
             Sampling(**bad)  # type: ignore[arg-type]
 
 
+def test_sampling_within_one_token_gives_the_greedy_tokens_and_seeds_draw_differently(
+    lowered: tuple[torch.nn.Module, Path],
+) -> None:
+    """top_k=1, or a top_p the most likely token alone reaches, leaves only the greedy token to draw;
+    a high temperature over every token draws differently under different seeds."""
+    model, path = lowered
+    prompt = [5, 6, 7, 8]
+    expected = transformers_greedy(model, prompt, 6)
+    with td.load(path) as program:
+        generator = Generator(program, max_positions=CACHE)
+        for narrow in (Sampling(temperature=1.5, top_k=1, seed=1), Sampling(temperature=1.5, top_p=1e-9, seed=2)):
+            assert generator.generate(prompt, 6, narrow).tokens == expected
+        drawn = {tuple(generator.generate(prompt, 6, Sampling(temperature=5.0, seed=seed)).tokens) for seed in range(4)}
+    assert len(drawn) > 1
+
+
 @pytest.fixture(scope="module")
 def dynamic(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
     """The same model with a prefill of any prompt length, exported as ``llm export`` does."""

@@ -215,7 +215,7 @@ class _Chooser:
     def __call__(self, logits: np.ndarray) -> int:
         sampling = self.sampling
         if self.random is None:
-            return int(np.argmax(logits))
+            return int(logits.argmax())
         scores = np.asarray(logits, dtype=np.float64) / sampling.temperature
         if sampling.top_k is not None and sampling.top_k < scores.size:
             cutoff = np.partition(scores, -sampling.top_k)[-sampling.top_k]  # the k-th highest score
