@@ -368,3 +368,5 @@ def test_outputs_are_named_by_their_place_unless_they_are_a_flat_tuple() -> None
     assert output_names([(SequenceKey(0),), (SequenceKey(1),)]) == ["", ""]
     nested = [(SequenceKey(0),), (SequenceKey(1), SequenceKey(0)), (SequenceKey(1), MappingKey("k"))]
     assert output_names(nested) == ["0", "1.0", "1.k"]
+    assert output_names([(0,), (1,)]) == ["", ""]  # the paths of a process without torch: positions and keys
+    assert output_names([(0,), (1, 0), (1, "k")]) == ["0", "1.0", "1.k"]
