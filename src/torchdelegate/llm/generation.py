@@ -88,6 +88,7 @@ class Generator:
     ``stop_tokens`` end a generation (the stop token is returned as its last token);
     ``max_positions`` is the static cache's length, which a prompt and its new tokens may not
     exceed (None: the program's own shapes say nothing, and the program fails past its cache).
+    One generation at a time: they share the program's cache, and decode's two input arrays.
     """
 
     def __init__(
