@@ -30,6 +30,7 @@ INTERNAL = {
     "Unkeyable",
     "JsonLimitError",
     "NeedsTorch",
+    "ModelProtoError",
 }
 
 

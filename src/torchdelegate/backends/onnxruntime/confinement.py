@@ -15,26 +15,27 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from torchdelegate.backends.onnxruntime.model_proto import EXTERNAL, Message, ModelProtoError, read_model
 from torchdelegate.errors import FormatError
 
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 _REFUSAL = "the blob was not written by this backend; do not run the file"
 
 
-def confined_model(onnx: Any, model_bytes: bytes, supplied: Mapping[str, tuple[str, int]], where: str) -> bytes:
-    """The model, re-serialized from what was checked; a ``FormatError`` if it would make ONNX
-    Runtime read a file, load code or take settings from it.
+def confined_model(model_bytes: bytes, supplied: Mapping[str, tuple[str, int]], where: str) -> tuple[bytes, Message]:
+    """The model's bytes and what was read of them, once checked; a ``FormatError`` if they would make
+    ONNX Runtime read a file, load code or take settings from the model.
 
     ``supplied`` names the top-level initializers the backend gives the session itself, each with
     the in-memory file it is read from and that file's length; they alone may be stored outside
-    the model, each as the whole of its own file. ``onnx`` is the imported ``onnx`` package. Handing
-    ONNX Runtime the re-serialized bytes (with the ONNX format forced) means it parses exactly
-    the model that was checked, never another format hidden in the same bytes.
+    the model, each as the whole of its own file. The bytes are read by ``model_proto``, which
+    refuses anything protobuf could read otherwise, and sessions are told they are an ONNX model
+    (``session.load_model_format``, settings.py), never another format hidden in the same bytes.
     """
     try:
-        model = onnx.ModelProto.FromString(model_bytes)
-    except Exception as e:
-        raise FormatError(f"{where}: the ONNX model cannot be parsed ({type(e).__name__}: {e})") from None
+        model = read_model(model_bytes)
+    except ModelProtoError as e:
+        raise FormatError(f"{where}: the ONNX model cannot be read ({e})") from None
     for entry in model.metadata_props:
         if entry.key == "ort_config":
             raise FormatError(f"{where}: the ONNX model carries session settings ('ort_config'); {_REFUSAL}")
@@ -45,9 +46,8 @@ def confined_model(onnx: Any, model_bytes: bytes, supplied: Mapping[str, tuple[s
                 f"{where}: the ONNX model imports operator domain {opset.domain!r}, which only a custom-op "
                 f"library would serve; {_REFUSAL}"
             )
-    external = onnx.TensorProto.EXTERNAL
     for place, tensor, top_level in _tensors(model):
-        if tensor.data_location == external or len(tensor.external_data):
+        if tensor.data_location == EXTERNAL or len(tensor.external_data):
             fields = {e.key: e.value for e in tensor.external_data}
             location = fields.get("location", "")
             if top_level and tensor.name in supplied:
@@ -63,7 +63,7 @@ def confined_model(onnx: Any, model_bytes: bytes, supplied: Mapping[str, tuple[s
                 f"{where}: {place} calls {node.domain}.{node.op_type}, an operator neither ONNX, ONNX Runtime nor "
                 f"the model's own functions define; {_REFUSAL}"
             )
-    return bytes(model.SerializeToString())
+    return model_bytes, model
 
 
 def _check_supplied(name: str, fields: dict[str, str], file: tuple[str, int], where: str) -> None:

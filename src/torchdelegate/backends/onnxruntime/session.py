@@ -28,6 +28,7 @@ from torchdelegate.backends.onnxruntime.branches import branch_prefix
 from torchdelegate.backends.onnxruntime.confinement import confined_model
 from torchdelegate.backends.onnxruntime.in_place import in_place_outputs
 from torchdelegate.backends.onnxruntime.kept_binding import KeptBinding
+from torchdelegate.backends.onnxruntime.model_proto import ModelProtoError, read_model
 from torchdelegate.backends.onnxruntime.packing_memory import pages_released_while_packing
 from torchdelegate.backends.onnxruntime.prepared import PREPARED, prepared_key, prepared_session, save_prepared
 from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES, Options, require
@@ -63,7 +64,7 @@ def check_blob(processed: memoryview, named_data: NamedDataMap) -> None:
     if missing:
         raise FormatError(f"onnxruntime blob: initializer data {missing[0]!r:.80} is not in the program")
     supplied = {name: (e["key"], len(named_data.get_data(e["key"]))) for name, e in initializers.items()}
-    confined_model(require("onnx"), bytes(model), supplied, "onnxruntime blob")
+    confined_model(bytes(model), supplied, "onnxruntime blob")
 
 
 class _ProgramModels:
@@ -174,7 +175,7 @@ def _built_session(
     initializers = initializer_table(header)
     with named_data.reading(external_keys(initializers)) as files:  # checksums checked meanwhile
         supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
-        model_bytes = confined_model(require("onnx"), bytes(model), supplied, "onnxruntime blob")
+        model_bytes, _ = confined_model(bytes(model), supplied, "onnxruntime blob")
         options = settings.session_options(pack_weights)
         if prepared_into is not None:
             save_prepared(options, prepared_into)
@@ -239,7 +240,10 @@ class _Delegate:
 
 
 def _parsed(model: memoryview) -> Any:
-    return require("onnx").ModelProto.FromString(bytes(model))
+    try:
+        return read_model(bytes(model))
+    except ModelProtoError as e:
+        raise FormatError(f"onnxruntime blob: the ONNX model cannot be read ({e})") from None
 
 
 def _bindable(session: Any, in_place: list[dict[int, int]]) -> list[dict[int, int]]:
