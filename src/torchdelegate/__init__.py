@@ -196,7 +196,18 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'torchdelegate' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "torch":
+            raise
+        from torchdelegate.errors import TorchRequiredError
+
+        # torchdelegate-runtime installs no torch: lowering and the torch-side names say what to install
+        raise TorchRequiredError(
+            f"torchdelegate.{name} needs torch, which cannot be imported here ({e}): pip install torchdelegate "
+            "(the full distribution; torchdelegate-runtime only runs files)"
+        ) from e
     globals()[name] = value
     return value
 
