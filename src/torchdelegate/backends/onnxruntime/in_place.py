@@ -14,6 +14,10 @@ present keys and values are its past ones with the new tokens appended (given on
 both, it appends in place). This module finds those pairs, in
 a model of one partition and in a model whose branches (``If`` nodes) are partitions; any other
 shape of graph gets none, and the output is copied as before.
+
+An input the model never reads (a counter the program keeps beside the cache, whose new value is
+computed from another input) may take any output the program replaces it with: nothing reads the
+memory the output is written into (``unread_inputs``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ def in_place_outputs(
                 pairs[k] = positions[data]
         found.append(pairs)
     return found
+
+
+def unread_inputs(model: Any, branches: list[tuple[list[str], list[str]]]) -> list[frozenset[int]]:
+    """For each branch, the positions of the inputs no node of ``model`` reads, at any depth."""
+    reads = Counter(name for node in _all_nodes(model.graph) for name in node.input if name)
+    return [frozenset(j for j, name in enumerate(inputs) if not reads[name]) for inputs, _ in branches]
 
 
 def _written_input(producers: dict[str, Any], output: str, branched: bool) -> str | None:

@@ -4,8 +4,8 @@ A call that writes a KV cache in place goes through ONNX Runtime's IO binding (`
 of what a binding says does not change between a delegate's calls: the inputs of the branches it
 does not take, the selector, the donated buffers (the program's own tensors) and where each output
 goes. :class:`KeptBinding` binds those once and, per call, only the inputs that change (token ids,
-positions) and the outputs ONNX Runtime allocates anew (a bound output it allocated would be
-reused, whatever the next call's shape).
+positions: not even those when the caller passes the same arrays again) and the outputs ONNX
+Runtime allocates anew (a bound output it allocated would be reused, whatever the next call's shape).
 """
 
 from __future__ import annotations
@@ -16,6 +16,14 @@ from typing import Any
 import numpy as np
 
 from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES
+
+
+def as_array(value: Any) -> np.ndarray:
+    """``value`` as a C-contiguous array: itself when it is one already (a Python int, a symbolic
+    size, becomes an int64 scalar)."""
+    if isinstance(value, np.ndarray):
+        return value if value.flags.c_contiguous else np.ascontiguousarray(value)
+    return np.asarray(value, dtype=np.int64)
 
 
 class KeptBinding:
@@ -43,29 +51,41 @@ class KeptBinding:
         for name in self._outputs:  # in order: the outputs are read back by position
             self._binding.bind_output(name, "cpu")
         self._allocated = [k for k in range(len(self._outputs)) if k not in written]
-        self._buffers: dict[int, tuple[int, tuple[int, ...], np.dtype]] = {}
+        self._kept: list[Any] = [None] * len(self._names)
+        self._shapes: list[tuple[int, ...] | None] = [None] * len(self._names)
+        self._alive: list[np.ndarray | None] = [None] * len(self._names)
         self.lock = threading.Lock()
         """Held by the call using the binding (calls that share a program's buffers are serialized anyway)."""
 
-    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """One call on C-contiguous ``arrays``; the donated ones are the program's own memory, and the
-        outputs written there are those arrays themselves."""
-        for j, (name, array) in enumerate(zip(self._names, arrays, strict=True)):
-            if j not in self._donated:
-                self._binding.bind_input(name, "cpu", 0, bound_dtype(array), array.shape, array.ctypes.data)
+    def run(self, inputs: list[Any]) -> list[np.ndarray] | None:
+        """One call; the outputs written in place are the donated input arrays themselves. None, having
+        run nothing, when a donated input is not a C-contiguous array (its memory is not the program's).
+
+        An input that is the very array bound at the previous call (kept referenced, so it cannot be
+        resized) is not bound again: a decode step that reuses its arrays binds nothing but the outputs
+        ONNX Runtime allocates."""
+        kept = self._kept
+        for j, value in enumerate(inputs):
+            if value is kept[j] and value.shape == self._shapes[j]:
                 continue
-            where = (array.ctypes.data, array.shape, array.dtype)
-            if self._buffers.get(j) != where:  # bound once for the program's buffer
-                dtype, shape, pointer = bound_dtype(array), list(array.shape), array.ctypes.data
-                self._binding.bind_input(name, "cpu", 0, dtype, shape, pointer)
-                self._binding.bind_output(self._outputs[self._donated[j]], "cpu", 0, dtype, shape, pointer)
-                self._buffers[j] = where
+            array = as_array(value)
+            same = array is value
+            if j in self._donated:
+                if not same:
+                    return None
+                self._binding.bind_output(
+                    self._outputs[self._donated[j]], "cpu", 0, bound_dtype(array), array.shape, array.ctypes.data
+                )
+            self._binding.bind_input(self._names[j], "cpu", 0, bound_dtype(array), array.shape, array.ctypes.data)
+            kept[j] = value if same else None
+            self._shapes[j] = array.shape
+            self._alive[j] = array  # the binding reads its memory
         for k in self._allocated:  # left to ONNX Runtime: a new tensor each call, of this call's shape
             self._binding.bind_output(self._outputs[k], "cpu")
         self._session._sess.run_with_iobinding(self._binding._iobinding, None)
         values = self._binding._iobinding.get_outputs()
         return [
-            arrays[self._written[k]] if k in self._written else values[k].numpy() for k in range(len(self._outputs))
+            inputs[self._written[k]] if k in self._written else values[k].numpy() for k in range(len(self._outputs))
         ]
 
 

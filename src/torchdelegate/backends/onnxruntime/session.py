@@ -26,8 +26,8 @@ from torchdelegate.backends.onnxruntime.blob_header import (
 )
 from torchdelegate.backends.onnxruntime.branches import branch_prefix
 from torchdelegate.backends.onnxruntime.confinement import confined_model
-from torchdelegate.backends.onnxruntime.in_place import in_place_outputs
-from torchdelegate.backends.onnxruntime.kept_binding import KeptBinding
+from torchdelegate.backends.onnxruntime.in_place import in_place_outputs, unread_inputs
+from torchdelegate.backends.onnxruntime.kept_binding import KeptBinding, as_array
 from torchdelegate.backends.onnxruntime.model_proto import ModelProtoError, read_model
 from torchdelegate.backends.onnxruntime.packing_memory import pages_released_while_packing
 from torchdelegate.backends.onnxruntime.prepared import PREPARED, prepared_key, prepared_session, save_prepared
@@ -123,8 +123,13 @@ class Model:
         self._run = self._session._sess.run
         _check_names(self._session, self.branches, self._selector)
         self._unread = _unread_inputs(self._session, self._selector)
-        self.in_place = _bindable(self._session, in_place_outputs(_parsed(model), self.branches, self._selector))
+        parsed, bindable = _parsed(model), _numpy_typed(self._session)
+        self.in_place = (
+            in_place_outputs(parsed, self.branches, self._selector) if bindable else [{} for _ in self.branches]
+        )
         """Per branch, the outputs (by position) that may be written into an input's memory, and that input."""
+        self.unread = unread_inputs(parsed, self.branches) if bindable else [frozenset() for _ in self.branches]
+        """Per branch, the inputs no node reads: any output may be written into their memory."""
         self._unread_values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in self._unread.items()}
         self._profiling = settings.profile
         self._node_seconds: dict[str, float] | None = None
@@ -222,7 +227,8 @@ class _Delegate:
     def accept(self, donated: dict[int, int]) -> None:
         """Of the donated inputs (input: output), those the model may write in place."""
         possible = self.model.in_place[self.branch]
-        self.written = {k: j for j, k in sorted(donated.items()) if possible.get(k) == j}
+        unread = self.model.unread[self.branch]
+        self.written = {k: j for j, k in sorted(donated.items()) if possible.get(k) == j or j in unread}
         self._binding = self.model.kept_binding(self.branch, self.written) if self.written else None
 
     def __call__(self, inputs: list[Any]) -> list[np.ndarray]:
@@ -232,11 +238,9 @@ class _Delegate:
         binding = self._binding
         if binding is None:
             return self.model.run(self.branch, inputs)
-        arrays = [as_array(value) for value in inputs]
-        if any(arrays[j] is not inputs[j] for j in self.written.values()):  # a copy: not the program's memory
-            return self.model.run(self.branch, arrays)
         with binding.lock:
-            return binding.run(arrays)
+            outputs = binding.run(inputs)
+        return self.model.run(self.branch, inputs) if outputs is None else outputs
 
 
 def _parsed(model: memoryview) -> Any:
@@ -246,12 +250,10 @@ def _parsed(model: memoryview) -> Any:
         raise FormatError(f"onnxruntime blob: the ONNX model cannot be read ({e})") from None
 
 
-def _bindable(session: Any, in_place: list[dict[int, int]]) -> list[dict[int, int]]:
-    """``in_place`` for the branches whose every input and output numpy can describe (not bfloat16)."""
+def _numpy_typed(session: Any) -> bool:
+    """Whether numpy can describe every input and output of ``session`` (not bfloat16): an IO binding's."""
     types = {value.name: value.type for value in (*session.get_inputs(), *session.get_outputs())}
-    if all(kind in _NUMPY_TYPES for kind in types.values()):
-        return in_place
-    return [{} for _ in in_place]
+    return all(kind in _NUMPY_TYPES for kind in types.values())
 
 
 def _check_names(session: Any, branches: list[tuple[list[str], list[str]]], selector: str | None) -> None:
@@ -305,14 +307,6 @@ def _session(ort: ModuleType, model: bytes, options: Any, files: dict[str, memor
     return ort.InferenceSession(
         model, options, providers=["CPUExecutionProvider"], read_config_from_model=0, disabled_optimizers=disabled
     )
-
-
-def as_array(value: Any) -> np.ndarray:
-    """``value`` as a C-contiguous array: itself when it is one already (a Python int, a symbolic
-    size, becomes an int64 scalar)."""
-    if isinstance(value, np.ndarray):
-        return value if value.flags.c_contiguous else np.ascontiguousarray(value)
-    return np.asarray(value, dtype=np.int64)
 
 
 def prepare_model(processed: memoryview, compile_specs: list[CompileSpec], named_data: NamedDataMap) -> str | None:
