@@ -1,6 +1,7 @@
 """torchdelegate against llama.cpp and ONNX Runtime GenAI: one random-weight Llama, greedy generation, this machine.
 
-The checkpoint (``--size base``: 200M, hidden 1024, 12 layers; ``large``: TinyLlama's shape, 1.1B) is
+The checkpoint (``--size base``: 200M, hidden 1024, 12 layers; ``large``: TinyLlama's shape, 1.1B; ``deep``:
+SmolLM2-135M's deep, thin shape, hidden 576, 30 layers, its head untied: 163M) is
 saved with ``save_pretrained`` (random weights, no stop token, 2,048 positions like TinyLlama) beside
 a SentencePiece BPE tokenizer trained on ``training/botchan.txt`` (Llama's kind: ``tokenizer.model``,
 and the ``tokenizer.json`` that transformers converts from it). Each tool gets what its users get:
@@ -25,7 +26,7 @@ The peers live in their own environments (``make .venv-llamacpp/.installed .venv
 from benchmarks/llamacpp-constraints.txt and genai-constraints.txt); their phases are
 benchmarks/race_peers.py. Writes ``benchmarks/results/<date>-llm-race-<size>.md``, ``.json``, ``.png``.
 
-    python benchmarks/llm_race.py [--size base|large] [--rounds 3] [--contention] [--work DIR]
+    python benchmarks/llm_race.py [--size base|large|deep] [--rounds 3] [--contention] [--work DIR]
     python benchmarks/llm_race.py checkpoint DIR SIZE      (a phase: writes the checkpoint's model)
     python benchmarks/llm_race.py eager DIR IDS            (a phase: transformers' greedy tokens)
     python benchmarks/llm_race.py bandwidth                (a phase: bytes/s of a matrix-vector product)
@@ -558,7 +559,7 @@ def summary(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def page(data: dict[str, Any], stem: str) -> list[str]:
     m, rows = data["machine"], summary(data)
     checkpoint = data["checkpoint"]
-    title = {"base": "200M", "large": "1.1B"}[data["size"]]
+    title = {"base": "200M", "large": "1.1B", "deep": "163M, 30 layers"}[data["size"]]
     lines = [
         f"# torchdelegate, llama.cpp and ONNX Runtime GenAI on a {title} Llama, {data['date']}",
         "",
@@ -704,7 +705,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
             panel.legend(fontsize=8)
         panel.set_xticks(range(len(entries)), labels, fontsize=7, rotation=30)
         panel.set_title(title, fontsize=10)
-    size = {"base": "200M", "large": "1.1B"}[data["size"]]
+    size = {"base": "200M", "large": "1.1B", "deep": "163M, 30 layers"}[data["size"]]
     figure.suptitle(f"{size} Llama, {data['machine']['cores']} cores, greedy, {NEW_TOKENS} new tokens, 2 threads")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -725,7 +726,7 @@ def main() -> None:
         print(json.dumps(bandwidth()))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=["base", "large"], default="base")
+    parser.add_argument("--size", choices=["base", "large", "deep"], default="base")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--contention", action="store_true", help="also one run of each beside a busy loop")
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))

@@ -44,6 +44,7 @@ WARM_PREFILLS = 5
 SIZES = {
     "base": (1024, 12, 16, 4, 2816, 32000),  # 200M parameters
     "large": (2048, 22, 32, 4, 5632, 32000),  # TinyLlama's shape, 1.1B parameters
+    "deep": (576, 30, 9, 3, 1536, 49152),  # SmolLM2-135M's shape (its head untied here): deep and thin, 163M
 }
 
 
