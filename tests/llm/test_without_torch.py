@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 import signal
 import subprocess
@@ -25,29 +24,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
+from blocked_imports import blocked_environment, blocking_site  # noqa: E402
 from language_models import tiny_llama, transformers_greedy  # noqa: E402
 from test_llm_command import CHAT, _checkpoint, _command, _generated_ids, _prefix, _tokenizer  # noqa: E402
 
 CACHE = 32
 PROMPT = "It was the best of times"
-BLOCKED = "TORCHDELEGATE_TEST_BLOCKED"
-SITECUSTOMIZE = f'''
-import importlib.abc, os, sys
-
-_BLOCKED = set(os.environ.get("{BLOCKED}", "").split(","))
-
-
-class _NotInstalled(importlib.abc.MetaPathFinder):
-    """Imports of the blocked libraries fail as they would where those are not installed."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in _BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _NotInstalled())
-'''
 
 
 class Exported:
@@ -70,7 +52,7 @@ class Exported:
 
     def environment(self, blocked: str = "torch,transformers") -> dict[str, str]:
         """This process's environment, with the blocker on the path of every process started in it."""
-        return {**os.environ, "PYTHONPATH": str(self.site), BLOCKED: blocked}
+        return blocked_environment(self.site, blocked)
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +67,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     tokenizer.save_pretrained(checkpoint)  # type: ignore[attr-defined]
     result = _command("llm", "export", "checkpoint", "-o", "m.tdp", "--max-cache", str(CACHE), cwd=place)
     assert result.returncode == 0, result.stderr
-    (place / "site").mkdir()
-    (place / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    blocking_site(place / "site")
     np.save(place / "ids.npy", np.array([[5]], dtype=np.int64))
     np.save(place / "position.npy", np.array([0], dtype=np.int64))
     files = Exported(place, model, tokenizer)

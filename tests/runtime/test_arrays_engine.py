@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from blocked_imports import blocked_environment, blocking_site
 from models import CumprodBetweenLinears, export
 from programs import DECODE_TOKENS, PROMPT, eager_generation, program_generation, save_decoder
 
@@ -19,15 +20,6 @@ from torchdelegate.errors import ProgramInputError, TorchRequiredError
 
 pytest.importorskip("onnxruntime")
 from torchdelegate.backends.onnxruntime import OnnxRuntimePartitioner  # noqa: E402
-
-WITHOUT_TORCH = """
-import importlib.abc, sys
-class NoTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("torch", "transformers"):
-            raise ImportError(f"No module named {name!r} (torch is not installed here)")
-sys.meta_path.insert(0, NoTorch())
-"""
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +36,16 @@ def residual_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _python(code: str, *args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True, text=True, timeout=120
-    )
+def _python(code: str, *args: object, blocked: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``code`` run in a fresh process; where torch cannot be imported when ``blocked`` (a blocking site)."""
+    environment = None if blocked is None else blocked_environment(blocked)
+    line = [sys.executable, "-c", textwrap.dedent(code), *map(str, args)]
+    return subprocess.run(line, capture_output=True, text=True, timeout=120, env=environment)
 
 
-def _generation_script(blocked: bool) -> str:
+def _generation_script() -> str:
     prompt, tokens = PROMPT.tolist(), list(DECODE_TOKENS)
-    return (WITHOUT_TORCH if blocked else "") + textwrap.dedent(f"""
+    return textwrap.dedent(f"""
         import sys
         import numpy as np
         import torchdelegate as td
@@ -73,7 +66,8 @@ def _generation_script(blocked: bool) -> str:
 def test_a_delegate_only_file_runs_on_numpy_without_importing_torch(
     decoder_file: Path, tmp_path: Path, blocked: bool
 ) -> None:
-    result = _python(_generation_script(blocked), decoder_file, tmp_path / "out.npz")
+    site = blocking_site(tmp_path / "site") if blocked else None
+    result = _python(_generation_script(), decoder_file, tmp_path / "out.npz", blocked=site)
     assert result.returncode == 0 and "no torch" in result.stdout, result.stderr
     saved = np.load(tmp_path / "out.npz")
     for index, expected in enumerate(eager_generation()):
@@ -110,9 +104,19 @@ def test_a_graph_that_computes_needs_torch_and_says_which_nodes(residual_file: P
     with td.load(residual_file) as program:  # torch is installed: the graph runs on it
         assert program.engine == "torch"
         assert program.run("forward", np.ones((2, 8), dtype=np.float32)).shape == (2, 4)
-    script = WITHOUT_TORCH + "import sys, torchdelegate as td\ntd.load(sys.argv[1])\n"
-    result = _python(script, residual_file)
+    script = "import sys, torchdelegate as td\ntd.load(sys.argv[1])\n"
+    result = _python(script, residual_file, blocked=blocking_site(tmp_path / "site"))
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("torchdelegate.errors.TorchRequiredError: ") and "needs torch to run" in last, last
     assert "cumprod" in last and "pip install torchdelegate" in last, last
+
+
+def test_the_cache_command_needs_no_torch(tmp_path: Path) -> None:
+    """``cache info`` and ``cache clear`` read the store alone: they work where torch is not installed."""
+    environment = {**blocked_environment(blocking_site(tmp_path / "site")), "TORCHDELEGATE_CACHE": str(tmp_path / "c")}
+    script = Path(sys.executable).parent / "torchdelegate"
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "torchdelegate.cli"]
+    for action in ("info", "clear"):
+        result = subprocess.run([*prefix, "cache", action], capture_output=True, text=True, env=environment, timeout=60)
+        assert result.returncode == 0 and str(tmp_path / "c") in result.stdout, result.stderr

@@ -20,12 +20,14 @@ import os
 import time
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchdelegate.cache.compiled_entry import Entry, EntryError, binding_problem, decode_sealed, encode
 from torchdelegate.cache.entry_signature import signer_for
 from torchdelegate.cache.store import STALE_SECONDS, FileParts, Store, max_bytes_setting
 from torchdelegate.serialize.bounded_json import bounded_json
+
+if TYPE_CHECKING:  # its module imports torch, which `cache info` and `cache clear` need not
+    from torchdelegate.cache.compiled_entry import Entry
 
 ENTRIES, BINDINGS = "compile", "compile-bindings"
 _ENTRY, _BINDINGS = "entry", "bindings.json"
@@ -76,6 +78,8 @@ class CompileCache:
         """The entry under ``key`` for the unit at ``where``, whose ``binding`` and weight ``digests`` it must
         record, or None: absent, damaged, bound to something else (a warning each), or signed in a way this
         cache does not accept (one warning per cache); it is compiled again."""
+        from torchdelegate.cache import compiled_entry
+
         if self.signer.key is None and self.signer.unsigned_refused is not None:
             self._refused(self.signer.unsigned_refused)
             return None
@@ -84,15 +88,15 @@ class CompileCache:
             data = self.store.read(ENTRIES, key, _ENTRY)
             if data is None:
                 return None
-            sealed = decode_sealed(data)
-        except (ValueError, EntryError) as e:
+            sealed = compiled_entry.decode_sealed(data)
+        except (ValueError, compiled_entry.EntryError) as e:
             why: str | None = str(e)
         else:
             refusal = self.signer.problem(ENTRIES, sealed.digest, sealed.signature)
             if refusal is not None:
                 self._refused(refusal)
                 return None
-            why = binding_problem(sealed.entry, binding, digests)
+            why = compiled_entry.binding_problem(sealed.entry, binding, digests)
         if why is not None:
             warnings.warn(
                 f"compile cache: the entry for {where} at {place} is not used: {why}; it is compiled again",
@@ -114,7 +118,11 @@ class CompileCache:
     def put(self, structure: str, bound: list[str], key: str, entry: Entry) -> None:
         """Keep ``entry`` (which records its binding) under ``key``, signed when this cache has a key, and
         ``bound`` among the structure's bindings."""
-        self._publish(ENTRIES, key, _ENTRY, encode(entry, lambda digest: self.signer.signature(ENTRIES, digest)))
+        from torchdelegate.cache import compiled_entry
+
+        self._publish(
+            ENTRIES, key, _ENTRY, compiled_entry.encode(entry, lambda digest: self.signer.signature(ENTRIES, digest))
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             known = self.bindings(structure)
