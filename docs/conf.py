@@ -71,6 +71,8 @@ nitpick_ignore = [
         "BackendOptions",
         "ProgramFile",
         "torchdelegate.cache.compiled_entry.Entry",
+        "Entry",
+        "torchdelegate.serialize.call_plan.CallPlan",
         "torchdelegate.serialize.reader.ProgramFile",
         "torchdelegate.serialize.manifest.DelegateRecord",
         "torchdelegate.compile.compiler.UnitCompiler",

@@ -16,6 +16,7 @@ if sys.byteorder != "little":  # pragma: no cover - every platform torch ships f
 if TYPE_CHECKING:
     from torchdelegate.cache.compile_cache import CompileCache
     from torchdelegate.compile.options import preprocessing
+    from torchdelegate.delegate.array_runtime import ArrayRuntime
     from torchdelegate.delegate.backend_details import (
         BackendDetails,
         PreprocessResult,
@@ -100,6 +101,7 @@ if TYPE_CHECKING:
     from torchdelegate.runtime.program import Program, load
 
 _EXPORTS = {
+    "ArrayRuntime": "torchdelegate.delegate.array_runtime",
     "BackendDetails": "torchdelegate.delegate.backend_details",
     "BackendNotFoundError": "torchdelegate.errors",
     "BackendRegistrationError": "torchdelegate.errors",
@@ -280,6 +282,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "DELEGATION_TAG",
     "NO_COPY",
+    "ArrayRuntime",
     "BackendDetails",
     "BackendNotFoundError",
     "BackendRegistrationError",

@@ -65,7 +65,7 @@ def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, a
     # Llama's prefill reads 8 tokens at a time (static shapes) and gives the last one's logits (the
     # default); Qwen2's reads a prompt of any length and gives every position's
     chunk = ("--prefill-chunk", "8") if architecture == "llama" else ("--prefill-logits", "all")
-    exported = _command("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", str(CACHE), *chunk, cwd=tmp_path)
+    exported = _in_process("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", str(CACHE), *chunk, cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert "tokenizer and generation settings included" in exported.stdout
     static = architecture == "llama"
@@ -94,7 +94,7 @@ def _small_program(tmp_path: Path, checkpoint: str, program: str) -> None:
     """A tiny Llama's checkpoint in ``tmp_path / checkpoint``, exported to ``program``: a cache of 16, prefill 4."""
     _checkpoint(tmp_path / checkpoint, tiny_llama(vocab_size=512))
     export = ("llm", "export", checkpoint, "-o", program, "--max-cache", "16", "--prefill-chunk", "4")
-    assert _command(*export, cwd=tmp_path).returncode == 0
+    assert _in_process(*export, cwd=tmp_path).returncode == 0
 
 
 def _generated_ids(stdout: str) -> list[int]:
@@ -102,6 +102,26 @@ def _generated_ids(stdout: str) -> list[int]:
     found = re.search(r"token ids: \[([0-9, ]*)\]", stdout)
     assert found is not None, stdout
     return [int(t) for t in found.group(1).split(", ")]
+
+
+def _in_process(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``torchdelegate ARGS`` run by this process's ``main`` in ``cwd``: what a fresh process prints and
+    returns, without starting one (an export that fails early fails in a fraction of torch's import)."""
+    import contextlib
+    import io
+    import os
+
+    from torchdelegate.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["torchdelegate", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def _refused(result: subprocess.CompletedProcess[str], message: str) -> None:
@@ -117,15 +137,15 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
     weights = checkpoint / "model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(good[: len(good) // 3])
-    _refused(_command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: its weights cannot")
+    _refused(_in_process("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: its weights cannot")
     weights.unlink()
-    _refused(_command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: its weights cannot")
+    _refused(_in_process("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: its weights cannot")
     bert = tmp_path / "bert"
     shape = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
     transformers.BertModel(transformers.BertConfig(**shape)).save_pretrained(bert)
     _tokenizer().save_pretrained(bert)  # type: ignore[attr-defined]
     _refused(  # a base model: no head, which transformers would make random
-        _command("llm", "export", bert, "-o", "m.tdp", cwd=tmp_path),
+        _in_process("llm", "export", bert, "-o", "m.tdp", cwd=tmp_path),
         f"{bert}: its weights hold no tensor for cls.predictions.bias",
     )
     opt = tmp_path / "opt"
@@ -136,38 +156,40 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
     ).save_pretrained(opt)
     _tokenizer().save_pretrained(opt)  # type: ignore[attr-defined]
     _refused(
-        _command("llm", "export", opt, "-o", "m.tdp", cwd=tmp_path),
+        _in_process("llm", "export", opt, "-o", "m.tdp", cwd=tmp_path),
         "OPTForCausalLM does not export with a static cache",
     )
     weights.write_bytes(good)
     _refused(
-        _command("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", "65", cwd=tmp_path),
+        _in_process("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", "65", cwd=tmp_path),
         "a cache of 65 positions: LlamaForCausalLM has positions for 64 tokens (its config); give --max-cache 64",
     )
     (checkpoint / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }")
     _refused(
-        _command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path),
+        _in_process("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path),
         f"{checkpoint}/chat_template.jinja is not a template jinja2 reads",
     )
     (checkpoint / "chat_template.jinja").unlink()
     tokenizer = (checkpoint / "tokenizer.json").read_text()
     (checkpoint / "tokenizer.json").write_text(tokenizer[: len(tokenizer) // 2])
     _refused(
-        _command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path),
+        _in_process("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path),
         f"{checkpoint}/tokenizer.json cannot be read by the tokenizers library",
     )
     (checkpoint / "tokenizer.json").unlink()
-    _refused(_command("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: no tokenizer.json (")
+    _refused(
+        _in_process("llm", "export", checkpoint, "-o", "m.tdp", cwd=tmp_path), f"{checkpoint}: no tokenizer.json ("
+    )
     assert not list(tmp_path.glob("*.tdp*")) and not list(tmp_path.glob(".*partial"))
 
 
 def test_a_prompt_longer_than_the_cache_is_refused(tmp_path: Path) -> None:
     _small_program(tmp_path, "checkpoint", "m.tdp")
     long = " ".join(TEXT)
-    result = _command("llm", "generate", "m.tdp", "--prompt", long, cwd=tmp_path)
+    result = _in_process("llm", "generate", "m.tdp", "--prompt", long, cwd=tmp_path)
     _refused(result, "the prompt is")
     assert "shorten it, or export with a larger --max-cache" in result.stderr
-    huge = _command("llm", "generate", "m.tdp", "-p", "hi", "--temperature", "1", "--seed", str(2**70), cwd=tmp_path)
+    huge = _in_process("llm", "generate", "m.tdp", "-p", "hi", "--temperature", "1", "--seed", str(2**70), cwd=tmp_path)
     assert huge.returncode == 2 and "seed 1180591620717411303424: give an integer from 0" in huge.stderr
 
 
@@ -183,7 +205,9 @@ def test_chat_applies_the_checkpoints_template_as_transformers_does(tmp_path: Pa
     tokenizer = _tokenizer()
     tokenizer.chat_template = CHAT  # type: ignore[attr-defined]
     tokenizer.save_pretrained(checkpoint)  # type: ignore[attr-defined]
-    assert _command("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", str(CACHE), cwd=tmp_path).returncode == 0
+    assert (
+        _in_process("llm", "export", checkpoint, "-o", "m.tdp", "--max-cache", str(CACHE), cwd=tmp_path).returncode == 0
+    )
     generated = _command(
         "llm", "generate", "m.tdp", "-p", "hello there", "--chat", "--max-new-tokens", "6", "--ids", cwd=tmp_path
     )
@@ -239,7 +263,7 @@ def test_the_demo_model_as_a_checkpoint_speaks_through_llm_export_and_generate(t
 
     written = _command("demo", "--checkpoint", "ck", cwd=tmp_path)
     assert written.returncode == 0 and "next: torchdelegate llm export ck" in written.stdout, written.stderr
-    exported = _command("llm", "export", "ck", "-o", "d.tdp", "--max-cache", "128", cwd=tmp_path)
+    exported = _in_process("llm", "export", "ck", "-o", "d.tdp", "--max-cache", "128", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert "the checkpoint has no chat template: the file continues text" in exported.stdout  # said before it is used
     generated = _command(

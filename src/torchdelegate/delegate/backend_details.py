@@ -154,7 +154,7 @@ class BackendDetails(ABC):
     blob as untrusted input and check everything it hands to its runtime."""
     array_runtime: ClassVar[str | None] = None
     """``"module:Class"`` of this backend's run-time half on numpy arrays, an
-    :class:`~torchdelegate.delegate.array_runtime.ArrayRuntime` in a module that imports no torch; None
+    :class:`~torchdelegate.ArrayRuntime` in a module that imports no torch; None
     (the default): running its blobs needs torch. Declare it also in the entry-point group
     ``torchdelegate.array_runtimes`` (name: the backend id), so a process without torch finds it."""
     load_options: ClassVar[dict[str, str]] = {}
