@@ -306,6 +306,28 @@ def test_embeddings_quantized_by_torchdelegate_run_on_onnx_runtime_gather_of_int
     assert _gathers(lowered) == 2 and _integer_products(lowered) == 2 * 15
 
 
+def test_an_int8_table_whose_rows_128_does_not_divide_runs_on_the_gather_of_integers(tmp_path: Path) -> None:
+    """Rows of 96 values (SmolLM2's 576 alike): one scale per row, repeated over blocks of 32. Left to
+    a float dequantization, ONNX Runtime would fold the whole table into floats when it loads it."""
+
+    class Lookup(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(300, 96)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.table(tokens) * 2
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 300, (2, 7))
+    program = td.quantize(torch.export.export(Lookup().eval(), (tokens,)), "int8", embeddings="int8")
+    lowered = td.to_edge_transform_and_lower(program, partitioner=[OnnxRuntimePartitioner()])
+    assert _gathers(lowered) == 1
+    lowered.save(tmp_path / "lookup.tdp")
+    with td.load(tmp_path / "lookup.tdp") as loaded, torch.no_grad():
+        torch.testing.assert_close(loaded.run("forward", tokens), program.module()(tokens), atol=1e-6, rtol=1e-6)
+
+
 def test_a_tied_table_is_quantized_once_for_the_head_and_once_for_the_lookup(tmp_path: Path) -> None:
     from language_models import tiny_gpt2
 

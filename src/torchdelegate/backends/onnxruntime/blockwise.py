@@ -54,7 +54,12 @@ def block_size(group_size: int, in_features: int) -> int | None:
 
 def lookup_block(group_size: int, columns: int) -> int | None:
     """``GatherBlockQuantized``'s block for an embedding in groups of ``group_size`` along rows of
-    ``columns``: :func:`block_size`'s, where it divides a row (the kernel does not pad); else None."""
+    ``columns``: for one scale per row, the largest power of two from 128 to 16 that divides the row
+    (the scale repeated for every block: a row of 576 takes blocks of 64); else :func:`block_size`'s,
+    where it divides a row (the kernel does not pad); else None. Without it, ONNX Runtime would fold
+    the dequantized table into a float copy, four times the int8 table's size, per branch."""
+    if group_size == columns:
+        return next((block for block in (128, 64, 32, 16) if columns % block == 0), None)
     block = block_size(group_size, columns)
     return block if block is not None and columns % block == 0 else None
 
