@@ -20,17 +20,9 @@ import numpy as np
 
 from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.errors import FormatError, ProgramInputError
-from torchdelegate.runtime.arguments import bound_arguments
+from torchdelegate.runtime.arguments import Dim, bound_arguments, check_sizes, dim_of
 from torchdelegate.serialize.arrays import numpy_dtype
 from torchdelegate.serialize.call_plan import CallPlan, DelegateCall, PlanInput, SizeRead
-
-
-@dataclass(frozen=True)
-class _Dim:
-    value: int | None
-    symbol: str | None = None
-    lower: int | None = None
-    upper: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,7 +32,7 @@ class _Leaf:
     name: str
     kind: str  # "tensor" or "int"
     dtype: np.dtype | None = None
-    dims: tuple[_Dim, ...] = ()
+    dims: tuple[Dim, ...] = ()
 
 
 class ArrayInputs:
@@ -105,44 +97,14 @@ class ArrayInputs:
             )
         if array.dtype != leaf.dtype:
             raise ProgramInputError(f"{where} must have dtype {leaf.dtype}, got {array.dtype}")
-        if array.ndim != len(leaf.dims):
-            raise ProgramInputError(
-                f"{where} must have {len(leaf.dims)} dimensions, got {array.ndim} (shape {tuple(array.shape)})"
-            )
-        for axis, (size, dim) in enumerate(zip(array.shape, leaf.dims, strict=True)):
-            if dim.value is not None:
-                if size != dim.value:
-                    raise ProgramInputError(
-                        f"{where}: dimension {axis} must be {dim.value} (static when exported), got {size}"
-                    )
-                continue
-            if dim.symbol is None:
-                continue
-            if (dim.lower is not None and size < dim.lower) or (dim.upper is not None and size > dim.upper):
-                upper = "inf" if dim.upper is None else dim.upper
-                raise ProgramInputError(
-                    f"{where}: dimension {axis} is {size}, outside the range [{dim.lower}, {upper}] exported for it"
-                )
-            seen = sizes.setdefault(dim.symbol, (size, f"{leaf.name!r} dimension {axis}"))
-            if seen[0] != size:
-                raise ProgramInputError(
-                    f"{where}: dimension {axis} is {size} but must equal {seen[1]}, which is {seen[0]}"
-                )
+        check_sizes(where, leaf.name, array.shape, leaf.dims, sizes)
 
 
 def _leaf(spec: PlanInput, ranges: Mapping[str, tuple[int | None, int | None]], method: str) -> _Leaf:
     if spec.scalar is not None:
         return _Leaf(spec.name, spec.scalar)
-    dims = []
-    for size in spec.sizes:
-        if isinstance(size, str):
-            lower, upper = ranges.get(size, (None, None))
-            dims.append(_Dim(None, size, lower, upper))
-        else:
-            dims.append(_Dim(size))
-    return _Leaf(
-        spec.name, "tensor", numpy_dtype(str(spec.dtype), f"method {method!r}: input {spec.name!r}"), tuple(dims)
-    )
+    dims = tuple(dim_of(size, ranges) for size in spec.sizes)
+    return _Leaf(spec.name, "tensor", numpy_dtype(str(spec.dtype), f"method {method!r}: input {spec.name!r}"), dims)
 
 
 def _array(value: Any) -> tuple[np.ndarray | None, bool]:

@@ -16,18 +16,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchdelegate.errors import FormatError, ProgramInputError
-from torchdelegate.runtime.arguments import bound_arguments
+from torchdelegate.runtime.arguments import Dim, bound_arguments, check_sizes, dim_of
 from torchdelegate.serialize.residual_graph import ConstantValue, ResidualGraph, SymbolicValue, TensorValue
-
-
-@dataclass(frozen=True)
-class _Dim:
-    """One size of a tensor input: a fixed value, or a symbol with its range (None: unchecked)."""
-
-    value: int | None
-    symbol: str | None = None
-    lower: int | None = None
-    upper: int | None = None
 
 
 @dataclass(frozen=True)
@@ -36,16 +26,9 @@ class _Leaf:
     kind: str  # "tensor", "int", "float", "bool" or "constant"
     dtype: torch.dtype | None = None
     device: torch.device | None = None
-    dims: tuple[_Dim, ...] = ()
+    dims: tuple[Dim, ...] = ()
     constant: Any = None
     static_shape: tuple[int, ...] | None = None  # every size fixed: one comparison checks them all
-
-
-def _dim(size: int | str | None, ranges: Mapping[str, tuple[int | None, int | None]]) -> _Dim:
-    if isinstance(size, int) or size is None:
-        return _Dim(size)  # None: a derived size (2*s0), which torch guarantees from the symbols
-    lower, upper = ranges.get(size, (None, None))
-    return _Dim(None, size, lower, upper)
 
 
 def _leaf(
@@ -53,7 +36,7 @@ def _leaf(
 ) -> _Leaf:
     """What a user input may be: a tensor, a symbolic number, or the one value it was exported with."""
     if isinstance(value, TensorValue):
-        dims = tuple(_dim(s, ranges) for s in value.sizes)
+        dims = tuple(dim_of(s, ranges) for s in value.sizes)
         sizes = tuple(d.value for d in dims if d.value is not None)
         static = sizes if len(sizes) == len(dims) else None
         return _Leaf(name, "tensor", value.dtype, value.device, dims, static_shape=static)
@@ -172,26 +155,4 @@ class MethodInputs:
             raise ProgramInputError(f"{where} must have dtype {leaf.dtype}, got {value.dtype}")
         if leaf.device is not None and value.device.type != leaf.device.type:
             raise ProgramInputError(f"{where} must be on {leaf.device}, got {value.device}")
-        if value.dim() != len(leaf.dims):
-            raise ProgramInputError(
-                f"{where} must have {len(leaf.dims)} dimensions, got {value.dim()} (shape {tuple(value.shape)})"
-            )
-        for axis, (size, dim) in enumerate(zip(value.shape, leaf.dims, strict=True)):
-            if dim.value is not None:
-                if size != dim.value:
-                    raise ProgramInputError(
-                        f"{where}: dimension {axis} must be {dim.value} (static when exported), got {size}"
-                    )
-                continue
-            if dim.symbol is None:
-                continue
-            if (dim.lower is not None and size < dim.lower) or (dim.upper is not None and size > dim.upper):
-                upper = "inf" if dim.upper is None else dim.upper
-                raise ProgramInputError(
-                    f"{where}: dimension {axis} is {size}, outside the range [{dim.lower}, {upper}] exported for it"
-                )
-            seen = sizes.setdefault(dim.symbol, (size, f"{leaf.name!r} dimension {axis}"))
-            if seen[0] != size:
-                raise ProgramInputError(
-                    f"{where}: dimension {axis} is {size} but must equal {seen[1]}, which is {seen[0]}"
-                )
+        check_sizes(where, leaf.name, value.shape, leaf.dims, sizes)
