@@ -78,8 +78,9 @@ def _field(number: int, wire: int, payload: bytes) -> bytes:
         (bytes([7 << 3 | 2, 50]) + b"short", "runs past the end"),
         (bytes([9 << 3 | 3]), "wire type 3, which ONNX never writes"),
         (b"\x80" * 11, "longer than 64 bits"),
+        (b"\xba\x80\x80\x80\x10\x00", "key is longer than protobuf reads"),  # field 7 to protobuf
     ],
-    ids=["twice", "wire type", "data location", "utf-8", "truncated", "group", "varint"],
+    ids=["twice", "wire type", "data location", "utf-8", "truncated", "group", "varint", "long key"],
 )
 def test_what_protobuf_could_read_otherwise_is_refused(data: bytes, message: str) -> None:
     with pytest.raises(ModelProtoError, match=message):

@@ -116,7 +116,10 @@ def _message(data: memoryview, kind: str, depth: int) -> Message:
     fields: dict[str, Any] = {}
     position, end = 0, len(data)
     while position < end:
+        start = position
         key, position = _varint(data, position)
+        if key > 0xFFFFFFFF or position - start > 5:  # protobuf reads a key in 5 bytes, its low 32 bits
+            raise ModelProtoError(f"{kind}: a field's key is longer than protobuf reads one")
         number, wire = key >> 3, key & 7
         if number == 0 or wire in (_START_GROUP, _END_GROUP) or wire > _FIXED32:
             raise ModelProtoError(f"{kind}: field {number} has wire type {wire}, which ONNX never writes")
