@@ -120,3 +120,32 @@ def test_the_cache_command_needs_no_torch(tmp_path: Path) -> None:
     for action in ("info", "clear"):
         result = subprocess.run([*prefix, "cache", action], capture_output=True, text=True, env=environment, timeout=60)
         assert result.returncode == 0 and str(tmp_path / "c") in result.stdout, result.stderr
+
+
+class _AddsToItsInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(1.0)
+        return x * 2
+
+
+def test_a_read_only_array_is_never_written_by_a_method_that_writes_its_input(tmp_path: Path) -> None:
+    """The method writes its input (torch runs that update): a writable array gets it, as a tensor would;
+    a read-only one (a view of bytes, a memory-mapped file) is copied rather than written."""
+    program = torch.export.export(_AddsToItsInput(), (torch.zeros(4),))
+    td.to_edge(program).to_backend(OnnxRuntimePartitioner()).save(tmp_path / "adds.tdp")
+    frozen = bytes(np.zeros(4, dtype=np.float32).tobytes())
+    with td.load(tmp_path / "adds.tdp") as loaded:
+        assert loaded.engine == "torch"  # the update of a user input is not a call plan's
+        writable = np.zeros(4, dtype=np.float32)
+        np.testing.assert_array_equal(loaded.run("forward", writable), np.full(4, 2.0, dtype=np.float32))
+        np.testing.assert_array_equal(writable, np.ones(4, dtype=np.float32))
+        read_only = np.frombuffer(frozen, dtype=np.float32)
+        np.testing.assert_array_equal(loaded.run("forward", read_only), np.full(4, 2.0, dtype=np.float32))
+    assert frozen == bytes(16)
+
+
+def test_numpy_arrays_in_give_arrays_out_whatever_else_comes_in(decoder_file: Path) -> None:
+    for engine in ("arrays", "torch"):
+        with td.load(decoder_file, engine=engine) as program:
+            logits = program.run("decode", torch.tensor([3]), np.array([8]))
+            assert type(logits) is np.ndarray, engine

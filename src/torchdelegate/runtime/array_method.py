@@ -61,8 +61,8 @@ class ArrayInputs:
         return f"{self.method}({', '.join(self.arg_names or [leaf.name for leaf in self.leaves])})"
 
     def flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], bool]:
-        """The call's user inputs as arrays (ints for symbolic numbers), checked, and whether any was a
-        torch tensor."""
+        """The call's user inputs as arrays (ints for symbolic numbers), checked, and whether the outputs
+        are torch tensors: torch tensors came in, and no numpy array did (numpy in, numpy out)."""
         plan = self._plan
         if kwargs or len(args) != plan.positional_count or plan.keyword_names:
             args, kwargs = bound_arguments(
@@ -70,7 +70,7 @@ class ArrayInputs:
             )
         values = [*args, *(kwargs[k] for k in plan.keyword_names)]
         flat: list[Any] = []
-        torch_in = False
+        torch_in = numpy_in = False
         sizes: dict[str, tuple[int, str]] = {}
         for leaf, value in zip(self.leaves, values, strict=True):
             if leaf.kind == "int":
@@ -78,9 +78,10 @@ class ArrayInputs:
                 continue
             array, was_torch = _array(value)
             torch_in |= was_torch
+            numpy_in |= isinstance(value, np.ndarray)
             self._check(leaf, array, value, sizes)
             flat.append(array)
-        return flat, torch_in
+        return flat, torch_in and not numpy_in
 
     def _integer(self, leaf: _Leaf, value: Any) -> int:
         if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
@@ -187,9 +188,10 @@ class ArrayMethod:
         self._buffer_updates = [(slots[o.value], state[o.target]) for o in plan.outputs if o.kind == "buffer_mutation"]  # type: ignore[index]
         self._user_outputs = [slots[o.value] for o in plan.outputs if o.kind == "user_output"]
         self._container, self._keys = plan.output_container, plan.output_keys
-        if self._container is None and len(self._user_outputs) != 1:
+        if plan.output_count != len(self._user_outputs):
             raise FormatError(
-                f"method {name!r}: its output structure has 1 value, the graph returns {len(self._user_outputs)}"
+                f"method {name!r}: its output structure has {plan.output_count} values, the graph returns "
+                f"{len(self._user_outputs)}"
             )
         self.writes = frozenset(o.target for o in plan.outputs if o.kind == "buffer_mutation" and o.target)
         reads = {s.target for s in plan.inputs if s.kind == "buffer"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torchdelegate.delegate.array_runtime import array_runtime
 from torchdelegate.errors import TorchRequiredError
+from torchdelegate.serialize.arrays import numpy_dtype
 from torchdelegate.serialize.call_plan import CallPlan, NeedsTorch, call_plan
 from torchdelegate.serialize.reader import ProgramFile
 
@@ -24,12 +25,20 @@ def array_plans(file: ProgramFile) -> tuple[dict[str, CallPlan] | None, list[str
     for backend_id in sorted({d.backend_id for d in file.delegates}):
         if array_runtime(backend_id) is None:
             reasons.append(f"backend {backend_id!r} runs its delegates on torch (it declares no array runtime)")
+    try:  # dtypes numpy lacks come from ml_dtypes: without it, torch runs the file
+        for entry in file.state:
+            numpy_dtype(entry.dtype, f"state {entry.name!r}")
+    except ImportError as e:
+        reasons.append(str(e))
     plans = {}
     for record in file.methods:
         kinds = {i: file.delegates[i].input_kinds for i in record.delegates if 0 <= i < len(file.delegates)}
         try:
-            plans[record.name] = call_plan(record.graph, kinds, f"method {record.name!r}")
-        except NeedsTorch as e:
+            plans[record.name] = plan = call_plan(record.graph, kinds, f"method {record.name!r}")
+            for spec in plan.inputs:
+                if spec.dtype is not None:
+                    numpy_dtype(spec.dtype, f"method {record.name!r}: input {spec.name!r}")
+        except (NeedsTorch, ImportError) as e:
             reasons.append(str(e))
     return (None if reasons else plans), reasons
 

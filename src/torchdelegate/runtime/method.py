@@ -173,8 +173,11 @@ def _check_state(method: str, name: str, tensor: torch.Tensor, expected: Any) ->
         )
 
 
-def _tensor_of(array: np.ndarray) -> torch.Tensor:
-    """A tensor over ``array``'s memory (a read-only array is used read-only, or copied before a write)."""
+def _tensor_of(array: np.ndarray, written: bool) -> torch.Tensor:
+    """A tensor over ``array``'s memory; a copy of a read-only one when the method writes its inputs
+    (``written``), which must not write read-only memory."""
+    if written and not array.flags.writeable:
+        array = array.copy()
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
     with warnings.catch_warnings():
@@ -245,7 +248,10 @@ class Method:
         among the inputs are read as tensors (no copy), and the outputs then come back as arrays."""
         arrays_in = any(isinstance(value, np.ndarray) for value in pytree.tree_leaves((args, kwargs)))
         if arrays_in:
-            args, kwargs = pytree.tree_map_only(np.ndarray, _tensor_of, (tuple(args), dict(kwargs)))
+            written = bool(self._input_updates)  # a read-only array is copied: the method writes an input
+            args, kwargs = pytree.tree_map_only(
+                np.ndarray, lambda a: _tensor_of(a, written), (tuple(args), dict(kwargs))
+            )
         outputs = self.run_flat(self.inputs.flatten(args, kwargs))
         return pytree.tree_map_only(torch.Tensor, _array_of, outputs) if arrays_in else outputs
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from torchdelegate.errors import (
 from torchdelegate.runtime.array_method import ArrayMethod
 from torchdelegate.runtime.backend_options import BackendOptions, checked_backend_options, with_load_options
 from torchdelegate.runtime.engine import ENGINES, array_plans, require_torch
-from torchdelegate.serialize.arrays import array_from_bytes, zeros_array
+from torchdelegate.serialize.arrays import array_from_bytes, numpy_dtype, zeros_array
 from torchdelegate.serialize.call_plan import CallPlan
 from torchdelegate.serialize.manifest import DelegateRecord
 from torchdelegate.serialize.reader import ProgramFile
@@ -212,6 +213,7 @@ class Program:
                 )
                 self._methods[record.name] = method
                 self._bound[record.name] = BoundMethod(self, method)
+            self._keep_shared_inputs()
             return
         from torchdelegate.exported.generated_source import GeneratedSource
 
@@ -224,6 +226,15 @@ class Program:
         except BaseException:
             self._source.forget()
             raise
+        self._keep_shared_inputs()
+
+    def _keep_shared_inputs(self) -> None:
+        """A delegate that several methods list takes no input's memory: one method's donated buffer may
+        be another's user input or weight (a crafted file's), which the backend must not write."""
+        listed = Counter(i for record in self._file.methods for i in record.delegates)
+        for index, count in sorted(listed.items()):
+            if count > 1:
+                self._delegates[index].donate({})
 
     @property
     def engine(self) -> str:
@@ -445,8 +456,18 @@ class Program:
     def _array_method(self, name: str, plan: CallPlan, indices: list[int]) -> ArrayMethod:
         digests = {r.name: r.data for r in self._file.state}
         for spec in plan.inputs:
-            if spec.target is not None and spec.target not in self._state:
+            if spec.target is None or spec.kind == "user_input":
+                continue
+            state = self._state.get(spec.target)
+            if state is None:
                 raise FormatError(f"method {name!r} reads state {spec.target!r}, which the file does not hold")
+            expected = None if spec.dtype is None else numpy_dtype(spec.dtype, f"method {name!r}")
+            static = all(isinstance(size, int) for size in spec.sizes)
+            if expected is not None and (state.dtype != expected or (static and state.shape != spec.sizes)):
+                raise FormatError(
+                    f"method {name!r}: state {spec.target!r} is stored as {state.dtype} {state.shape}, "
+                    f"the graph reads {expected} {spec.sizes}"
+                )
         reads = {s.target for s in plan.inputs if s.target is not None}
         self._unverified[name] = [
             (fqn, digest) for fqn in sorted(reads - self._mutable) if (digest := digests[fqn]) is not None

@@ -76,6 +76,7 @@ class CallPlan:
     keyword_names: tuple[str, ...]
     output_container: str | None  # None: one value; "tuple", "list" or "dict"
     output_keys: tuple[Any, ...] = ()  # a dict's keys
+    output_count: int = 1  # the values the structure holds
 
 
 class NeedsTorch(Exception):
@@ -112,12 +113,12 @@ def _plan(document: Any, delegate_kinds: Mapping[int, str]) -> CallPlan:
     outputs = tuple(
         _output(spec, arg) for spec, arg in zip(module["signature"]["output_specs"], graph["outputs"], strict=True)
     )
-    arg_names, positional, keywords, container, keys = _signature(module["module_call_graph"])
+    arg_names, positional, keywords, container, keys, count = _signature(module["module_call_graph"])
     ranges = {
         symbol: (_int(bounds.get("min_val")), _int(bounds.get("max_val")))
         for symbol, bounds in sorted(document.get("range_constraints", {}).items())
     }
-    return CallPlan(inputs, steps, outputs, ranges, arg_names, positional, keywords, container, keys)
+    return CallPlan(inputs, steps, outputs, ranges, arg_names, positional, keywords, container, keys, count)
 
 
 def _int(value: Any) -> int | None:
@@ -137,13 +138,13 @@ def _input(spec: dict[str, Any], argument: dict[str, Any], values: dict[str, Any
         return PlanInput(kind, argument["as_sym_int"]["as_name"], None, None, scalar="int")
     else:
         raise NeedsTorch(f"its input {argument!r:.80} is neither a tensor nor a symbolic int")
-    if kind in _STATE_FIELDS:  # the state's own record says its dtype and shape
+    meta = values.get(name) if kind in _STATE_FIELDS else values[name]
+    if meta is None:  # state the graph records no metadata for: its own record says its dtype and shape
         return PlanInput(kind, name, target, None)
-    meta = values[name]
     dtype = SCALAR_TYPES.get(meta["dtype"])
     if dtype is None or meta.get("layout", 7) != 7 or meta["device"]["type"] != "cpu":
         raise NeedsTorch(f"its input {name!r} is not a dense CPU tensor of a dtype arrays hold")
-    return PlanInput(kind, name, None, dtype, tuple(_size(size) for size in meta["sizes"]))
+    return PlanInput(kind, name, target, dtype, tuple(_size(size) for size in meta["sizes"]))
 
 
 def _size(size: dict[str, Any]) -> int | str | None:
@@ -196,8 +197,9 @@ def _output(spec: dict[str, Any], argument: dict[str, Any]) -> PlanOutput:
 
 def _signature(
     entries: list[dict[str, Any]],
-) -> tuple[tuple[str, ...], int, tuple[str, ...], str | None, tuple[Any, ...]]:
-    """The forward's argument names, how many are positional, the keyword names, and the outputs' container."""
+) -> tuple[tuple[str, ...], int, tuple[str, ...], str | None, tuple[Any, ...], int]:
+    """The forward's argument names, how many are positional, the keyword names; the outputs' container,
+    its keys and how many values it holds."""
     for entry in entries:
         signature = entry.get("signature")
         if entry.get("fqn") == "" and signature and signature.get("in_spec") and signature.get("out_spec"):
@@ -217,7 +219,8 @@ def _signature(
     )
     names = tuple(signature.get("forward_arg_names") or ())
     container, keys = _output_container(outputs)
-    return names, len(args["children_spec"]), keywords, container, keys
+    count = 1 if container is None else len(outputs["children_spec"])
+    return names, len(args["children_spec"]), keywords, container, keys, count
 
 
 def _output_container(root: dict[str, Any]) -> tuple[str | None, tuple[Any, ...]]:

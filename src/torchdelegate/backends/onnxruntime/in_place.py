@@ -53,7 +53,11 @@ def in_place_outputs(
 def unread_inputs(model: Any, branches: list[tuple[list[str], list[str]]]) -> list[frozenset[int]]:
     """For each branch, the positions of the inputs no node of ``model`` reads, at any depth."""
     reads = Counter(name for node in _all_nodes(model.graph) for name in node.input if name)
-    return [frozenset(j for j, name in enumerate(inputs) if not reads[name]) for inputs, _ in branches]
+    returned = {value.name for value in model.graph.output}
+    return [
+        frozenset(j for j, name in enumerate(inputs) if not reads[name] and name not in returned)
+        for inputs, _ in branches
+    ]
 
 
 def _written_input(producers: dict[str, Any], output: str, branched: bool) -> str | None:

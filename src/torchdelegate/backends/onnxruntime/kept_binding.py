@@ -53,6 +53,7 @@ class KeptBinding:
         self._allocated = [k for k in range(len(self._outputs)) if k not in written]
         self._kept: list[Any] = [None] * len(self._names)
         self._shapes: list[tuple[int, ...] | None] = [None] * len(self._names)
+        self._strides: list[tuple[int, ...] | None] = [None] * len(self._names)
         self._alive: list[np.ndarray | None] = [None] * len(self._names)
         self.lock = threading.Lock()
         """Held by the call using the binding (calls that share a program's buffers are serialized anyway)."""
@@ -61,24 +62,25 @@ class KeptBinding:
         """One call; the outputs written in place are the donated input arrays themselves. None, having
         run nothing, when a donated input is not a C-contiguous array (its memory is not the program's).
 
-        An input that is the very array bound at the previous call (kept referenced, so it cannot be
-        resized) is not bound again: a decode step that reuses its arrays binds nothing but the outputs
+        An input that is the very array bound at the previous call, of the same shape and strides (kept
+        referenced, so it cannot be resized but with ``refcheck=False``, which numpy calls unsafe) is not
+        bound again: a decode step that reuses its arrays binds nothing but the outputs
         ONNX Runtime allocates."""
         kept = self._kept
         for j, value in enumerate(inputs):
-            if value is kept[j] and value.shape == self._shapes[j]:
+            if value is kept[j] and value.shape == self._shapes[j] and value.strides == self._strides[j]:
                 continue
             array = as_array(value)
             same = array is value
             if j in self._donated:
-                if not same:
+                if not same or not array.flags.writeable:  # not memory the program may write
                     return None
                 self._binding.bind_output(
                     self._outputs[self._donated[j]], "cpu", 0, bound_dtype(array), array.shape, array.ctypes.data
                 )
             self._binding.bind_input(self._names[j], "cpu", 0, bound_dtype(array), array.shape, array.ctypes.data)
             kept[j] = value if same else None
-            self._shapes[j] = array.shape
+            self._shapes[j], self._strides[j] = array.shape, array.strides
             self._alive[j] = array  # the binding reads its memory
         for k in self._allocated:  # left to ONNX Runtime: a new tensor each call, of this call's shape
             self._binding.bind_output(self._outputs[k], "cpu")

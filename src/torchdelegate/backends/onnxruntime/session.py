@@ -158,6 +158,12 @@ class Model:
             feed[self._selector] = np.array(branch, dtype=np.int64)
         return list(self._run(outputs, feed, None))
 
+    def same_types(self, branch: int) -> set[tuple[int, int]]:
+        """The (input, output) positions of ``branch`` whose types, element type and static sizes, are equal."""
+        names, outputs = self.branches[branch]
+        types = {v.name: (v.type, tuple(v.shape)) for v in (*self._session.get_inputs(), *self._session.get_outputs())}
+        return {(j, k) for j, a in enumerate(names) for k, b in enumerate(outputs) if types[a] == types[b]}
+
     def kept_binding(self, branch: int, written: dict[int, int]) -> KeptBinding:
         """A binding for calls of ``branch`` that write ``written`` outputs into their inputs' memory."""
         selector = None if self._selector is None else (self._selector, np.array(branch, dtype=np.int64))
@@ -227,8 +233,10 @@ class _Delegate:
     def accept(self, donated: dict[int, int]) -> None:
         """Of the donated inputs (input: output), those the model may write in place."""
         possible = self.model.in_place[self.branch]
-        unread = self.model.unread[self.branch]
-        self.written = {k: j for j, k in sorted(donated.items()) if possible.get(k) == j or j in unread}
+        unread, same = self.model.unread[self.branch], self.model.same_types(self.branch)
+        self.written = {
+            k: j for j, k in sorted(donated.items()) if possible.get(k) == j or (j in unread and (j, k) in same)
+        }
         self._binding = self.model.kept_binding(self.branch, self.written) if self.written else None
 
     def __call__(self, inputs: list[Any]) -> list[np.ndarray]:
