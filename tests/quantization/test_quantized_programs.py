@@ -306,21 +306,24 @@ def test_embeddings_quantized_by_torchdelegate_run_on_onnx_runtime_gather_of_int
     assert _gathers(lowered) == 2 and _integer_products(lowered) == 2 * 15
 
 
+class _Lookup(torch.nn.Module):
+    """A table of 300 rows of ``width`` values, looked up and doubled."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(300, width)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.table(tokens) * 2
+
+
 def test_an_int8_table_whose_rows_128_does_not_divide_runs_on_the_gather_of_integers(tmp_path: Path) -> None:
     """Rows of 96 values (SmolLM2's 576 alike): one scale per row, repeated over blocks of 32. Left to
     a float dequantization, ONNX Runtime would fold the whole table into floats when it loads it."""
 
-    class Lookup(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.table = torch.nn.Embedding(300, 96)
-
-        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            return self.table(tokens) * 2
-
     torch.manual_seed(0)
     tokens = torch.randint(0, 300, (2, 7))
-    program = td.quantize(torch.export.export(Lookup().eval(), (tokens,)), "int8", embeddings="int8")
+    program = td.quantize(torch.export.export(_Lookup(96).eval(), (tokens,)), "int8", embeddings="int8")
     lowered = td.to_edge_transform_and_lower(program, partitioner=[OnnxRuntimePartitioner()])
     assert _gathers(lowered) == 1
     lowered.save(tmp_path / "lookup.tdp")
@@ -342,21 +345,13 @@ def test_a_tied_table_is_quantized_once_for_the_head_and_once_for_the_lookup(tmp
 def test_the_embedding_operator_computes_what_torchaos_ops_compute() -> None:
     from torchdelegate.quantization.embedding import with_blockwise_embeddings
 
-    class Lookup(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.table = torch.nn.Embedding(300, 64)
-
-        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            return self.table(tokens) * 2
-
     torch.manual_seed(0)
     tokens = torch.randint(0, 300, (2, 7))
     for embeddings in ("int8", "int4"):
-        program = td.quantize(torch.export.export(Lookup().eval(), (tokens,)), "int8", embeddings=embeddings)
+        program = td.quantize(torch.export.export(_Lookup(64).eval(), (tokens,)), "int8", embeddings=embeddings)
         rewritten, lookups = with_blockwise_embeddings(program)
         assert lookups == 1
         with torch.no_grad():
             torch.testing.assert_close(rewritten.module()(tokens), program.module()(tokens), atol=0, rtol=0)
     with pytest.raises(td.QuantizationError, match="unknown embedding quantization 'int2'; give int8"):
-        td.quantize(torch.export.export(Lookup().eval(), (tokens,)), "int8", embeddings="int2")
+        td.quantize(torch.export.export(_Lookup(64).eval(), (tokens,)), "int8", embeddings="int2")
