@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from torchdelegate.delegate.instance import DelegateInstance
-from torchdelegate.errors import FormatError, ProgramInputError
+from torchdelegate.errors import FormatError, MethodExecutionError, ProgramInputError, TorchDelegateError
 from torchdelegate.runtime.arguments import Dim, bound_arguments, check_sizes, dim_of
 from torchdelegate.serialize.arrays import numpy_dtype
 from torchdelegate.serialize.call_plan import CallPlan, DelegateCall, PlanInput, SizeRead
@@ -212,7 +212,19 @@ class ArrayMethod:
         return tuple(outputs) if self._container == "tuple" else outputs
 
     def run_user_outputs(self, user_inputs: Sequence[Any]) -> list[Any]:
-        """Run on checked flat user inputs; the flat user outputs (buffers updated)."""
+        """Run on checked flat user inputs; the flat user outputs (buffers updated). What fails outside
+        the delegates (a size read, a buffer update of a file that lies) is a ``MethodExecutionError``."""
+        try:
+            return self._run(user_inputs)
+        except TorchDelegateError:
+            raise
+        except Exception as error:
+            raise MethodExecutionError(
+                f"method {self.name!r}: a size read or a buffer update (outside any delegate) failed: "
+                f"{type(error).__name__}: {error}; re-export and save the program if the file was altered"
+            ) from error
+
+    def _run(self, user_inputs: Sequence[Any]) -> list[Any]:
         values = list(self._template)
         for slot, value in zip(self._user_slots, user_inputs, strict=True):
             values[slot] = value
