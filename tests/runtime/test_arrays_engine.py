@@ -149,3 +149,29 @@ def test_numpy_arrays_in_give_arrays_out_whatever_else_comes_in(decoder_file: Pa
         with td.load(decoder_file, engine=engine) as program:
             logits = program.run("decode", torch.tensor([3]), np.array([8]))
             assert type(logits) is np.ndarray, engine
+
+
+def test_a_delegate_two_methods_list_never_writes_into_its_inputs(decoder_file: Path, tmp_path: Path) -> None:
+    """A crafted file whose decode calls prefill's delegate: what one method donates (a buffer it alone
+    reads) may be the other's user input or weight, so that delegate takes no input's memory at all."""
+    import json
+
+    from crafted import manifest_bytes, with_manifest
+
+    original = decoder_file.read_bytes()
+    manifest = json.loads(manifest_bytes(original))
+    decode = next(m for m in manifest["methods"] if m["name"] == "decode")
+    decode["delegates"] = [0]
+    for node in decode["graph"]["graph_module"]["graph"]["nodes"]:
+        for argument in node["inputs"]:
+            if node["target"].endswith("call_delegate.default") and argument["name"] == "index":
+                argument["arg"] = {"as_int": 0}
+    crafted = tmp_path / "shared.tdp"
+    crafted.write_bytes(with_manifest(original, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()))
+    with td.load(decoder_file) as sound:
+        sound.initialize()
+        assert sound._delegates[0]._handle.written  # the cache written in place, as a sound file does
+    for engine in ("arrays", "torch"):
+        with td.load(crafted, engine=engine) as program:
+            program.initialize()
+            assert program._delegates[0]._handle.written == {}, engine
