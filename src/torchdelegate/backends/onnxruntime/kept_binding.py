@@ -10,6 +10,7 @@ Runtime allocates anew (a bound output it allocated would be reused, whatever th
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any
 
@@ -51,45 +52,61 @@ class KeptBinding:
         for name in self._outputs:  # in order: the outputs are read back by position
             self._binding.bind_output(name, "cpu")
         self._allocated = [k for k in range(len(self._outputs)) if k not in written]
-        self._kept: list[Any] = [None] * len(self._names)
-        self._shapes: list[tuple[int, ...] | None] = [None] * len(self._names)
-        self._strides: list[tuple[int, ...] | None] = [None] * len(self._names)
+        self._kept: list[Any] = [None] * len(self._names)  # the arrays bound, as the caller passed them
+        self._layouts: list[Any] = []  # their shapes and strides
+        self._where: list[Any] = [None] * len(self._names)  # the memory, shape, strides and dtype bound
         self._alive: list[np.ndarray | None] = [None] * len(self._names)
+        self._written_outputs: list[Any] = []
         self.lock = threading.Lock()
         """Held by the call using the binding (calls that share a program's buffers are serialized anyway)."""
 
     def run(self, inputs: list[Any]) -> list[np.ndarray] | None:
         """One call; the outputs written in place are the donated input arrays themselves. None, having
-        run nothing, when a donated input is not a C-contiguous array (its memory is not the program's).
+        run nothing, when a donated input is not a writable C-contiguous array (not the program's memory).
 
-        An input that is the very array bound at the previous call, of the same shape and strides (kept
-        referenced, so it cannot be resized but with ``refcheck=False``, which numpy calls unsafe) is not
-        bound again: a decode step that reuses its arrays binds nothing but the outputs
-        ONNX Runtime allocates."""
-        kept = self._kept
-        for j, value in enumerate(inputs):
-            if value is kept[j] and value.shape == self._shapes[j] and value.strides == self._strides[j]:
-                continue
-            array = as_array(value)
-            same = array is value
-            if j in self._donated:
-                if not same or not array.flags.writeable:  # not memory the program may write
-                    return None
-                self._binding.bind_output(
-                    self._outputs[self._donated[j]], "cpu", 0, bound_dtype(array), array.shape, array.ctypes.data
-                )
-            self._binding.bind_input(self._names[j], "cpu", 0, bound_dtype(array), array.shape, array.ctypes.data)
-            kept[j] = value if same else None
-            self._shapes[j], self._strides[j] = array.shape, array.strides
-            self._alive[j] = array  # the binding reads its memory
+        Inputs that are the very arrays bound at the previous call, of the same shapes and strides (kept
+        referenced, so they cannot be resized but with ``refcheck=False``, which numpy calls unsafe), are
+        not bound again, nor looked at one by one: a decode step that reuses its arrays binds nothing but
+        the outputs ONNX Runtime allocates."""
+        if not (all(map(operator.is_, inputs, self._kept)) and list(map(_LAYOUT, inputs)) == self._layouts):
+            if not self._bind(inputs):
+                return None
         for k in self._allocated:  # left to ONNX Runtime: a new tensor each call, of this call's shape
             self._binding.bind_output(self._outputs[k], "cpu")
         self._session._sess.run_with_iobinding(self._binding._iobinding, None)
         values = self._binding._iobinding.get_outputs()
-        return [
-            inputs[self._written[k]] if k in self._written else values[k].numpy() for k in range(len(self._outputs))
-        ]
+        outputs = list(self._written_outputs)
+        for k in self._allocated:
+            outputs[k] = values[k].numpy()
+        return outputs
 
+    def _bind(self, inputs: list[Any]) -> bool:
+        """Bind the inputs (and the outputs written into donated ones) that are not bound already; False
+        when a donated input is not memory the program may write."""
+        for j, value in enumerate(inputs):
+            array = as_array(value)
+            same = array is value
+            if j in self._donated and (not same or not array.flags.writeable):
+                return False
+            where = (array.ctypes.data, array.shape, array.strides, array.dtype)
+            if where != self._where[j]:  # another array, or the same memory seen through a new view
+                dtype, pointer = bound_dtype(array), array.ctypes.data
+                if j in self._donated:
+                    self._binding.bind_output(self._outputs[self._donated[j]], "cpu", 0, dtype, array.shape, pointer)
+                self._binding.bind_input(self._names[j], "cpu", 0, dtype, array.shape, pointer)
+                self._where[j] = where
+            self._kept[j] = value if same else None
+            self._alive[j] = array  # the binding reads its memory
+        self._layouts = [
+            _LAYOUT(value) if kept is not None else None for value, kept in zip(inputs, self._kept, strict=True)
+        ]
+        self._written_outputs = [
+            inputs[self._written[k]] if k in self._written else None for k in range(len(self._outputs))
+        ]
+        return True
+
+
+_LAYOUT = operator.attrgetter("shape", "strides")
 
 _BINDABLE = frozenset(np.dtype(name) for name in ONNX_TYPES if name != "bfloat16")
 
