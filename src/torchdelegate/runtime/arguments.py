@@ -55,6 +55,11 @@ class Dim:
     upper: int | None = None
 
 
+def sizes_text(dims: Sequence[Dim]) -> str:
+    """``1, s0, 8``: each fixed size, or the symbol of one the export let vary (for signatures)."""
+    return ", ".join(str(d.value) if d.value is not None else str(d.symbol) for d in dims)
+
+
 def dim_of(size: int | str | None, ranges: Mapping[str, tuple[int | None, int | None]]) -> Dim:
     """The size a graph records (an int, a symbol's name, None for a derived one such as 2*s0, which
     the symbols guarantee) with its symbol's range."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.errors import FormatError, MethodExecutionError, ProgramInputError, TorchDelegateError
-from torchdelegate.runtime.arguments import Dim, bound_arguments, check_sizes, dim_of
+from torchdelegate.runtime.arguments import Dim, bound_arguments, check_sizes, dim_of, sizes_text
 from torchdelegate.serialize.arrays import numpy_dtype
 from torchdelegate.serialize.call_plan import CallPlan, DelegateCall, PlanInput, SizeRead
 
@@ -51,8 +51,7 @@ class ArrayInputs:
         described = []
         for leaf in self.leaves:
             if leaf.kind == "tensor":
-                sizes = ", ".join(str(d.value) if d.value is not None else str(d.symbol) for d in leaf.dims)
-                described.append(f"{leaf.name}: {leaf.dtype}[{sizes}]")
+                described.append(f"{leaf.name}: {leaf.dtype}[{sizes_text(leaf.dims)}]")
             else:
                 described.append(f"{leaf.name}: {leaf.kind}")
         return described
@@ -119,16 +118,26 @@ def _array(value: Any) -> tuple[np.ndarray | None, bool]:
             raise ProgramInputError(
                 f"a tensor on {tensor.device} was given; this program runs on the CPU: move it there"
             )
-        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: the same bits, as ml_dtypes's
-            return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16", "a bfloat16 tensor")), True
-        return tensor.numpy(), True
+        return tensor_array(tensor), True
     if hasattr(value, "__dlpack__") and not isinstance(value, type):
         return np.from_dlpack(value), False
     return None, False
 
 
+def tensor_array(tensor: Any) -> np.ndarray:
+    """A CPU tensor's memory as an array, no copy (bfloat16, which numpy lacks, as ml_dtypes's: the same bits)."""
+    import torch
+
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16", "a bfloat16 tensor"))
+    return tensor.numpy()  # type: ignore[no-any-return]
+
+
 def as_torch(array: Any) -> Any:
-    """An output as a torch tensor over the array's memory (torch is imported: a tensor came in)."""
+    """An array as a torch tensor over its memory (torch is imported: a tensor came in); anything else as it is.
+    A read-only array (a view of the file's state) gives a tensor the caller must not write, as the
+    torch engine's state tensors are."""
     import torch
 
     if not isinstance(array, np.ndarray):

@@ -16,7 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchdelegate.errors import FormatError, ProgramInputError
-from torchdelegate.runtime.arguments import Dim, bound_arguments, check_sizes, dim_of
+from torchdelegate.runtime.arguments import Dim, bound_arguments, check_sizes, dim_of, sizes_text
 from torchdelegate.serialize.residual_graph import ConstantValue, ResidualGraph, SymbolicValue, TensorValue
 
 
@@ -72,9 +72,8 @@ class MethodInputs:
         for leaf in self.leaves:
             if leaf.kind == "tensor":
                 dtype = str(leaf.dtype).removeprefix("torch.")
-                sizes = ", ".join(str(d.value) if d.value is not None else str(d.symbol) for d in leaf.dims)
                 device = f" on {leaf.device.type}" if leaf.device is not None and leaf.device.type != "cpu" else ""
-                described.append(f"{leaf.name}: {dtype}[{sizes}]{device}")
+                described.append(f"{leaf.name}: {dtype}[{sizes_text(leaf.dims)}]{device}")
             elif leaf.kind == "constant":
                 described.append(f"{leaf.name} = {leaf.constant!r}")
             else:

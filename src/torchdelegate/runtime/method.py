@@ -10,7 +10,6 @@ buffer updates are written into those tensors, as the exported module does in ea
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -22,9 +21,9 @@ from torch.fx import GraphModule
 from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.errors import FormatError, MethodExecutionError, TorchDelegateError
 from torchdelegate.exported.programs import output_values
+from torchdelegate.runtime.array_method import as_torch, tensor_array
 from torchdelegate.runtime.inputs import MethodInputs
 from torchdelegate.serialize.allow_list import allowed_call_target, passed_operator_allowed
-from torchdelegate.serialize.arrays import numpy_dtype
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
 from torchdelegate.serialize.node_checks import node_target
 from torchdelegate.serialize.residual_graph import ResidualGraph, TensorValue
@@ -176,20 +175,7 @@ def _check_state(method: str, name: str, tensor: torch.Tensor, expected: Any) ->
 def _tensor_of(array: np.ndarray, written: bool) -> torch.Tensor:
     """A tensor over ``array``'s memory; a copy of a read-only one when the method writes its inputs
     (``written``), which must not write read-only memory."""
-    if written and not array.flags.writeable:
-        array = array.copy()
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(array)
-
-
-def _array_of(tensor: torch.Tensor) -> np.ndarray:
-    tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16", "a bfloat16 output"))
-    return tensor.numpy()
+    return as_torch(array.copy() if written and not array.flags.writeable else array)  # type: ignore[no-any-return]
 
 
 class Method:
@@ -253,7 +239,7 @@ class Method:
                 np.ndarray, lambda a: _tensor_of(a, written), (tuple(args), dict(kwargs))
             )
         outputs = self.run_flat(self.inputs.flatten(args, kwargs))
-        return pytree.tree_map_only(torch.Tensor, _array_of, outputs) if arrays_in else outputs
+        return pytree.tree_map_only(torch.Tensor, tensor_array, outputs) if arrays_in else outputs
 
     def run_flat(self, user_inputs: Sequence[Any]) -> Any:
         """Run on already checked flat user inputs; the outputs in the method's structure."""
