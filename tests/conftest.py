@@ -19,6 +19,13 @@ def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHDELEGATE_CACHE", "off")
 
 
+@pytest.fixture(autouse=True)
+def _sleeping_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Runtime's threads sleep between nodes: two test workers share the cores, where spinning
+    threads (the default, for a machine a program has to itself) would wait on each other."""
+    monkeypatch.setenv("TORCHDELEGATE_BACKEND_OPTIONS", "onnxruntime.intra_op_spinning=0")
+
+
 @pytest.fixture
 def cache_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The test's own cache (both kinds; commands it starts inherit it), asked for by name."""

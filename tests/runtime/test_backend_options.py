@@ -67,3 +67,40 @@ def test_the_commands_take_backend_options(onnx_file: Path, tmp_path: Path) -> N
     assert "--backend-option: backend 'onnxruntime' takes no load option 'threads'" in wrong.stderr
     shapeless = subprocess.run([*command, "--backend-option", "threads=1"], capture_output=True, text=True)
     assert shapeless.returncode == 2 and "give ID.KEY=VALUE" in shapeless.stderr
+
+
+def _spinning(program: td.Program) -> str:
+    program.initialize()
+    session = program._delegates[0]._handle.model._session  # type: ignore[attr-defined]
+    return str(session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning"))
+
+
+def test_threads_spin_by_default_and_the_environment_sets_options_for_every_load(
+    onnx_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TORCHDELEGATE_BACKEND_OPTIONS", raising=False)
+    with td.load(onnx_file) as program:
+        assert _spinning(program) == "1"  # ONNX Runtime's own default: a decode step's small nodes need it
+    # Options for backends the file lacks are ignored: the variable is for every file of the process.
+    monkeypatch.setenv("TORCHDELEGATE_BACKEND_OPTIONS", "onnxruntime.intra_op_spinning=0, inductor.x=1")
+    with td.load(onnx_file) as program:
+        assert _spinning(program) == "0" and _threads(program) == 2
+    with td.load(onnx_file, backend_options={"onnxruntime": {"intra_op_num_threads": 1}}) as program:
+        assert _spinning(program) == "0" and _threads(program) == 1  # both: given ones over the variable's
+    with td.load(onnx_file, backend_options={"onnxruntime": {"intra_op_spinning": 1}}) as program:
+        assert _spinning(program) == "1"
+
+
+def test_a_wrong_environment_option_is_refused_naming_the_variable(
+    onnx_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHDELEGATE_BACKEND_OPTIONS", "onnxruntime.threads=1")
+    with pytest.raises(BackendOptionError, match=r"^TORCHDELEGATE_BACKEND_OPTIONS: backend 'onnxruntime' takes no"):
+        td.load(onnx_file)
+    monkeypatch.setenv("TORCHDELEGATE_BACKEND_OPTIONS", "spinning=0")
+    with pytest.raises(BackendOptionError, match=r"'spinning=0' is not ID.KEY=VALUE"):
+        td.load(onnx_file)
+    np.save(tmp_path / "x.npy", np.ones((2, 4), dtype=np.float32))
+    command = [sys.executable, "-m", "torchdelegate", "run", str(onnx_file), "--input", str(tmp_path / "x.npy")]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2 and "TORCHDELEGATE_BACKEND_OPTIONS: 'spinning=0' is not ID.KEY=VALUE" in done.stderr

@@ -144,13 +144,15 @@ def import_module(module: str) -> None:
 
 def backend_options(given: Sequence[str]) -> dict[str, dict[str, str]]:
     """``--backend-option ID.KEY=VALUE`` (repeated) as ``load``'s ``backend_options``."""
+    from torchdelegate.runtime.backend_options import parsed_option
+
     options: dict[str, dict[str, str]] = {}
     for text in given:
-        name, equals, value = text.partition("=")
-        backend_id, dot, key = name.partition(".")
-        if not (equals and dot and backend_id and key):
+        parsed = parsed_option(text)
+        if parsed is None:
             raise UsageError(f"--backend-option {text!r}: give ID.KEY=VALUE, e.g. onnxruntime.intra_op_num_threads=4")
-        options.setdefault(backend_id.strip(), {})[key.strip()] = value.strip()
+        backend_id, key, value = parsed
+        options.setdefault(backend_id, {})[key] = value
     return options
 
 

@@ -342,11 +342,15 @@ def _trusted_by_workers(trust: list[str]) -> None:
 
 def _per_worker_threads(options: dict[str, dict[str, str]], program: Any, workers: int) -> dict[str, dict[str, str]]:
     """``options`` with ONNX Runtime's threads shared out among the workers (the cores over the
-    workers, at least one each) unless given: workers that each took every core would fight."""
+    workers, at least one each) unless given, here or in ``TORCHDELEGATE_BACKEND_OPTIONS``: workers that
+    each took every core would fight."""
+    from torchdelegate.runtime.backend_options import environment_options
+
     if not any(d.backend_id == "onnxruntime" for d in program.delegates):
         return options
     onnxruntime = dict(options.get("onnxruntime", {}))
-    onnxruntime.setdefault("intra_op_num_threads", str(max(1, (os.cpu_count() or 1) // workers)))
+    if "intra_op_num_threads" not in environment_options(["onnxruntime"]).get("onnxruntime", {}):
+        onnxruntime.setdefault("intra_op_num_threads", str(max(1, (os.cpu_count() or 1) // workers)))
     return {**options, "onnxruntime": onnxruntime}
 
 

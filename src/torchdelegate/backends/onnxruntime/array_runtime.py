@@ -25,7 +25,10 @@ class OnnxRuntimeArrays(ArrayRuntime):
     thread_safe_execute = True
     load_options = {
         "intra_op_num_threads": "threads of ONNX Runtime's intra-op pool (an integer; 0: ONNX Runtime's choice)",
-        "intra_op_spinning": "1: the pool's threads spin between calls (faster on a machine of its own), 0: sleep",
+        "intra_op_spinning": (
+            "1 (default): the pool's threads spin while they wait for work; 0: they sleep (faster where other "
+            "processes keep the cores busy)"
+        ),
         "profile": "1: ONNX Runtime times every node (Program.profile() reads it; `run --profile` prints it)",
     }
     needs = "install its runtime with pip install onnxruntime"

@@ -54,7 +54,7 @@ class Options:
             raise ValueError(f"graph_optimization_level {self.level!r}: use one of {sorted(_OPTIMIZATION_LEVELS)}")
         self.fusions = _flag(values, "fusions", True)
         self.prepacking = not _flag(values, "disable_prepacking", False)
-        self.spinning = _flag(values, "intra_op_spinning", False)
+        self.spinning = _flag(values, "intra_op_spinning", True)
         self.profile = _flag(values, "profile", False)
 
     def session_settings(self) -> tuple[int, str, bool, bool, bool]:
@@ -69,8 +69,9 @@ class Options:
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION_LEVELS[self.level])
         options.add_session_config_entry("session.disable_prepacking", "0" if self.prepacking and pack_weights else "1")
         options.add_session_config_entry("session.load_model_format", "ONNX")  # never ORT's own format
-        # Threads that wait without spinning, and work split in blocks they take as they come: a call
-        # keeps its speed when another process takes a core, where a spinning thread pool loses most of it.
+        # Threads spin between a call's nodes, as ONNX Runtime's own default: waking a sleeping thread for
+        # each of a decode step's hundreds of small nodes costs a quarter of the step. A machine shared with
+        # busy processes sets intra_op_spinning=0; work split in blocks taken as threads come free helps it.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
         options.add_session_config_entry("session.dynamic_block_base", str(DYNAMIC_BLOCK_BASE))
         if self.profile:  # ONNX Runtime's trace of every node's time, read by Model.node_seconds
