@@ -138,16 +138,18 @@ def test_a_llama_quantized_by_torchao_runs_its_products_on_onnx_runtime_integer_
     assert not any("torchao" in op for op in ops)  # nothing quantized is left to torch
     # query, key and value in one kernel call, gate and up in another: 4 per layer and the head
     assert _kernel_calls(tmp_path / "quantized.tdp") == [9, 9]
+    # the attention reads query, key and value packed as that call makes them: only gate and up are split
+    layers = model.config.num_hidden_layers
+    assert _kernel_calls(tmp_path / "quantized.tdp", "Split") == [layers, layers]
+    assert _kernel_calls(tmp_path / "quantized.tdp", "GroupQueryAttention") == [layers, layers]
 
 
-def _kernel_calls(path: Path) -> list[int]:
-    """How many MatMulNBits nodes each ONNX Runtime delegate of a saved program runs."""
+def _kernel_calls(path: Path, operator: str = "MatMulNBits") -> list[int]:
+    """How many ``operator`` nodes each ONNX Runtime delegate of a saved program runs."""
     from onnx_graphs import delegate_nodes
 
     with td.load(path) as program:
-        return [
-            sum(n.op_type == "MatMulNBits" for n in delegate_nodes(program, i)) for i in range(len(program.delegates))
-        ]
+        return [sum(n.op_type == operator for n in delegate_nodes(program, i)) for i in range(len(program.delegates))]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

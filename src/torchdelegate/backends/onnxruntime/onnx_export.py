@@ -25,6 +25,7 @@ from torchdelegate.backends.onnxruntime.blob_header import unpacked
 from torchdelegate.backends.onnxruntime.cache_writes import cache_writes_in_place
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.node_sources import onnx_node_handles
+from torchdelegate.backends.onnxruntime.packed_attention import packed_attention_inputs
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
 from torchdelegate.delegate.backend_details import PreprocessResult
@@ -158,6 +159,9 @@ def _exported_blob(
         products = blockwise.kernel_products(ir, model)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
+    packed = packed_attention_inputs(model) if attention else 0
+    if packed:
+        products["packed_qkv"] = packed
     fusions = dict(sorted({**fusions, **products}.items()))
     initializers = {}
     shared = {value.name for value, _ in lifted}
