@@ -38,12 +38,13 @@ def in_place_outputs(
     reads = Counter(name for node in _all_nodes(graph) for name in node.input if name)
     returned = Counter(value.name for value in graph.output)
     producers = {output: node for node in graph.node for output in node.output}
+    taken: dict[str, dict[str, Any]] = {}  # per If (by its first output), its taken branch's producers
     found = []
     for inputs, outputs in branches:
         positions = {name: index for index, name in enumerate(inputs)}
         pairs = {}
         for k, output in enumerate(outputs):
-            data = _written_input(producers, output, selector is not None)
+            data = _written_input(producers, output, selector is not None, taken)
             if data in positions and reads[data] == 1 and returned[output] == 1 and data not in returned:
                 pairs[k] = positions[data]
         found.append(pairs)
@@ -60,19 +61,24 @@ def unread_inputs(model: Any, branches: list[tuple[list[str], list[str]]]) -> li
     ]
 
 
-def _written_input(producers: dict[str, Any], output: str, branched: bool) -> str | None:
+def _written_input(
+    producers: dict[str, Any], output: str, branched: bool, taken: dict[str, dict[str, Any]]
+) -> str | None:
     """The input ``output`` is written over, looking into the taken branch of an ``If``: a ``ScatterND``'s
-    data, or the cache ``GroupQueryAttention`` appends to (its present keys and values)."""
+    data, or the cache ``GroupQueryAttention`` appends to (its present keys and values). ``taken`` keeps
+    each ``If``'s branch producers once found."""
     node = producers.get(output)
     if node is not None and branched and node.op_type == "If" and node.domain in _STANDARD:
-        taken = next((a.g for a in node.attribute if a.name == "then_branch"), None)
-        if taken is None:
+        branch = next((a.g for a in node.attribute if a.name == "then_branch"), None)
+        if branch is None:
             return None
         position = list(node.output).index(output)
-        if position >= len(taken.output):
+        if position >= len(branch.output):
             return None
-        output = taken.output[position].name
-        node = {name: n for n in taken.node for name in n.output}.get(output)
+        output = branch.output[position].name
+        if node.output[0] not in taken:
+            taken[node.output[0]] = {name: n for n in branch.node for name in n.output}
+        node = taken[node.output[0]].get(output)
     if node is None:
         return None
     if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":

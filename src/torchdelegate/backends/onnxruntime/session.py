@@ -115,15 +115,16 @@ class Model:
             prepared = find_entry(PREPARED, prepared_key(header, model, settings, named_data))
         session = prepared_session(ort, prepared, settings) if prepared is not None else None
         self._files: dict[str, memoryview] = {}
+        parsed = None  # the model as confinement read it, when this process checked it
         if session is None:
-            session, self._files = _built_session(header, model, settings, named_data, pack_weights)
+            session, self._files, parsed = _built_session(header, model, settings, named_data, pack_weights)
         self._session = session  # self._files: the session reads them, keep them alive as long as it lives
         return_freed_memory()
         # The binding's run, without the Python wrapper's per-call checks of names we already know.
         self._run = self._session._sess.run
         _check_names(self._session, self.branches, self._selector)
         self._unread = _unread_inputs(self._session, self._selector)
-        parsed, bindable = _parsed(model), _numpy_typed(self._session)
+        parsed, bindable = parsed or _parsed(model), _numpy_typed(self._session)
         self.in_place = (
             in_place_outputs(parsed, self.branches, self._selector) if bindable else [{} for _ in self.branches]
         )
@@ -177,8 +178,9 @@ def _built_session(
     named_data: NamedDataMap,
     pack_weights: bool = True,
     prepared_into: Path | None = None,
-) -> tuple[Any, dict[str, memoryview]]:
-    """A session of ``model`` and the views of named data it reads (in place: keep them while it lives).
+) -> tuple[Any, dict[str, memoryview], Any]:
+    """A session of ``model``, the views of named data it reads (in place: keep them while it lives) and
+    the model as confinement read it.
 
     ``prepared_into``: a directory where ONNX Runtime also writes the optimized model and its packed weights.
     """
@@ -186,13 +188,13 @@ def _built_session(
     initializers = initializer_table(header)
     with named_data.reading(external_keys(initializers)) as files:  # checksums checked meanwhile
         supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
-        model_bytes, _ = confined_model(bytes(model), supplied, "onnxruntime blob")
+        model_bytes, parsed = confined_model(bytes(model), supplied, "onnxruntime blob")
         options = settings.session_options(pack_weights)
         if prepared_into is not None:
             save_prepared(options, prepared_into)
         with pages_released_while_packing(named_data, list(files)):  # read to fold or check, if not packed
             session = _session(ort, model_bytes, options, files, folds=pack_weights)
-    return session, files
+    return session, files, parsed
 
 
 def kernel_seconds(trace: Path) -> dict[str, float]:
