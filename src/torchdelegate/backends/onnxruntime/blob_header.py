@@ -149,3 +149,50 @@ def external_keys(initializers: dict[str, Any]) -> list[str]:
             raise FormatError(f"onnxruntime blob: initializer {name!r} names no named-data key")
         keys.add(key)
     return sorted(keys)
+
+
+def initializer_location(entry: dict[str, Any]) -> str:
+    """The in-memory file an initializer's entry names: its named data's key, or ``key@offset`` for an
+    entry that reads a range of it (``"offset"``: a block of a weight's rows, ``row_blocks.py``)."""
+    offset = entry.get("offset")
+    return entry["key"] if offset is None else f"{entry['key']}@{offset}"
+
+
+def initializer_files(
+    initializers: dict[str, Any], data: dict[str, memoryview]
+) -> tuple[dict[str, memoryview], dict[str, tuple[str, int]]]:
+    """The in-memory files a session reads (location -> view, each a whole named data or the range an
+    entry reads, all of ``data``: key -> view), and each initializer's (location, length), for confinement.
+    A ``FormatError`` for an entry whose range is not within its named data or disagrees with its shape."""
+    files: dict[str, memoryview] = {}
+    supplied: dict[str, tuple[str, int]] = {}
+    for name, entry in initializers.items():
+        view, offset = data[entry["key"]], entry.get("offset")
+        if offset is not None:
+            length = _entry_bytes(name, entry)
+            if type(offset) is not int or offset < 0 or offset + length > len(view):
+                raise FormatError(
+                    f"onnxruntime blob: initializer {name!r:.80} reads {length} bytes from offset {offset!r:.40} of "
+                    f"named data {entry['key']!r:.80}, which holds {len(view)}"
+                )
+            view = view[offset : offset + length]
+        location = initializer_location(entry)
+        files[location] = view
+        supplied[name] = (location, len(view))
+    return files, supplied
+
+
+def _entry_bytes(name: str, entry: dict[str, Any]) -> int:
+    """The bytes an entry's dtype and shape make."""
+    shape, dtype = entry.get("shape"), entry.get("dtype")
+    width = _WIDTHS.get(dtype) if isinstance(dtype, str) else None
+    if width is None or not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise FormatError(f"onnxruntime blob: initializer {name!r:.80} has dtype {dtype!r:.40} and shape {shape!r:.80}")
+    count = 1
+    for size in shape:
+        count *= size
+    return count * width
+
+
+_WIDTHS = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+"""Bytes per element of the dtypes a block of rows may have (float weights)."""

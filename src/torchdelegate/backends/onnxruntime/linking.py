@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from torchdelegate.backends.blob import pack
-from torchdelegate.backends.onnxruntime.blob_header import model_blob, unpacked
+from torchdelegate.backends.onnxruntime.blob_header import initializer_location, model_blob, unpacked
 from torchdelegate.backends.onnxruntime.branches import SELECTOR, CombineError, combined_model
 from torchdelegate.backends.onnxruntime.onnx_export import Refused
 from torchdelegate.backends.onnxruntime.session import Model
@@ -65,7 +65,7 @@ def _linked(
     for header, _ in parts:
         names = {}
         for name, entry in header["initializers"].items():
-            shared = f"{entry['key']}.{entry['dtype']}.{'x'.join(map(str, entry['shape']))}"
+            shared = f"{initializer_location(entry)}.{entry['dtype']}.{'x'.join(map(str, entry['shape']))}"
             names[name], table[shared] = shared, entry
         external.append(names)
     try:

@@ -21,11 +21,12 @@ from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack
 from torchdelegate.backends.linear_recomposition import recompose_linear
 from torchdelegate.backends.onnxruntime import blockwise
 from torchdelegate.backends.onnxruntime.attention import fused_attention
-from torchdelegate.backends.onnxruntime.blob_header import unpacked
+from torchdelegate.backends.onnxruntime.blob_header import initializer_location, unpacked
 from torchdelegate.backends.onnxruntime.cache_writes import cache_writes_in_place
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
 from torchdelegate.backends.onnxruntime.node_sources import onnx_node_handles
 from torchdelegate.backends.onnxruntime.packed_attention import packed_attention_inputs
+from torchdelegate.backends.onnxruntime.row_blocks import row_block_products
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
 from torchdelegate.delegate.backend_details import PreprocessResult
@@ -162,28 +163,30 @@ def _exported_blob(
     packed = packed_attention_inputs(model) if attention else 0
     if packed:
         products["packed_qkv"] = packed
+    blocks = row_block_products(ir, model) if fuse else {}
+    if blocks:
+        products["row_blocks"] = len(blocks)
     fusions = dict(sorted({**fusions, **products}.items()))
     initializers = {}
-    shared = {value.name for value, _ in lifted}
+    shared = {value.name for value, _ in lifted} | set(blocks)
     _zeros_made_at_load(ir, model, shared | (set(model.graph.initializers) - before))  # weights are not read
     for name, value in sorted(model.graph.initializers.items()):
         tensor = value.const_value
         if tensor is None or (tensor.nbytes < SMALLEST_SHARED and name not in shared):
             continue  # shape-like constants stay in the model: ONNX Runtime reads them while loading it
-        array = np.ascontiguousarray(tensor.numpy())
-        # Stored as a view of the exporter's array (bfloat16's bytes seen as 16-bit integers); others copied.
-        if tensor.dtype == ir.DataType.BFLOAT16:
-            array = array.view(np.uint16)
-        viewable = array.size and array.dtype.kind in "biuf" and array.dtype.itemsize in (1, 2, 4, 8)
-        data = torch.from_numpy(array) if viewable else array.tobytes()
-        key = store.add_by_content(data, alignment=WEIGHT_ALIGNMENT)
-        dtype = "bfloat16" if tensor.dtype == ir.DataType.BFLOAT16 else str(array.dtype)
+        block = blocks.get(name)
+        key = _stored(ir, block.weight if block else tensor, store)
+        dtype = "bfloat16" if tensor.dtype == ir.DataType.BFLOAT16 else str(tensor.dtype.numpy())
         if dtype not in ONNX_TYPES:
             raise PreprocessError(f"onnxruntime: {where}: initializer {name!r} has unsupported dtype {dtype}")
-        initializers[name] = {"key": key, "dtype": dtype, "shape": list(array.shape)}
+        entry: dict[str, Any] = {"key": key, "dtype": dtype, "shape": list(tensor.shape.numpy())}
+        if block is not None:
+            entry["offset"] = block.offset
+        initializers[name] = entry
         value.const_value = ir.ExternalTensor(
-            location=key, offset=0, length=array.nbytes, dtype=tensor.dtype, shape=tensor.shape, name=name
-        )
+            location=initializer_location(entry), offset=0, length=tensor.nbytes, dtype=tensor.dtype,
+            shape=tensor.shape, name=name,
+        )  # fmt: skip
     traced = onnx_program.exported_program
     handles = onnx_node_handles(ir, model, traced, program) if traced is not None else {}
     _strip_debug_metadata(ir, model)
@@ -200,6 +203,16 @@ def _exported_blob(
         header["unfused"] = {"GroupQueryAttention": unfused}
     # Not compressed: the compile cache swaps the weights' keys where the blob names them in the clear.
     return pack(header, ir.to_proto(model).SerializeToString()), handles
+
+
+def _stored(ir: ModuleType, tensor: Any, store: NamedDataStore) -> str:
+    """The key of ``tensor``'s bytes as named data, stored once by content: a view of the exporter's
+    array (bfloat16's bytes seen as 16-bit integers), or a copy of bytes numpy cannot view."""
+    array = np.ascontiguousarray(tensor.numpy())
+    if tensor.dtype == ir.DataType.BFLOAT16:
+        array = array.view(np.uint16)
+    viewable = array.size and array.dtype.kind in "biuf" and array.dtype.itemsize in (1, 2, 4, 8)
+    return store.add_by_content(torch.from_numpy(array) if viewable else array.tobytes(), alignment=WEIGHT_ALIGNMENT)
 
 
 def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:

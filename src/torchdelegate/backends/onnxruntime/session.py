@@ -17,6 +17,7 @@ import numpy as np
 from torchdelegate.backends.onnxruntime.blob_header import (
     checked_branch,
     external_keys,
+    initializer_files,
     initializer_table,
     model_branches,
     model_key,
@@ -60,10 +61,11 @@ def check_blob(processed: memoryview, named_data: NamedDataMap) -> None:
     branches, _ = model_branches(header)
     checked_branch(unpacked(processed)[0].get("branch"), len(branches))
     initializers = initializer_table(header)
-    missing = [key for key in external_keys(initializers) if key not in named_data]
+    keys = external_keys(initializers)
+    missing = [key for key in keys if key not in named_data]
     if missing:
         raise FormatError(f"onnxruntime blob: initializer data {missing[0]!r:.80} is not in the program")
-    supplied = {name: (e["key"], len(named_data.get_data(e["key"]))) for name, e in initializers.items()}
+    _, supplied = initializer_files(initializers, {key: named_data.get_data(key) for key in keys})
     confined_model(bytes(model), supplied, "onnxruntime blob")
 
 
@@ -186,13 +188,13 @@ def _built_session(
     """
     ort = require("onnxruntime")
     initializers = initializer_table(header)
-    with named_data.reading(external_keys(initializers)) as files:  # checksums checked meanwhile
-        supplied = {name: (entry["key"], len(files[entry["key"]])) for name, entry in initializers.items()}
+    with named_data.reading(external_keys(initializers)) as data:  # checksums checked meanwhile
+        files, supplied = initializer_files(initializers, data)
         model_bytes, parsed = confined_model(bytes(model), supplied, "onnxruntime blob")
         options = settings.session_options(pack_weights)
         if prepared_into is not None:
             save_prepared(options, prepared_into)
-        with pages_released_while_packing(named_data, list(files)):  # read to fold or check, if not packed
+        with pages_released_while_packing(named_data, list(data)):  # read to fold or check, if not packed
             session = _session(ort, model_bytes, options, files, folds=pack_weights)
     return session, files, parsed
 
