@@ -163,36 +163,53 @@ def initializer_files(
 ) -> tuple[dict[str, memoryview], dict[str, tuple[str, int]]]:
     """The in-memory files a session reads (location -> view, each a whole named data or the range an
     entry reads, all of ``data``: key -> view), and each initializer's (location, length), for confinement.
-    A ``FormatError`` for an entry whose range is not within its named data or disagrees with its shape."""
+    A ``FormatError`` for an entry whose range is not a 2-D float block aligned within its named data, a
+    key that could pass for a range's location, or one location named for two ranges."""
     files: dict[str, memoryview] = {}
+    origins: dict[str, tuple[str, int | None]] = {}
     supplied: dict[str, tuple[str, int]] = {}
     for name, entry in initializers.items():
-        view, offset = data[entry["key"]], entry.get("offset")
+        key, offset = entry["key"], entry.get("offset")
+        if "@" in key:
+            raise FormatError(f"onnxruntime blob: initializer {name!r:.80} names named data {key!r:.80} (with '@')")
+        view = data[key]
         if offset is not None:
-            length = _entry_bytes(name, entry)
-            if type(offset) is not int or offset < 0 or offset + length > len(view):
-                raise FormatError(
-                    f"onnxruntime blob: initializer {name!r:.80} reads {length} bytes from offset {offset!r:.40} of "
-                    f"named data {entry['key']!r:.80}, which holds {len(view)}"
-                )
-            view = view[offset : offset + length]
+            view = view[_checked_range(name, entry, offset, len(view))]
         location = initializer_location(entry)
+        if origins.setdefault(location, (key, offset)) != (key, offset):
+            raise FormatError(f"onnxruntime blob: two initializers name in-memory file {location!r:.80} differently")
+        if location in files and len(files[location]) != len(view):
+            raise FormatError(f"onnxruntime blob: initializers read {location!r:.80} as two lengths")
         files[location] = view
         supplied[name] = (location, len(view))
     return files, supplied
 
 
-def _entry_bytes(name: str, entry: dict[str, Any]) -> int:
-    """The bytes an entry's dtype and shape make."""
+def _checked_range(name: str, entry: dict[str, Any], offset: Any, size: int) -> slice:
+    """The bytes an entry with an ``"offset"`` reads: a 2-D float block its dtype and shape fill, at a
+    64-byte aligned offset, within its named data's ``size`` bytes."""
     shape, dtype = entry.get("shape"), entry.get("dtype")
     width = _WIDTHS.get(dtype) if isinstance(dtype, str) else None
-    if width is None or not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise FormatError(f"onnxruntime blob: initializer {name!r:.80} has dtype {dtype!r:.40} and shape {shape!r:.80}")
-    count = 1
-    for size in shape:
-        count *= size
-    return count * width
+    if width is None or not isinstance(shape, list) or not _two_sizes(shape):
+        raise FormatError(
+            f"onnxruntime blob: initializer {name!r:.80} reads a range as dtype {dtype!r:.40} and shape {shape!r:.80}"
+        )
+    rows, columns = shape
+    if type(offset) is not int or offset < 0 or offset % _ALIGNMENT:
+        raise FormatError(f"onnxruntime blob: initializer {name!r:.80} reads from offset {offset!r:.40}")
+    length = rows * columns * width
+    if offset + length > size:
+        raise FormatError(
+            f"onnxruntime blob: initializer {name!r:.80} reads past the end of named data {entry['key']!r:.80} "
+            f"({size} bytes) from offset {offset}"
+        )
+    return slice(offset, offset + length)
+
+
+def _two_sizes(shape: list[Any]) -> bool:
+    return len(shape) == 2 and all(type(d) is int and d >= 0 for d in shape)
 
 
 _WIDTHS = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 """Bytes per element of the dtypes a block of rows may have (float weights)."""
+_ALIGNMENT = 64  # bytes: a block's offset, as the writer makes it (rows in multiples of 16 of 4-byte floats)

@@ -170,12 +170,18 @@ def _exported_blob(
     initializers = {}
     shared = {value.name for value, _ in lifted} | set(blocks)
     _zeros_made_at_load(ir, model, shared | (set(model.graph.initializers) - before))  # weights are not read
+    weight_keys: dict[str, str] = {}  # each blocked weight's key, stored (and hashed) once
     for name, value in sorted(model.graph.initializers.items()):
         tensor = value.const_value
         if tensor is None or (tensor.nbytes < SMALLEST_SHARED and name not in shared):
             continue  # shape-like constants stay in the model: ONNX Runtime reads them while loading it
         block = blocks.get(name)
-        key = _stored(ir, block.weight if block else tensor, store)
+        if block is None:
+            key = _stored(ir, tensor, store)
+        else:
+            if block.weight not in weight_keys:
+                weight_keys[block.weight] = _stored(ir, block.tensor, store)
+            key = weight_keys[block.weight]
         dtype = "bfloat16" if tensor.dtype == ir.DataType.BFLOAT16 else str(tensor.dtype.numpy())
         if dtype not in ONNX_TYPES:
             raise PreprocessError(f"onnxruntime: {where}: initializer {name!r} has unsupported dtype {dtype}")

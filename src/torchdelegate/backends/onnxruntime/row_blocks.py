@@ -23,13 +23,15 @@ ROW_BLOCK = 16 * 1024 * 1024
 """Bytes of a float weight one product reads at most, for weights past ``LARGEST_PACKED``."""
 _ROW_MULTIPLE = 16  # rows per block a multiple of this: each block's offset stays 64-byte aligned
 _TRANSPOSED = {"transA": 0, "transB": 1, "alpha": 1.0}
+_DEFAULTS = {"transA": 0, "transB": 0, "alpha": 1.0, "transBatchA": 0, "transBatchB": 0}  # FusedMatMul's
 
 
 @dataclass(frozen=True)
 class RowBlock:
-    """A block's initializer: rows of ``weight`` (the whole weight's tensor) from byte ``offset``."""
+    """A block's initializer: rows of the weight named ``weight`` (its tensor: ``tensor``) from byte ``offset``."""
 
-    weight: Any
+    weight: str
+    tensor: Any
     offset: int
 
 
@@ -38,22 +40,15 @@ def row_block_products(ir: ModuleType, model: Any) -> dict[str, RowBlock]:
     ``LARGEST_PACKED`` into one product per block of ``w``'s rows, joined by a ``Concat``; each block's
     initializer name, with the weight it is part of."""
     blocks: dict[str, RowBlock] = {}
+    made: dict[str, list[Any]] = {}  # each weight's block initializers, shared by every product of it
     for node in list(model.graph):
         weight = _large_weight(ir, node)
         if weight is None:
             continue
-        tensor = weight.const_value
-        rows, columns = (int(d) for d in tensor.shape)
-        row_bytes = columns * int(tensor.dtype.itemsize)
-        step = max(_ROW_MULTIPLE, ROW_BLOCK // row_bytes // _ROW_MULTIPLE * _ROW_MULTIPLE)
-        array = tensor.numpy()
+        if weight.name not in made:
+            made[weight.name] = _blocks(ir, model, weight, blocks)
         outputs = []
-        for start in range(0, rows, step):
-            stop = min(start + step, rows)
-            name = f"{weight.name}.rows{start}"
-            block = ir.Value(name=name, const_value=ir.tensor(array[start:stop], name=name))
-            model.graph.register_initializer(block)
-            blocks[name] = RowBlock(tensor, start * row_bytes)
+        for block in made[weight.name]:
             product = ir.node("FusedMatMul", [node.inputs[0], block], _TRANSPOSED, domain="com.microsoft")
             model.graph.insert_before(node, product)
             outputs.append(product.outputs[0])
@@ -63,13 +58,30 @@ def row_block_products(ir: ModuleType, model: Any) -> dict[str, RowBlock]:
     return blocks
 
 
+def _blocks(ir: ModuleType, model: Any, weight: Any, blocks: dict[str, RowBlock]) -> list[Any]:
+    """``weight``'s blocks of rows as initializers (views of its array), recorded in ``blocks``."""
+    tensor = weight.const_value
+    rows, columns = (int(d) for d in tensor.shape)
+    row_bytes = columns * int(tensor.dtype.itemsize)
+    step = max(_ROW_MULTIPLE, ROW_BLOCK // row_bytes // _ROW_MULTIPLE * _ROW_MULTIPLE)
+    array = tensor.numpy()
+    values = []
+    for start in range(0, rows, step):
+        name = f"{weight.name}.rows{start}"
+        block = ir.Value(name=name, const_value=ir.tensor(array[start : start + step], name=name))
+        model.graph.register_initializer(block)
+        blocks[name] = RowBlock(weight.name, tensor, start * row_bytes)
+        values.append(block)
+    return values
+
+
 def _large_weight(ir: ModuleType, node: Any) -> Any:
     """The weight of ``node`` if it is a ``FusedMatMul`` reading a 2-D float initializer past
     ``LARGEST_PACKED`` transposed (as ``_read_weights_in_place`` makes them); None otherwise."""
     if node.op_type != "FusedMatMul" or node.domain != "com.microsoft" or len(node.inputs) != 2:
         return None
     attributes = {key: attribute.value for key, attribute in node.attributes.items()}
-    if {**_TRANSPOSED, **attributes} != _TRANSPOSED:
+    if {**_DEFAULTS, **attributes} != {**_DEFAULTS, **_TRANSPOSED}:
         return None
     weight = node.inputs[1]
     tensor = weight.const_value if weight is not None and weight.is_initializer() else None
