@@ -94,3 +94,23 @@ def test_the_rewrite_leaves_the_callers_program_unchanged() -> None:
     positions, values = torch.tensor([2]), torch.randn(1, 3, 1, 8)
     expected = Cache()(positions, values)
     torch.testing.assert_close(rewritten.module()(positions, values), expected)
+
+
+def test_arrays_a_caller_reuses_and_changes_in_place_are_read_afresh_at_each_call(tmp_path: Path) -> None:
+    """A decode loop passes the same arrays each step with new values written into them (the binding
+    is kept, the memory read again); a new array, or one of another layout, is bound in its place."""
+    import numpy as np
+
+    eager = Cache()
+    with td.load(_lowered(tmp_path, Cache())) as program, torch.no_grad():
+        decode = program.method("decode")
+        positions, values = np.zeros(1, np.int64), np.zeros((1, 3, 1, 8), np.float32)
+        for position in range(5):
+            positions[0], values[...] = position, position + 1.0
+            expected = eager(torch.from_numpy(positions.copy()), torch.from_numpy(values.copy()))
+            np.testing.assert_allclose(decode(positions, values), expected.numpy(), rtol=1e-6)
+        wide = np.full((1, 3, 2, 8), 7.0, np.float32)
+        for other in (np.full((1, 3, 1, 8), 6.0, np.float32), wide[:, :, :1], wide[:, :, 1:].copy()):
+            positions[0] += 1
+            expected = eager(torch.from_numpy(positions.copy()), torch.from_numpy(other.copy()))
+            np.testing.assert_allclose(decode(positions, other), expected.numpy(), rtol=1e-6)

@@ -10,9 +10,10 @@ that takes no tensor, in a process that has imported torch).
 
 from __future__ import annotations
 
+import operator
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,7 +182,7 @@ class ArrayMethod:
                 self._template.append(None)
             return slots[name]
 
-        self._steps: list[tuple[Any, list[int | tuple[int]], list[int]]] = []
+        self._steps: list[tuple[Any, Any, list[int]]] = []
         for step in plan.steps:
             if isinstance(step, SizeRead):
                 self._steps.append((step.dim, [slots[step.source]], [slot(step.name)]))
@@ -193,7 +194,7 @@ class ArrayMethod:
                     f"values; its table entry says {delegate.output_count}"
                 )
             arguments: list[int | tuple[int]] = [slots[a] if isinstance(a, str) else (a,) for a in step.arguments]
-            self._steps.append((delegate, arguments, [slot(r) for r in step.results]))
+            self._steps.append((delegate, _gathered(arguments), [slot(r) for r in step.results]))
         self._buffer_updates = [(slots[o.value], state[o.target]) for o in plan.outputs if o.kind == "buffer_mutation"]  # type: ignore[index]
         self._user_outputs = [slots[o.value] for o in plan.outputs if o.kind == "user_output"]
         self._container, self._keys = plan.output_container, plan.output_keys
@@ -241,13 +242,23 @@ class ArrayMethod:
             if type(target) is int:  # a size read
                 values[results[0]] = values[arguments[0]].shape[target]  # type: ignore[index]
                 continue
-            outputs = target.execute([values[a] if type(a) is int else a[0] for a in arguments])  # type: ignore[index]
+            outputs = target.execute(arguments(values))
             for slot, output in zip(results, outputs, strict=True):
                 values[slot] = output
         for slot, buffer in self._buffer_updates:
             if values[slot] is not buffer:  # a delegate that wrote it in place returns the buffer
                 np.copyto(buffer, values[slot])
         return [values[slot] for slot in self._user_outputs]
+
+
+def _gathered(arguments: list[int | tuple[int]]) -> Callable[[list[Any]], list[Any]]:
+    """A step's arguments from the method's values: slot numbers read, constants (``(value,)``) as they are;
+    one C-level gather when every argument is a slot (a decode step's hundred inputs, each call)."""
+    slots = [a for a in arguments if type(a) is int]
+    if len(slots) == len(arguments) > 1:
+        gather = operator.itemgetter(*slots)
+        return lambda values: list(gather(values))
+    return lambda values: [values[a] if type(a) is int else a[0] for a in arguments]  # type: ignore[index]
 
 
 def _donated_inputs(plan: CallPlan) -> dict[int, dict[int, int]]:

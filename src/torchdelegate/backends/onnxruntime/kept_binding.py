@@ -52,6 +52,12 @@ class KeptBinding:
         for name in self._outputs:  # in order: the outputs are read back by position
             self._binding.bind_output(name, "cpu")
         self._allocated = [k for k in range(len(self._outputs)) if k not in written]
+        # The donated inputs are the program's own buffers, which nothing else reshapes: only the others'
+        # layouts are looked at again at each call.
+        undonated = [j for j in range(len(self._names)) if j not in self._donated]
+        self._undonated: Any = lambda inputs: [inputs[j] for j in undonated]
+        if len(undonated) > 1:
+            self._undonated = operator.itemgetter(*undonated)
         self._kept: list[Any] = [None] * len(self._names)  # the arrays bound, as the caller passed them
         self._layouts: list[Any] = []  # their shapes and strides
         self._where: list[Any] = [None] * len(self._names)  # the memory, shape, strides and dtype bound
@@ -65,10 +71,11 @@ class KeptBinding:
         run nothing, when a donated input is not a writable C-contiguous array (not the program's memory).
 
         Inputs that are the very arrays bound at the previous call, of the same shapes and strides (kept
-        referenced, so they cannot be resized but with ``refcheck=False``, which numpy calls unsafe), are
-        not bound again, nor looked at one by one: a decode step that reuses its arrays binds nothing but
-        the outputs ONNX Runtime allocates."""
-        if not (all(map(operator.is_, inputs, self._kept)) and list(map(_LAYOUT, inputs)) == self._layouts):
+        referenced, so they cannot be resized but with ``refcheck=False``, which numpy calls unsafe; a
+        donated one, the program's own buffer, is not reshaped either), are not bound again, nor looked at
+        one by one: a decode step that reuses its arrays binds nothing but the outputs ONNX Runtime allocates."""
+        same = all(map(operator.is_, inputs, self._kept))
+        if not (same and list(map(_LAYOUT, self._undonated(inputs))) == self._layouts):
             if not self._bind(inputs):
                 return None
         for k in self._allocated:  # left to ONNX Runtime: a new tensor each call, of this call's shape
@@ -98,7 +105,8 @@ class KeptBinding:
             self._kept[j] = value if same else None
             self._alive[j] = array  # the binding reads its memory
         self._layouts = [
-            _LAYOUT(value) if kept is not None else None for value, kept in zip(inputs, self._kept, strict=True)
+            _LAYOUT(value) if kept is not None else None
+            for value, kept in zip(self._undonated(inputs), self._undonated(self._kept), strict=True)
         ]
         self._written_outputs = [
             inputs[self._written[k]] if k in self._written else None for k in range(len(self._outputs))
