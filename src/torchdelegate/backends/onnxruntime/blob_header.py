@@ -164,9 +164,9 @@ def initializer_files(
     """The in-memory files a session reads (location -> view, each a whole named data or the range an
     entry reads, all of ``data``: key -> view), and each initializer's (location, length), for confinement.
     A ``FormatError`` for an entry whose range is not a 2-D float block aligned within its named data, a
-    key that could pass for a range's location, or one location named for two ranges."""
+    key that could pass for a range's location (with no ``@`` in keys, a location names one key and
+    offset), or one location read as two lengths."""
     files: dict[str, memoryview] = {}
-    origins: dict[str, tuple[str, int | None]] = {}
     supplied: dict[str, tuple[str, int]] = {}
     for name, entry in initializers.items():
         key, offset = entry["key"], entry.get("offset")
@@ -176,8 +176,6 @@ def initializer_files(
         if offset is not None:
             view = view[_checked_range(name, entry, offset, len(view))]
         location = initializer_location(entry)
-        if origins.setdefault(location, (key, offset)) != (key, offset):
-            raise FormatError(f"onnxruntime blob: two initializers name in-memory file {location!r:.80} differently")
         if location in files and len(files[location]) != len(view):
             raise FormatError(f"onnxruntime blob: initializers read {location!r:.80} as two lengths")
         files[location] = view

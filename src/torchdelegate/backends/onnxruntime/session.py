@@ -126,7 +126,7 @@ class Model:
         self._run = self._session._sess.run
         _check_names(self._session, self.branches, self._selector)
         self._unread = _unread_inputs(self._session, self._selector)
-        parsed, bindable = parsed or _parsed(model), _numpy_typed(self._session)
+        parsed, bindable = parsed if parsed is not None else _parsed(model), _numpy_typed(self._session)
         self.in_place = (
             in_place_outputs(parsed, self.branches, self._selector) if bindable else [{} for _ in self.branches]
         )
