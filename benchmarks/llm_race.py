@@ -158,8 +158,12 @@ def bandwidth(repeats: int = 7) -> dict[str, Any]:
 
 def timed(command: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """``command`` under ``/usr/bin/time -v``: its stdout, wall seconds and peak resident bytes, and the share
-    of the machine's CPUs that other processes used meanwhile (``others_busy``)."""
-    environment = {**os.environ, **(env or {})}
+    of the machine's CPUs that other processes used meanwhile (``others_busy``).
+
+    Python caches bytecode as on a user's machine: a development shell's PYTHONDONTWRITEBYTECODE would
+    compile our sources (installed editable) at every start, and not the peers' (compiled when installed)."""
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    environment.update(env or {})
     busy, _ = _cpu_times()
     children = _children_cpu_s()
     started = time.perf_counter()

@@ -283,6 +283,31 @@ def test_the_partitions_of_every_method_that_read_the_same_weights_are_branches_
                     torch.testing.assert_close(value, reference, atol=1e-5, rtol=1e-5)
 
 
+def test_methods_exported_as_one_program_run_one_branch_each_at_its_own_sizes(tmp_path: Path) -> None:
+    """Partitions whose models are equal (an LLM's decode exported as its prefill) are one branch: the
+    session builds and packs it once, and each method runs it at the sizes it is given."""
+    from torchdelegate.backends.reference import ReferencePartitioner
+
+    torch.manual_seed(0)
+    model = _Branchy().eval()
+    rows = torch.export.Dim("rows", min=1, max=8)
+    once = torch.export.export(model, (torch.randn(4, 16),), dynamic_shapes=({0: rows},))
+    programs = {"prefill": once, "decode": once, "three": torch.export.export(model, (torch.randn(3, 16),))}
+    lowered = td.to_edge(programs).to_backend([_AllButSine(), ReferencePartitioner()])
+    branches = {
+        method: [unpacked(memoryview(d.processed_bytes))[0]["branch"] for d in ds if d.backend_id == "onnxruntime"]
+        for method, ds in lowered.delegates().items()
+    }
+    assert branches == {"prefill": [0, 0], "decode": [0, 0], "three": [1, 1]}
+    lowered.save(tmp_path / "b.tdp")
+    inputs = {"prefill": torch.randn(5, 16), "decode": torch.randn(1, 16), "three": torch.randn(3, 16)}
+    with torch.no_grad(), td.load(tmp_path / "b.tdp") as program:
+        for _ in range(2):  # each method again after the other ran the shared branch
+            for method, x in inputs.items():
+                for value, reference in zip(program.run(method, x), model(x), strict=True):
+                    torch.testing.assert_close(value, reference, atol=1e-5, rtol=1e-5)
+
+
 def test_partitions_that_cannot_be_branches_of_one_model_keep_a_session_each() -> None:
     """Two models importing different versions of ONNX are not combined: a warning, and each blob as it was."""
     import onnx

@@ -47,7 +47,7 @@ def test_partitions_joined_into_one_model_name_their_nodes_as_its_branches_do(tm
         lowered = td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner()])
     maps = {method: delegates[0].meta["debug_handle_map"] for method, delegates in lowered.delegates().items()}
     assert maps["prefill"] and all(key.startswith("p0/") for key in maps["prefill"])
-    assert maps["decode"] and all(key.startswith("p1/") for key in maps["decode"])
+    assert maps["decode"] == maps["prefill"]  # decode is prefill's program: one branch runs both
     path = tmp_path / "llm.tdp"
     lowered.save(path)
     with td.load(path) as loaded:

@@ -69,11 +69,12 @@ def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, a
     assert exported.returncode == 0, exported.stderr
     assert "tokenizer and generation settings included" in exported.stdout
     static = architecture == "llama"
-    assert ("8 tokens at a time" if static else f"prompts of 2 to {CACHE - 1} tokens") in exported.stdout
+    assert ("8 tokens at a time" if static else f"prompts of 1 to {CACHE - 1} tokens") in exported.stdout
     import torchdelegate as td
 
     with td.load(tmp_path / "m.tdp") as program:
         assert program.method("prefill").input_shape("input_ids") == (1, 8 if static else None)
+        assert program.method("decode").input_shape("input_ids") == (1, 1 if static else None)
         assert json.loads(program.asset("torchdelegate_llm.json"))["prefill_logits"] == ("last" if static else "all")
         logits = program.run("prefill", input_ids=torch.zeros(1, 8, dtype=torch.long), cache_position=torch.arange(8))
         assert logits.shape[1] == (1 if static else 8)
@@ -148,16 +149,17 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
         _in_process("llm", "export", bert, "-o", "m.tdp", cwd=tmp_path),
         f"{bert}: its weights hold no tensor for cls.predictions.bias",
     )
-    opt = tmp_path / "opt"
-    transformers.OPTForCausalLM(
-        transformers.OPTConfig(
-            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, ffn_dim=64, word_embed_proj_dim=32
+    falcon = tmp_path / "falcon"
+    transformers.FalconForCausalLM(
+        transformers.FalconConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=512, new_decoder_architecture=False,
+            multi_query=True, alibi=False,
         )
-    ).save_pretrained(opt)
-    _tokenizer().save_pretrained(opt)  # type: ignore[attr-defined]
+    ).save_pretrained(falcon)
+    _tokenizer().save_pretrained(falcon)  # type: ignore[attr-defined]
     _refused(
-        _in_process("llm", "export", opt, "-o", "m.tdp", cwd=tmp_path),
-        "OPTForCausalLM does not export with a static cache",
+        _in_process("llm", "export", falcon, "-o", "m.tdp", cwd=tmp_path),
+        "FalconForCausalLM does not export with a static cache",
     )
     weights.write_bytes(good)
     _refused(

@@ -204,7 +204,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         except CheckpointError as error:
             raise CommandError(str(error)) from error
         chunk = args.prefill_chunk
-        prompt = f"{chunk} tokens at a time" if chunk else f"prompts of 2 to {cache - 1} tokens"
+        prompt = f"{chunk} tokens at a time" if chunk else f"prompts of 1 to {cache - 1} tokens"
         print(f"exported prefill ({prompt}) and decode from {args.directory}", file=out)
         if args.prefill_logits == "last" and logits == "all":
             print(

@@ -155,7 +155,11 @@ def export_methods(
 ) -> dict[str, ExportedProgram]:
     """``prefill`` and ``decode`` (one token) over a static cache of ``max_cache`` positions, exported
     as transformers' exportable wrapper exports them (strict). Prefill takes a prompt of any length from
-    2 to ``max_cache - 1`` tokens, or exactly ``chunk`` tokens for backends that need static shapes.
+    1 to ``max_cache - 1`` tokens, or exactly ``chunk`` tokens for backends that need static shapes.
+
+    Without ``chunk``, decode is exported as prefill is and run one token at a time: a backend that
+    finds two methods' partitions equal builds and packs them once (ONNX Runtime: one branch, not two
+    that each pack every weight). With ``chunk``, decode is exported for one token.
 
     ``prefill_logits`` ``"last"`` runs the head on the last position only (the model's
     ``logits_to_keep``), which spares a prompt-long product with the vocabulary and its buffer;
@@ -175,7 +179,7 @@ def export_methods(
     example = chunk or min(8, max_cache - 1)
     prompt = {"input_ids": torch.zeros(1, example, dtype=torch.long), "cache_position": torch.arange(example)}
     token = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "cache_position": torch.tensor([example])}
-    length = torch.export.Dim("prompt", min=2, max=max_cache - 1)
+    length = torch.export.Dim("prompt", min=1, max=max_cache - 1)
     dynamic = None if chunk else {"input_ids": {1: length}, "cache_position": {0: length}}
     try:
         module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_cache).model
@@ -184,7 +188,11 @@ def export_methods(
             warnings.simplefilter("ignore")  # dynamo's notes on transformers' own side effects
             with _last_logits_only(model, prefill_logits == "last"):
                 prefill = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
-            return {"prefill": prefill, "decode": torch.export.export(module, (), token, strict=True)}
+                if chunk is None:  # a program of its own: lowering one method never touches another's
+                    decode = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
+            if chunk is not None:
+                decode = torch.export.export(module, (), token, strict=True)
+            return {"prefill": prefill, "decode": decode}
     except Exception as e:
         raise CheckpointError(
             f"{type(model).__name__} does not export with a static cache ({type(e).__name__}: {first_line(e)}); "

@@ -5,6 +5,7 @@ their blobs name, so one session packs each weight once for every method.
 
 from __future__ import annotations
 
+import json
 import warnings
 from typing import Any
 
@@ -68,8 +69,11 @@ def _linked(
             shared = f"{initializer_location(entry)}.{entry['dtype']}.{'x'.join(map(str, entry['shape']))}"
             names[name], table[shared] = shared, entry
         external.append(names)
+    branch_of, unique = _same_models(parts, external)
     try:
-        model, branches = combined_model(onnx, [bytes(payload) for _, payload in parts], external)
+        model, branches = combined_model(
+            onnx, [bytes(parts[i][1]) for i in unique], [external[i] for i in unique]
+        )
     except CombineError as e:
         raise Refused(str(e)) from e
     except Exception as e:  # a model this combination does not foresee: the partitions stay apart
@@ -88,4 +92,21 @@ def _linked(
     key = store.add_by_content(model_blob(header, onnx_bytes))
     keys = sorted({key, *(entry["key"] for entry in table.values())})
     linked = {"version": BLOB_VERSION, "model": key, "keys": keys}
-    return [pack(linked | {"branch": i, "fusions": h.get("fusions", {})}, b"") for i, (h, _) in enumerate(parts)]
+    return [pack(linked | {"branch": b, "fusions": h.get("fusions", {})}, b"") for b, (h, _) in zip(branch_of, parts)]
+
+
+def _same_models(
+    parts: list[tuple[dict[str, Any], memoryview]], external: list[dict[str, str]]
+) -> tuple[list[int], list[int]]:
+    """Each partition's branch, and the partition each branch is made from: partitions whose models
+    are equal byte for byte and read the same weights under the same names are one branch (an LLM's
+    ``decode`` exported as its ``prefill``, run at one token), so the session builds and packs it once."""
+    first: dict[tuple[bytes, tuple[tuple[str, str], ...], str], int] = {}
+    branch_of, unique = [], []
+    for index, ((header, payload), names) in enumerate(zip(parts, external, strict=True)):
+        identity = (bytes(payload), tuple(sorted(names.items())), json.dumps(header["branches"], sort_keys=True))
+        if identity not in first:
+            first[identity] = len(unique)
+            unique.append(index)
+        branch_of.append(first[identity])
+    return branch_of, unique
