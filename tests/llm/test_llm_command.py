@@ -152,8 +152,13 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
     falcon = tmp_path / "falcon"
     transformers.FalconForCausalLM(
         transformers.FalconConfig(
-            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=512, new_decoder_architecture=False,
-            multi_query=True, alibi=False,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            vocab_size=512,
+            new_decoder_architecture=False,
+            multi_query=True,
+            alibi=False,
         )
     ).save_pretrained(falcon)
     _tokenizer().save_pretrained(falcon)  # type: ignore[attr-defined]

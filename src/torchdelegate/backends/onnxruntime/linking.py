@@ -71,9 +71,7 @@ def _linked(
         external.append(names)
     branch_of, unique = _same_models(parts, external)
     try:
-        model, branches = combined_model(
-            onnx, [bytes(parts[i][1]) for i in unique], [external[i] for i in unique]
-        )
+        model, branches = combined_model(onnx, [bytes(parts[i][1]) for i in unique], [external[i] for i in unique])
     except CombineError as e:
         raise Refused(str(e)) from e
     except Exception as e:  # a model this combination does not foresee: the partitions stay apart
@@ -92,7 +90,10 @@ def _linked(
     key = store.add_by_content(model_blob(header, onnx_bytes))
     keys = sorted({key, *(entry["key"] for entry in table.values())})
     linked = {"version": BLOB_VERSION, "model": key, "keys": keys}
-    return [pack(linked | {"branch": b, "fusions": h.get("fusions", {})}, b"") for b, (h, _) in zip(branch_of, parts)]
+    return [
+        pack(linked | {"branch": branch, "fusions": header.get("fusions", {})}, b"")
+        for branch, (header, _) in zip(branch_of, parts, strict=True)
+    ]
 
 
 def _same_models(
@@ -102,7 +103,8 @@ def _same_models(
     are equal byte for byte and read the same weights under the same names are one branch (an LLM's
     ``decode`` exported as its ``prefill``, run at one token), so the session builds and packs it once."""
     first: dict[tuple[bytes, tuple[tuple[str, str], ...], str], int] = {}
-    branch_of, unique = [], []
+    branch_of: list[int] = []
+    unique: list[int] = []
     for index, ((header, payload), names) in enumerate(zip(parts, external, strict=True)):
         identity = (bytes(payload), tuple(sorted(names.items())), json.dumps(header["branches"], sort_keys=True))
         if identity not in first:
