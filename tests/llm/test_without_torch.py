@@ -121,7 +121,8 @@ def test_run_and_inspect_without_torch(exported: Exported) -> None:
     inspected = exported.without("inspect", "m.tdp")
     assert inspected.returncode == 0 and "Traceback" not in inspected.stderr, inspected.stderr
     # decode is exported as prefill is: a prompt of any length, one token at a time when generating
-    assert re.search(r"decode\(input_ids: int64\[1, (s[0-9]+)\], cache_position: int64\[\1\]\)", inspected.stdout)
+    signature = r"decode\(input_ids: int64\[1, (s[0-9]+)\], cache_position: int64\[\1\]\)  delegates: [^\n]*\n"
+    assert re.search(signature + rf"    sizes: \1 from 1 to {CACHE - 1}\n", inspected.stdout), inspected.stdout
     assert "onnxruntime: " in inspected.stdout and "assets: chat_template.jinja" in inspected.stdout
     needs = "reading the saved partition report needs torch (No module named 'torch'): pip install torchdelegate"
     assert f"report: saved; {needs}" in inspected.stdout

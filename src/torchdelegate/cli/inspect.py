@@ -114,6 +114,11 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
             returns += f" (read as a {plain} here)" if plain else ""
             delegates = ", ".join(f"#{i} {file.delegates[i].backend_id}" for i in record.delegates) or "none"
             print(f"  {record.name}({parameters}){returns}  delegates: {delegates}", file=out)
+            ranges = [
+                f"{symbol} from {_bound(low)} to {_bound(high)}" for symbol, (low, high) in bound.size_ranges().items()
+            ]
+            if ranges:
+                print(f"    sizes: {'; '.join(ranges)}", file=out)
         print("delegates:", file=out)
         by_backend: dict[str, list[int]] = {}
         for delegate in file.delegates:
@@ -203,3 +208,7 @@ _NO_REPORT = (
     "it was saved with report=False, or before save kept the lowering's report by default; lower it and "
     "save it again (lowered.save(path) keeps the report of the lowering that made it)"
 )
+
+
+def _bound(value: int | None) -> str:
+    return "any" if value is None else str(value)

@@ -160,6 +160,18 @@ class BoundMethod:
         """The user inputs as ``name: dtype[sizes]``, in the order a call passes them."""
         return self._method.inputs.parameters()
 
+    def size_ranges(self) -> dict[str, tuple[int | None, int | None]]:
+        """Each size the export let vary (its symbol, ``s0``, as :meth:`signature` shows it) with the
+        smallest and largest value a call may give (None: unbounded)."""
+        ranges = {
+            dim.symbol: (dim.lower, dim.upper)
+            for leaf in self._method.inputs.leaves
+            if leaf.kind == "tensor"
+            for dim in leaf.dims
+            if dim.symbol is not None
+        }
+        return dict(sorted(ranges.items()))
+
     def input_shape(self, name: str) -> tuple[int | None, ...]:
         """The sizes of tensor input ``name``: each fixed size, or None where the export let it vary."""
         for leaf in self._method.inputs.leaves:
