@@ -114,3 +114,46 @@ def test_arrays_a_caller_reuses_and_changes_in_place_are_read_afresh_at_each_cal
             positions[0] += 1
             expected = eager(torch.from_numpy(positions.copy()), torch.from_numpy(other.copy()))
             np.testing.assert_allclose(decode(positions, other), expected.numpy(), rtol=1e-6)
+
+
+class Steps(torch.nn.Module):
+    """A cache of [1, positions, width] written at ``positions`` from rows reshaped by their number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 16, 8))
+
+    def forward(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        self.cache.index_copy_(1, positions, rows.reshape(1, positions.shape[0], 8) * 2)
+        return self.cache.sum(dim=1)
+
+
+def test_a_step_that_reuses_its_arrays_and_size_binds_nothing_again(tmp_path: Path) -> None:
+    """A method exported for any number of positions (an LLM's decode exported as its prefill) hands its
+    delegate the symbolic size as a Python int: the same size again, with the same arrays, binds nothing
+    anew; another size is bound, and back again, each call computing what eager computes."""
+    import numpy as np
+
+    length = torch.export.Dim("length", min=1, max=8)
+    example = (torch.arange(4), torch.randn(4, 8))
+    program = torch.export.export(Steps(), example, dynamic_shapes=({0: length}, {0: length}))
+    path = tmp_path / "steps.tdp"
+    td.to_edge({"decode": program}).to_backend(OnnxRuntimePartitioner()).save(path)
+    eager = Steps()
+    with td.load(path) as loaded, torch.no_grad():
+        decode = loaded.method("decode")
+        one = np.zeros(1, np.int64), np.zeros((1, 8), np.float32)
+        two = np.zeros(2, np.int64), np.zeros((2, 8), np.float32)
+        decode(*one)
+        (delegate,) = loaded._delegates
+        binding = delegate._handle._binding
+        assert binding is not None and any(isinstance(value, int) for value in binding._kept), binding._kept
+        bound = []
+        rebind = binding._bind
+        binding._bind = lambda inputs: bound.append(len(inputs)) or rebind(inputs)  # type: ignore[method-assign]
+        for step, (positions, rows) in enumerate([one, one, one, two, two, one, one]):
+            positions[:] = np.arange(step, step + len(positions))
+            rows[...] = step + 1.0
+            expected = eager(torch.from_numpy(positions.copy()), torch.from_numpy(rows.copy()))
+            np.testing.assert_allclose(decode(positions, rows), expected.numpy(), rtol=1e-6)
+        assert len(bound) == 2, bound  # at the change of size, and back

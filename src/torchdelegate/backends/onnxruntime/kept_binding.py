@@ -75,7 +75,7 @@ class KeptBinding:
         donated one, the program's own buffer, is not reshaped either), are not bound again, nor looked at
         one by one: a decode step that reuses its arrays binds nothing but the outputs ONNX Runtime allocates."""
         same = all(map(operator.is_, inputs, self._kept))
-        if not (same and list(map(_LAYOUT, self._undonated(inputs))) == self._layouts):
+        if not (same and list(map(_layout, self._undonated(inputs))) == self._layouts):
             if not self._bind(inputs):
                 return None
         for k in self._allocated:  # left to ONNX Runtime: a new tensor each call, of this call's shape
@@ -102,10 +102,11 @@ class KeptBinding:
                     self._binding.bind_output(self._outputs[self._donated[j]], "cpu", 0, dtype, array.shape, pointer)
                 self._binding.bind_input(self._names[j], "cpu", 0, dtype, array.shape, pointer)
                 self._where[j] = where
-            self._kept[j] = value if same else None
+            # A Python int (a symbolic size) is kept too: the same object again is the same value.
+            self._kept[j] = value if same or isinstance(value, int) else None
             self._alive[j] = array  # the binding reads its memory
         self._layouts = [
-            _LAYOUT(value) if kept is not None else None
+            _layout(value) if kept is not None else None
             for value, kept in zip(self._undonated(inputs), self._undonated(self._kept), strict=True)
         ]
         self._written_outputs = [
@@ -114,7 +115,10 @@ class KeptBinding:
         return True
 
 
-_LAYOUT = operator.attrgetter("shape", "strides")
+def _layout(value: Any) -> Any:
+    """An array's shape and strides; anything else (a Python int) as itself."""
+    return (value.shape, value.strides) if isinstance(value, np.ndarray) else value
+
 
 _BINDABLE = frozenset(np.dtype(name) for name in ONNX_TYPES if name != "bfloat16")
 
