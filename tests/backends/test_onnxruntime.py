@@ -301,11 +301,17 @@ def test_methods_exported_as_one_program_run_one_branch_each_at_its_own_sizes(tm
     assert branches == {"prefill": [0, 0], "decode": [0, 0], "three": [1, 1]}
     lowered.save(tmp_path / "b.tdp")
     inputs = {"prefill": torch.randn(5, 16), "decode": torch.randn(1, 16), "three": torch.randn(3, 16)}
-    with torch.no_grad(), td.load(tmp_path / "b.tdp") as program:
+    profiled = {"onnxruntime": {"profile": 1}}
+    with torch.no_grad(), td.load(tmp_path / "b.tdp", backend_options=profiled) as program:
         for _ in range(2):  # each method again after the other ran the shared branch
             for method, x in inputs.items():
                 for value, reference in zip(program.run(method, x), model(x), strict=True):
                     torch.testing.assert_close(value, reference, atol=1e-5, rtol=1e-5)
+        # The shared branch's time (both methods' calls) is reported once, by prefill's delegates
+        profiles = program.profile()
+        methods = [d.method for d in program.delegates]
+        timed = [methods[index] for index, seconds in sorted(profiles.items()) if seconds]
+        assert timed == ["prefill", "prefill", "three", "three"], (timed, methods)
 
 
 def test_partitions_that_cannot_be_branches_of_one_model_keep_a_session_each() -> None:

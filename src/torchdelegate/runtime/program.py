@@ -170,7 +170,7 @@ class BoundMethod:
             for dim in leaf.dims
             if dim.symbol is not None
         }
-        return dict(sorted(ranges.items()))
+        return dict(sorted(ranges.items(), key=lambda item: (len(item[0]), item[0])))  # s2 before s10
 
     def input_shape(self, name: str) -> tuple[int | None, ...]:
         """The sizes of tensor input ``name``: each fixed size, or None where the export let it vary."""

@@ -91,8 +91,8 @@ def _linked(
     keys = sorted({key, *(entry["key"] for entry in table.values())})
     linked = {"version": BLOB_VERSION, "model": key, "keys": keys}
     return [
-        pack(linked | {"branch": branch, "fusions": header.get("fusions", {})}, b"")
-        for branch, (header, _) in zip(branch_of, parts, strict=True)
+        pack(linked | {"branch": branch, "fusions": part.get("fusions", {})}, b"")
+        for branch, (part, _) in zip(branch_of, parts, strict=True)
     ]
 
 

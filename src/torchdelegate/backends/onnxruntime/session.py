@@ -137,6 +137,7 @@ class Model:
         self._profiling = settings.profile
         self._node_seconds: dict[str, float] | None = None
         self._profile_lock = threading.Lock()
+        self._profile_readers: dict[int, _Delegate] = {}
         if self._profiling:  # a profile never read is still ended and its trace deleted
             self._unread_profile = weakref.finalize(self, _discard_profile, self._session)
 
@@ -152,6 +153,12 @@ class Model:
                 path = self._session.end_profiling()
                 self._node_seconds = kernel_seconds(Path(path)) if path else {}
             return dict(self._node_seconds)
+
+    def reports_branch(self, delegate: _Delegate) -> bool:
+        """Whether ``delegate`` reports its branch's profile: the first of its delegates to ask. A branch
+        several methods run (an LLM's prefill and decode) is timed as one: it is counted once."""
+        with self._profile_lock:
+            return self._profile_readers.setdefault(delegate.branch, delegate) is delegate
 
     def run(self, branch: int, inputs: list[Any]) -> list[np.ndarray]:
         names, outputs = self.branches[branch]
@@ -350,7 +357,11 @@ def prepare_model(processed: memoryview, compile_specs: list[CompileSpec], named
 def branch_seconds(delegate: _Delegate) -> dict[str, float] | None:
     """The profile of ``delegate``'s branch: its model's nodes that this branch runs (all of a model of one)."""
     seconds = delegate.model.node_seconds()
-    if seconds is None or len(delegate.model.branches) == 1:
+    if seconds is None:
+        return None
+    if not delegate.model.reports_branch(delegate):
+        return {}  # another delegate of this branch reports its time, every method's calls included
+    if len(delegate.model.branches) == 1:
         return seconds
     prefix = branch_prefix(delegate.branch)
     return {node: time for node, time in seconds.items() if node.startswith(prefix)}
