@@ -70,6 +70,9 @@ def test_export_then_generate_gives_transformers_greedy_tokens(tmp_path: Path, a
     assert "tokenizer and generation settings included" in exported.stdout
     static = architecture == "llama"
     assert ("8 tokens at a time" if static else f"prompts of 1 to {CACHE - 1} tokens") in exported.stdout
+    # decode, exported as prefill is, is compiled once for both (the compile cache is off here)
+    once = "of method 'decode', as partition 'onnxruntime_0' of method 'prefill'"
+    assert (once not in exported.stderr) if static else (once in exported.stderr), exported.stderr
     import torchdelegate as td
 
     with td.load(tmp_path / "m.tdp") as program:

@@ -1,6 +1,9 @@
 """The partition compiler with a compile cache and an executor: each unit is answered from the
 cache, or compiled (on the executor when it has one, else here) and then kept in the cache.
 
+Units equal to one another (the same structure key and state: an LLM's decode exported as its
+prefill) are compiled once, for all, whether or not there is a cache.
+
 Results come back in the units' order whatever order the executor finishes them in; progress
 counts each unit as it completes. A unit whose worker dies (a process pool broken, a Dask
 worker killed) is submitted once more; if its worker dies again, the error names the unit
@@ -29,6 +32,7 @@ from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.progress import partition_compiled
 from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE, trusted_backends, trusting
 from torchdelegate.errors import PreprocessError, UntrustedCodeError
+from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 
 
 @dataclass(eq=False)
@@ -65,20 +69,23 @@ class UnitCompiler:
         self._trusted = None if trusted_backends is None else list(trusted_backends)
 
     def compile(self, backend: type[BackendDetails], units: Sequence[CompileUnit]) -> list[CompiledUnit]:
-        cached = self.cache is not None and backend.compile_cache_version is not None  # no version: never cached
-        identity = backend.compile_cache_identity() if cached else None
-        needs_form = identity is not None or self.executor is not None
+        # No version: never cached, nor two units taken for one.
+        identity = backend.compile_cache_identity() if backend.compile_cache_version is not None else None
+        cached = self.cache is not None and identity is not None
+        needs_form = cached or self.executor is not None
         work = []
         known: dict[torch.Tensor, str] = {}  # digests by tensor: a weight read by two methods is hashed once
         for unit in units:
             form = unit_form(unit, known) if needs_form else None
             work.append(_Unit(unit, form if isinstance(form, UnitForm) else None))
         for item in work:
-            if identity is not None and item.form is not None:
+            if identity is not None:
                 item.structure = structure_key(backend, item.unit, identity)
-                if item.structure is not None:
+                if cached and item.form is not None and item.structure is not None:
                     self._look_up(backend, item)
         to_compile = [item for item in work if item.compiled is None]
+        repeats = _repeats(to_compile)
+        to_compile = [item for item in to_compile if item not in repeats]
         if self.executor is not None:  # what travels does so in torch.export's serialized form
             for item in to_compile:
                 item.document = None if item.form is None else unit_document(item.unit)
@@ -91,6 +98,9 @@ class UnitCompiler:
                         entry = self._entry_of(result, item)
                         self._done(backend, item, CompiledUnit(result, self._keep(backend, item, entry)))
         self._collect(backend, futures)
+        for item, first in repeats.items():  # compiled once, for each
+            assert first.compiled is not None
+            self._done(backend, item, first.compiled, f", as {first.unit.where}")
         if self.cache is not None and any(item.compiled and item.compiled.cache == "miss" for item in work):
             self.cache.evict()
         compiled = [item.compiled for item in work if item.compiled is not None]
@@ -203,11 +213,11 @@ class UnitCompiler:
         return "miss"
 
     @staticmethod
-    def _done(backend: type[BackendDetails], item: _Unit, compiled: CompiledUnit) -> None:
+    def _done(backend: type[BackendDetails], item: _Unit, compiled: CompiledUnit, how: str | None = None) -> None:
         item.compiled = compiled
-        partition_compiled(
-            backend.backend_id, item.unit.where + (", from the cache" if compiled.cache == "hit" else "")
-        )
+        if how is None:
+            how = ", from the cache" if compiled.cache == "hit" else ""
+        partition_compiled(backend.backend_id, item.unit.where + how)
 
     def _submit(self, backend: type[BackendDetails], item: _Unit) -> Future[bytes]:
         assert self.executor is not None and item.form is not None and item.document is not None
@@ -253,6 +263,39 @@ class UnitCompiler:
                 ) from error
             if item.executor is self.executor:  # the first of its units to find it broken
                 self.executor = self._restart()
+
+
+def _repeats(items: list[_Unit]) -> dict[_Unit, _Unit]:
+    """The units equal to an earlier one (an LLM's decode exported as its prefill), each with that one:
+    the same structure key and the same state, by digest where the units were hashed, else the very
+    same tensors. Each is compiled once, for all."""
+    firsts: list[_Unit] = []
+    repeats: dict[_Unit, _Unit] = {}
+    for item in items:
+        if item.structure is None:
+            continue
+        same = next((f for f in firsts if f.structure == item.structure and _same_state(f, item)), None)
+        if same is None:
+            firsts.append(item)
+        else:
+            repeats[item] = same
+    return repeats
+
+
+def _same_state(first: _Unit, other: _Unit) -> bool:
+    if first.form is not None and other.form is not None:
+        return first.form.digests == other.form.digests
+    mine, theirs = _state_tensors(first.unit), _state_tensors(other.unit)
+    return mine.keys() == theirs.keys() and all(mine[name] is theirs[name] for name in mine)
+
+
+def _state_tensors(unit: CompileUnit) -> dict[str, Any]:
+    specs = unit.program.graph_signature.input_specs
+    return {
+        spec.target: state_value(unit.program, spec.target)
+        for spec in specs
+        if spec.kind in TENSOR_STATE_KINDS and spec.target is not None
+    }
 
 
 def _worker_lost(error: BaseException) -> bool:
