@@ -6,7 +6,7 @@ program run from Python, and the same program saved and loaded, give eager's out
 two calls (so buffer updates are checked through what the second call reads); lowering the
 same input twice gives the same file bytes (when its backends' blobs are deterministic).
 
-``make test`` runs ``TORCHDELEGATE_EXAMPLES`` examples (default 120); ``make soak`` many
+``make test`` runs ``TORCHDELEGATE_EXAMPLES`` examples (default 100); ``make soak`` many
 thousands. Hypothesis keeps its database in ``.hypothesis/`` (not in git).
 """
 
@@ -33,7 +33,7 @@ from torchdelegate import Partitioner, TorchDelegateError
 # Backends whose preprocess gives the same blob for the same sub-program. The test backend's
 # blob is torch.export.save's archive, which holds a random id and object ids.
 DETERMINISTIC = frozenset({"reference"})
-EXAMPLES = int(os.environ.get("TORCHDELEGATE_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("TORCHDELEGATE_EXAMPLES", "100"))
 # The mode through the compile cache and worker processes: each example lowers four times.
 COMPILE_PATH_EXAMPLES = max(EXAMPLES // 8, 10)
 SEEN: dict[str, Any] = {"examples": 0, "programs": set(), "outcomes": Counter()}
