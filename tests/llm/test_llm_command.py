@@ -17,6 +17,7 @@ tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
 from language_models import tiny_llama, tiny_qwen2, transformers_greedy  # noqa: E402
+from zoo.models import CAUSAL_LMS  # noqa: E402
 
 TEXT = [
     "It was the best of times, it was the worst of times, it was the age of wisdom.",
@@ -153,17 +154,7 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
         f"{bert}: its weights hold no tensor for cls.predictions.bias",
     )
     falcon = tmp_path / "falcon"
-    transformers.FalconForCausalLM(
-        transformers.FalconConfig(
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            vocab_size=512,
-            new_decoder_architecture=False,
-            multi_query=True,
-            alibi=False,
-        )
-    ).save_pretrained(falcon)
+    CAUSAL_LMS["falcon"]().save_pretrained(falcon)
     _tokenizer().save_pretrained(falcon)  # type: ignore[attr-defined]
     _refused(
         _in_process("llm", "export", falcon, "-o", "m.tdp", cwd=tmp_path),

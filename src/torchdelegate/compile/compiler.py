@@ -24,7 +24,14 @@ import torch
 
 from torchdelegate.cache.compile_cache import ENTRIES, CompileCache
 from torchdelegate.cache.compiled_entry import Entry, binding_of, decode, passed_through, refit, template
-from torchdelegate.compile.unit_form import UnitForm, document_key, structure_key, unit_document, unit_form
+from torchdelegate.compile.unit_form import (
+    UnitForm,
+    document_key,
+    state_tensors,
+    structure_key,
+    unit_document,
+    unit_form,
+)
 from torchdelegate.compile.worker import compile_request, request
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult
 from torchdelegate.delegate.compile_units import CompiledUnit, CompileUnit, compile_in_process
@@ -32,7 +39,6 @@ from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.progress import partition_compiled
 from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE, trusted_backends, trusting
 from torchdelegate.errors import PreprocessError, UntrustedCodeError
-from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 
 
 @dataclass(eq=False)
@@ -78,8 +84,9 @@ class UnitCompiler:
         for unit in units:
             form = unit_form(unit, known) if needs_form else None
             work.append(_Unit(unit, form if isinstance(form, UnitForm) else None))
+        keyed = cached or len(work) > 1  # a lone unit, uncached, needs no key
         for item in work:
-            if identity is not None:
+            if identity is not None and keyed:
                 item.structure = structure_key(backend, item.unit, identity)
                 if cached and item.form is not None and item.structure is not None:
                     self._look_up(backend, item)
@@ -285,17 +292,8 @@ def _repeats(items: list[_Unit]) -> dict[_Unit, _Unit]:
 def _same_state(first: _Unit, other: _Unit) -> bool:
     if first.form is not None and other.form is not None:
         return first.form.digests == other.form.digests
-    mine, theirs = _state_tensors(first.unit), _state_tensors(other.unit)
+    mine, theirs = state_tensors(first.unit), state_tensors(other.unit)
     return mine.keys() == theirs.keys() and all(mine[name] is theirs[name] for name in mine)
-
-
-def _state_tensors(unit: CompileUnit) -> dict[str, Any]:
-    specs = unit.program.graph_signature.input_specs
-    return {
-        spec.target: state_value(unit.program, spec.target)
-        for spec in specs
-        if spec.kind in TENSOR_STATE_KINDS and spec.target is not None
-    }
 
 
 def _worker_lost(error: BaseException) -> bool:

@@ -46,17 +46,25 @@ def unit_form(unit: CompileUnit, known: dict[torch.Tensor, str]) -> UnitForm | s
     unheld = unheld_input(unit.program)
     if unheld is not None:
         return f"{unit.where}: {unheld}"
-    state = {}
-    for spec in unit.program.graph_signature.input_specs:
-        if spec.kind in TENSOR_STATE_KINDS and spec.target is not None:
-            value = state_value(unit.program, spec.target)
-            if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
-                return f"{unit.where}: {spec.target!r} is not a tensor on the CPU"
-            state[spec.target] = value
+    state = state_tensors(unit)
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+            return f"{unit.where}: {name!r} is not a tensor on the CPU"
     for tensor in state.values():
         if tensor not in known:
             known[tensor] = content_key(tensor)
     return UnitForm(state, {name: known[tensor] for name, tensor in sorted(state.items())})
+
+
+def state_tensors(unit: CompileUnit) -> dict[str, Any]:
+    """The unit's state (parameters, buffers, constants) by name, as its program holds them."""
+    program = unit.program
+    specs = program.graph_signature.input_specs
+    return {
+        spec.target: state_value(program, spec.target)
+        for spec in specs
+        if spec.kind in TENSOR_STATE_KINDS and spec.target is not None
+    }
 
 
 def unit_document(unit: CompileUnit) -> dict[str, Any] | None:

@@ -5,7 +5,6 @@ their blobs name, so one session packs each weight once for every method.
 
 from __future__ import annotations
 
-import json
 import warnings
 from typing import Any
 
@@ -100,13 +99,14 @@ def _same_models(
     parts: list[tuple[dict[str, Any], memoryview]], external: list[dict[str, str]]
 ) -> tuple[list[int], list[int]]:
     """Each partition's branch, and the partition each branch is made from: partitions whose models
-    are equal byte for byte and read the same weights under the same names are one branch (an LLM's
-    ``decode`` exported as its ``prefill``, run at one token), so the session builds and packs it once."""
-    first: dict[tuple[bytes, tuple[tuple[str, str], ...], str], int] = {}
+    are equal byte for byte (their inputs and outputs too) and read the same weights under the same
+    names are one branch (an LLM's ``decode`` exported as its ``prefill``, run at one token), so the
+    session builds and packs it once."""
+    first: dict[tuple[bytes, tuple[tuple[str, str], ...]], int] = {}
     branch_of: list[int] = []
     unique: list[int] = []
-    for index, ((header, payload), names) in enumerate(zip(parts, external, strict=True)):
-        identity = (bytes(payload), tuple(sorted(names.items())), json.dumps(header["branches"], sort_keys=True))
+    for index, ((_, payload), names) in enumerate(zip(parts, external, strict=True)):
+        identity = (bytes(payload), tuple(sorted(names.items())))
         if identity not in first:
             first[identity] = len(unique)
             unique.append(index)
