@@ -51,6 +51,7 @@ import platform
 import re
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -201,9 +202,17 @@ def timed(command: list[str], timeout: float, env: dict[str, str] | None = None)
     busy, _ = _cpu_times()
     children = _children_cpu_s()
     started = time.perf_counter()
-    done = subprocess.run(
-        ["/usr/bin/time", "-v", *command], capture_output=True, text=True, timeout=timeout, cwd=HERE, env=environment
-    )
+    with subprocess.Popen(
+        ["/usr/bin/time", "-v", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE,
+        env=environment, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the command too, not only /usr/bin/time
+            process.communicate()
+            raise
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     wall = time.perf_counter() - started
     others = (_cpu_times()[0] - busy) / os.sysconf("SC_CLK_TCK") - (_children_cpu_s() - children)
     if done.returncode:
@@ -367,10 +376,14 @@ class Race:
             scored.append((e.key, *sides[e.tool], str(self.work / e.file)))
         for key, python, side, path in scored:
             command = [python, PERPLEXITY, side, path, str(ids), "--threads", str(THREADS)]
-            self.data["perplexity"][key] = figures = self.phase(
-                f"perplexity {key}", lambda c=command: self._timed_json(c)
-            )
-            print(f"  perplexity {key}: {figures['perplexity']:.3f}", file=sys.stderr, flush=True)
+            try:
+                figures = self.phase(f"perplexity {key}", lambda c=command: self._timed_json(c, self.args.ppl_timeout))
+            except subprocess.TimeoutExpired:  # not recorded: a kept work directory tries again
+                figures = {"error": f"not done in {self.args.ppl_timeout:.0f} s"}
+            except RuntimeError as error:
+                figures = {"error": str(error).split("Command being timed:")[0].strip().splitlines()[-1][-200:]}
+            self.data["perplexity"][key] = figures
+            print(f"  perplexity {key}: {figures.get('perplexity', figures.get('error'))}", file=sys.stderr, flush=True)
 
     def measure_bandwidth(self) -> None:
         """Memory bandwidth, measured afresh on an idle machine if it gets one: before the runs and after them,
@@ -383,8 +396,8 @@ class Race:
             figures = {**earlier, "measurements": figures["measurements"]}
         self.data["bandwidth"] = figures
 
-    def _timed_json(self, command: list[str]) -> dict[str, Any]:
-        figures = timed(command, BUILD_TIMEOUT)
+    def _timed_json(self, command: list[str], timeout: float = BUILD_TIMEOUT) -> dict[str, Any]:
+        figures = timed(command, timeout)
         return {**last_json(figures["stdout"]), **_process(figures)}
 
     def build(self, entry: Entry) -> dict[str, Any]:
@@ -868,6 +881,7 @@ def main() -> None:
     parser.add_argument("--llamacpp-python", default=str(REPO / ".venv-llamacpp" / "bin" / "python"))
     parser.add_argument("--genai-python", default=str(REPO / ".venv-genai" / "bin" / "python"))
     parser.add_argument("--idle-wait", type=float, default=60.0, help="seconds to wait at most for an idle machine")
+    parser.add_argument("--ppl-timeout", type=float, default=7200.0, help="seconds for one file's perplexity at most")
     parser.add_argument("--work", type=Path, help="keep the checkpoint and files here (reused when there)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()

@@ -181,8 +181,10 @@ def perplexity_columns(data: dict[str, Any], key: str) -> str:
     if not data.get("model"):
         return ""
     found, reference = data["perplexity"].get(key), data["perplexity"].get(REFERENCE)
-    if found is None or reference is None:
+    if found is None or reference is None or "perplexity" not in reference:
         return " | – | –"
+    if "perplexity" not in found:
+        return f" | failed: {found['error']} | –"
     return f" | {found['perplexity']:.3f} | {100 * (found['perplexity'] / reference['perplexity'] - 1):+.2f}%"
 
 

@@ -17,6 +17,9 @@ peer's package and the standard library, numpy, and for the tokenizer phase sent
     genai-run DIR --ids JSON             og.Model and og.Generator over the prompt ids, greedily
     versions                             the peer's package versions
 
+The peers' perplexity phases (a trained checkpoint's race) are benchmarks/perplexity.py's ``llamacpp`` and
+``genai`` sides, run in these environments too: that module imports only the standard library at its top.
+
 A run's figures: ``load_s`` (constructing the model object), ``time_to_first_token_ms`` (the prompt
 evaluated and the first token chosen), ``decode_tokens_per_s`` (the tokens after the first, over the
 time from the first token to the last), and the generated ``tokens``.
