@@ -31,6 +31,8 @@ TESTS = Path(__file__).parent.parent
 CACHE = 16
 PROMPT = 6
 RECIPES = ["8da4w", "int4", "int8"]
+OURS = ["8da4w-asym", "8da8w"]  # recipes torchao has no config of its own for
+DYNAMIC = {"8da4w", "8da4w-asym", "8da8w"}
 # ONNX Runtime runs 8da4w's products on int8 arithmetic that quantizes activations in blocks of 32,
 # where torchao quantizes each row: logits move by this much (docs/QUANTIZATION.md).
 ORT_DYNAMIC_BOUND = 0.05
@@ -152,18 +154,18 @@ def _kernel_calls(path: Path, operator: str = "MatMulNBits") -> list[int]:
         return [sum(n.op_type == operator for n in delegate_nodes(program, i)) for i in range(len(program.delegates))]
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RECIPES + OURS)
 def test_a_fp32_qwen2_quantized_by_torchdelegate_lowers_to_onnx_runtime_then_reference(
     recipe: str, tmp_path: Path
 ) -> None:
     fp32 = _export(static_cache_module(tiny_qwen2(), CACHE))
     programs = td.quantize(fp32, recipe)
-    bound = ORT_DYNAMIC_BOUND if recipe == "8da4w" else EXACT
+    bound = ORT_DYNAMIC_BOUND if recipe in DYNAMIC else EXACT
     lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], bound, tmp_path)
     assert _integer_products(lowered) == 2 * 15
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RECIPES + OURS)
 def test_the_reference_backend_runs_quantized_programs_with_torchs_arithmetic(recipe: str, tmp_path: Path) -> None:
     programs = td.quantize(_export(static_cache_module(tiny_llama(), CACHE)), recipe)
     lowered = _lowered_and_checked(programs, [ReferencePartitioner()], EXACT, tmp_path)
@@ -274,7 +276,7 @@ def test_the_blockwise_operator_computes_what_torchaos_ops_compute() -> None:
     from torchdelegate.quantization.linear import with_blockwise_linears
 
     torch.manual_seed(0)
-    for recipe in RECIPES:
+    for recipe in RECIPES + OURS:
         program = td.quantize(torch.export.export(_Twice().eval(), (torch.randn(5, 64),)), recipe)
         rewritten, layers = with_blockwise_linears(program)
         assert layers == 2
@@ -333,15 +335,45 @@ def test_an_int8_table_whose_rows_128_does_not_divide_runs_on_the_gather_of_inte
         torch.testing.assert_close(loaded.run("forward", tokens), program.module()(tokens), atol=1e-6, rtol=1e-6)
 
 
-def test_a_tied_table_is_quantized_once_for_the_head_and_once_for_the_lookup(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("embeddings", "copies"), [("int4", 1), ("int8", 2)])
+def test_a_tied_table_is_stored_once_when_the_head_and_the_lookup_quantize_it_alike(
+    embeddings: str, copies: int, tmp_path: Path
+) -> None:
+    """8da4w's head and int4 tables are both int4 in groups of 32: one copy; an int8 table differs."""
     from language_models import tiny_gpt2
 
-    programs = td.quantize(_export(static_cache_module(tiny_gpt2(), CACHE)), "8da4w", embeddings="int4")
+    programs = td.quantize(_export(static_cache_module(tiny_gpt2(), CACHE)), "8da4w", embeddings=embeddings)
     state = programs["decode"].state_dict
-    assert {"model.transformer.wte.weight_qdata", "model.transformer.wte.weight_embedding_qdata"} <= set(state)
+    made = {"model.transformer.wte.weight_qdata", "model.transformer.wte.weight_embedding_qdata"} & set(state)
+    assert len(made) == copies and "model.transformer.wte.weight_qdata" in made
     assert "model.transformer.wte.weight" not in state
     lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], 0.1, tmp_path)
     assert _gathers(lowered) == 2 * 2  # the tokens' table and the positions'
+
+
+def test_the_default_recipe_gives_the_head_int8_weights_and_a_tied_table_is_stored_once(tmp_path: Path) -> None:
+    """8da4w-asym: the decoder's layers int4 with zero points (query and key still one kernel call,
+    gate and up another), its value projections and the head 8da8w; the head's int8 table is the
+    lookup's (one scale per row both), stored once and read by both kernels."""
+    from language_models import tiny_gpt2
+
+    model = tiny_llama()
+    programs = td.quantize(_export(static_cache_module(model, CACHE)), "8da4w-asym", embeddings="int8")
+    state = programs["decode"].state_dict
+    layer = "model.model.layers.0.self_attn.q_proj.weight"
+    assert state[f"{layer}_scale"].shape == (64, 2) and state[f"{layer}_zero_point"].any()
+    assert state["model.lm_head.weight_scale"].shape[-1] == 1  # one scale per row
+    for eight_bit in ("model.lm_head.weight", "model.model.layers.0.self_attn.v_proj.weight"):
+        assert int(state[f"{eight_bit}_qdata"].abs().max()) > 8
+    lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], 0.1, tmp_path)
+    assert _integer_products(lowered) == 2 * 15
+    assert _kernel_calls(tmp_path / "quantized.tdp") == [11, 11]  # 5 per layer and the head
+
+    tied = td.quantize(_export(static_cache_module(tiny_gpt2(), CACHE)), "8da4w-asym", embeddings="int8")
+    state = tied["decode"].state_dict
+    assert "model.transformer.wte.weight_qdata" in state and "model.transformer.wte.weight_embedding_qdata" not in state
+    lowered = _lowered_and_checked(tied, [OnnxRuntimePartitioner(), ReferencePartitioner()], 0.1, tmp_path)
+    assert _gathers(lowered) == 2 * 2
 
 
 def test_the_embedding_operator_computes_what_torchaos_ops_compute() -> None:

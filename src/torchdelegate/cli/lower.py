@@ -58,6 +58,10 @@ def define(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=lower_command)
 
 
+QUANTIZE_RECIPES = ("8da4w-asym", "8da4w", "8da8w", "int4", "int8")
+"""``quantization.recipes.RECIPES``' names, the default first (named here so that parsing imports no torch)."""
+
+
 def add_lowering_options(parser: argparse.ArgumentParser) -> None:
     """--cache, --quantize (--group-size, --keep-float, --embeddings), --jobs and --cluster: lower, llm export."""
     parser.add_argument(
@@ -68,12 +72,17 @@ def add_lowering_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantize",
-        choices=["8da4w", "int4", "int8"],
-        help="quantize linear layers with torchao first: 8da4w (int8 dynamic activations, int4 weights in groups), "
-        "int4 or int8 (weights only); needs torchao",
+        nargs="?",
+        const=QUANTIZE_RECIPES[0],
+        choices=QUANTIZE_RECIPES,
+        metavar="RECIPE",
+        help=f"quantize linear layers first (needs torchao), by RECIPE: {QUANTIZE_RECIPES[0]} when none is named "
+        "(int4 weights in groups of 32 with zero points, int8 dynamic activations, the head "
+        "8da8w), 8da4w (torchao's int4 weights in groups, int8 dynamic activations), 8da8w, int4 or int8 "
+        "(weights only); docs/QUANTIZATION.md compares them",
     )
     parser.add_argument(
-        "--group-size", type=int, metavar="N", help="--quantize: inputs per scale (default 32; int8: one per row)"
+        "--group-size", type=int, metavar="N", help="--quantize: inputs per scale (default 32; 8-bit: one per row)"
     )
     parser.add_argument(
         "--keep-float",

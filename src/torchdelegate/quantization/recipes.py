@@ -50,14 +50,28 @@ class Recipe:
     grouped: bool  # groups along the input dimension by default; else one scale per output row
     dynamic_int8_activation: bool
     summary: str
+    symmetric: bool = True  # zero points all zero; else one per group (each group's minimum to maximum)
+    group_size: int | None = None  # default inputs per scale of a grouped recipe
+    head: str | None = None  # the recipe of a layer whose output is the program's (an LLM's head)
+    layers: tuple[tuple[str, str], ...] = ()  # (pattern, recipe): matching layers take that recipe instead
 
 
 RECIPES = {
-    "8da4w": Recipe("8da4w", 4, True, True, "int8 dynamic activations (per token), int4 weights in groups"),
-    "int4": Recipe("int4", 4, True, False, "int4 weights in groups, float activations"),
+    "8da4w-asym": Recipe(
+        "8da4w-asym", 4, True, True,
+        "int8 dynamic activations, int4 weights in groups with zero points; the head and value projections 8da8w",
+        symmetric=False, group_size=32, head="8da8w", layers=(("v_proj", "8da8w"),),
+    ),
+    "8da4w": Recipe(
+        "8da4w", 4, True, True, "int8 dynamic activations (per token), int4 weights in groups", group_size=32
+    ),
+    "8da8w": Recipe("8da8w", 8, False, True, "int8 dynamic activations (per token), int8 weights, one scale per row"),
+    "int4": Recipe("int4", 4, True, False, "int4 weights in groups, float activations", group_size=32),
     "int8": Recipe("int8", 8, False, False, "int8 weights, one scale per output row, float activations"),
-}
-DEFAULT_GROUP_SIZE = 32
+}  # fmt: skip
+DEFAULT_RECIPE = "8da4w-asym"
+"""What ``llm export --quantize`` applies when no recipe is named: chosen by perplexity and decode speed
+measured on trained checkpoints (docs/QUANTIZATION.md)."""
 _SLICE_BYTES = 64 * 1024 * 1024  # float32 bytes of a weight quantized at a time
 
 
@@ -108,22 +122,27 @@ def quantize(
     ``embeddings``: ``int8`` (one scale per row) or ``int4`` (groups of 32 along a row)
     quantizes the embedding tables too, weight-only; None leaves them in float. Methods that
     share a weight share its quantized form.
+
+    A recipe that names a ``head`` recipe (``8da4w-asym``: ``8da8w``) quantizes by it each layer
+    whose output is the program's output, through reshapes and element-wise steps alone (an LLM's
+    head). A weight the head and an embedding table both read, quantized alike by both (8da8w and
+    int8 tables: one int8 scale per row), is stored once.
     """
     chosen = recipe_named(recipe)
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
         raise QuantizationError(f"group size {group_size!r}: give a positive integer number of inputs per scale")
-    group = group_size if group_size is not None else (DEFAULT_GROUP_SIZE if chosen.grouped else None)
+    group = group_size if group_size is not None else chosen.group_size
     patterns = _KeptFloat([keep_float] if isinstance(keep_float, str) else list(keep_float))
-    weights = _Weights(chosen, group)
-    tables = None if embeddings is None else _embedding_weights(embeddings)
+    made: _Made = {}
+    weights = _Weights(chosen, group, made)
+    heads = None if chosen.head is None else _weights_of(chosen.head, made)
+    tables = None if embeddings is None else _embedding_weights(embeddings, made)
+    named = tuple((pattern, _weights_of(name, made)) for pattern, name in chosen.layers)
+    choice = _Choice(weights, heads, tables, named)
     if isinstance(programs, ExportedProgram):
-        quantized: ExportedProgram | dict[str, ExportedProgram] = _quantized(
-            programs, "forward", weights, tables, patterns
-        )
+        quantized: ExportedProgram | dict[str, ExportedProgram] = _quantized(programs, "forward", choice, patterns)
     else:
-        quantized = {
-            method: _quantized(program, method, weights, tables, patterns) for method, program in programs.items()
-        }
+        quantized = {method: _quantized(program, method, choice, patterns) for method, program in programs.items()}
     for pattern in patterns.unmatched():
         warnings.warn(
             f"keep_float pattern {pattern!r} matched no linear layer or embedding; nothing was kept in float for it",
@@ -132,17 +151,22 @@ def quantize(
     return quantized
 
 
+def _weights_of(name: str, made: _Made) -> _Weights:
+    recipe = recipe_named(name)
+    return _Weights(recipe, recipe.group_size, made)
+
+
 EMBEDDING_RECIPES = ("int8", "int4")
 
 
-def _embedding_weights(name: str) -> _Weights:
+def _embedding_weights(name: str, made: _Made) -> _Weights:
     """The weight-only recipe of embedding tables ``name`` names: int8 per row, int4 in groups of 32."""
     if name not in EMBEDDING_RECIPES:
         raise QuantizationError(
             f"unknown embedding quantization {name!r}; give int8 (one scale per row) or int4 (groups of 32)"
         )
     recipe = RECIPES[name]
-    return _Weights(recipe, DEFAULT_GROUP_SIZE if recipe.grouped else None)
+    return _Weights(recipe, recipe.group_size, made)
 
 
 class _KeptFloat:
@@ -162,12 +186,17 @@ class _KeptFloat:
         return [p for p in self.patterns if p not in self.matched]
 
 
-class _Weights:
-    """Each float weight's quantized tensors, made once by torchao however many methods read it."""
+_Quantized = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]
+_Made = dict[tuple[torch.Tensor, int, int | None, bool], _Quantized]
 
-    def __init__(self, recipe: Recipe, group_size: int | None) -> None:
+
+class _Weights:
+    """Each float weight's quantized tensors, made once however many methods and layers read it alike:
+    ``made`` is shared by a call's recipes, keyed by the weight and how it is quantized."""
+
+    def __init__(self, recipe: Recipe, group_size: int | None, made: _Made) -> None:
         self.recipe, self.group_size = recipe, group_size
-        self._made: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = {}
+        self._made = made
         self._spilled = SpilledTensors()
 
     def quantized(self, weight: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -176,9 +205,10 @@ class _Weights:
         One weight at a time: a weight stored in another float dtype (a bfloat16 checkpoint's) is
         converted to float32 here, its quantized tensors are spilled to a file as they are made, and
         the pages of a weight mapped from a checkpoint are let go once it is read."""
-        made = self._made.get(weight)
+        key = (weight, self.recipe.weight_bits, self.group_size, self.recipe.symmetric)
+        made = self._made.get(key)
         if made is None:
-            made = self._made[weight] = self._quantized_by_rows(weight, where)
+            made = self._made[key] = self._quantized_by_rows(weight, where)
         return made
 
     def _quantized_by_rows(
@@ -243,14 +273,36 @@ def _torchao_config(torchao: ModuleType, recipe: Recipe, group: int, columns: in
     """torchao's config of ``recipe`` for groups of ``group`` of ``columns`` inputs."""
     dtype = getattr(torch, "int4") if recipe.weight_bits == 4 else torch.int8  # noqa: B009  (typeshed lacks it)
     granularity = torchao.PerGroup(group) if group != columns or recipe.grouped else torchao.PerAxis(0)
+    mapping = torchao.MappingType.SYMMETRIC if recipe.symmetric else torchao.MappingType.ASYMMETRIC
     if recipe.dynamic_int8_activation:
-        return torchao.Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=granularity)
-    return torchao.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=granularity)
+        return torchao.Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=dtype, weight_granularity=granularity, weight_mapping_type=mapping
+        )
+    return torchao.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=granularity, mapping_type=mapping)
 
 
-def _quantized(
-    program: ExportedProgram, method: str, weights: _Weights, tables: _Weights | None, keep_float: _KeptFloat
-) -> ExportedProgram:
+@dataclass(frozen=True)
+class _Choice:
+    """The recipes of one call: the layers', the head's (None: the layers'), the tables' (None: kept
+    float), and those of the layers the recipe names by pattern."""
+
+    layers: _Weights
+    heads: _Weights | None
+    tables: _Weights | None
+    named: tuple[tuple[str, _Weights], ...] = ()
+
+    def of(self, linear: Node, names: list[str], heads: set[Node]) -> _Weights:
+        """The recipe of ``linear``, whose weight, module and caller are ``names``: the first pattern's
+        that matches one, else the head's if it is a head, else the layers'."""
+        for pattern, weights in self.named:
+            if any(name and _matches(name, pattern) for name in names):
+                return weights
+        if linear in heads and self.heads is not None:
+            return self.heads
+        return self.layers
+
+
+def _quantized(program: ExportedProgram, method: str, choice: _Choice, keep_float: _KeptFloat) -> ExportedProgram:
     ops = affine_ops()
     if ops is None:
         torchao_quantization()  # registers torch.ops.torchao
@@ -264,18 +316,21 @@ def _quantized(
     layers = [n for n in graph.nodes if _selected(n, _aten.linear.default, parameters, program, keep_float)]
     lookups = (
         []
-        if tables is None
+        if choice.tables is None
         else [n for n in graph.nodes if _selected(n, _aten.embedding.default, parameters, program, keep_float)]
     )
     if not layers and not lookups:
         return program
     rewrite = _Rewrite(graph, signature, state, ops)
+    heads = _output_layers(graph) if choice.heads is not None else set()
     for linear in layers:
         spec = parameters[_weight_placeholder(cast(Node, linear.args[1])).name]
         assert spec.target is not None
+        weights = choice.of(linear, [spec.target, spec.target.rpartition(".")[0], module_path(linear)], heads)
         where = f"method {method!r}: linear layer {module_path(linear) or linear.name!r} (weight {spec.target!r})"
         qdata, scale, zero_point, group = weights.quantized(program.state_dict[spec.target], where)
         rewrite.layer(linear, spec.target, (qdata, scale, zero_point), group, weights.recipe)
+    tables = choice.tables
     for lookup in lookups:
         assert tables is not None
         spec = parameters[_weight_placeholder(cast(Node, lookup.args[0])).name]
@@ -318,6 +373,26 @@ def _selected(
     return not keep_float.keeps([spec.target, spec.target.rpartition(".")[0], module_path(node)])
 
 
+def _output_layers(graph: Graph) -> set[Node]:
+    """The linear layers whose output is the graph's output through steps of one tensor input each
+    (reshapes, slices, casts, element-wise functions): an LLM's head."""
+    found: set[Node] = set()
+    pending = [a for a in graph.output_node().all_input_nodes]
+    seen: set[Node] = set()
+    while pending:
+        node = pending.pop()
+        if node in seen or node.op != "call_function":
+            continue
+        seen.add(node)
+        if node.target is _aten.linear.default:
+            found.add(node)
+            continue
+        tensors = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+        if len(tensors) == 1:
+            pending.append(tensors[0])
+    return found
+
+
 def _weight_placeholder(weight: Node) -> Node:
     """The placeholder a linear layer's weight reads: itself, or the one a conversion to float32
     reads (a weight bound as a bfloat16 checkpoint stores it)."""
@@ -347,6 +422,7 @@ class _Rewrite:
         self.outputs = list(signature.output_specs)
         self.new_specs: list[InputSpec] = []
         self.placeholders: dict[str, Node] = {}
+        self.sources: dict[str, torch.Tensor] = {}  # each new placeholder's tensor, as quantizing made it
         self.replaced: set[str] = set()
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         kinds = [s.kind for s in self.specs]
@@ -371,7 +447,14 @@ class _Rewrite:
         self.state[target] = torch.nn.Parameter(tensor, requires_grad=False)
         self.new_specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(node.name), target, None))
         self.placeholders[target] = node
+        self.sources[target] = tensor
         return node
+
+    def _stem(self, weight_name: str, integers: torch.Tensor, otherwise: str) -> str:
+        """The names' stem of a weight's quantized tensors: the weight's own, unless a layer or table
+        that reads it quantized it otherwise (a tied head and table): then ``otherwise``."""
+        made = self.sources.get(f"{weight_name}_{_PARTS[0]}")
+        return weight_name if made is None or made is integers else otherwise
 
     def _last_placeholder(self) -> Node:
         return [n for n in self.graph.nodes if n.op == "placeholder"][-1]
@@ -390,7 +473,8 @@ class _Rewrite:
     def layer(
         self, linear: Node, weight_name: str, tensors: tuple[torch.Tensor, ...], group: int, recipe: Recipe
     ) -> None:
-        nodes = [self._placeholder(f"{weight_name}_{part}", t) for part, t in zip(_PARTS, tensors, strict=True)]
+        stem = self._stem(weight_name, tensors[0], f"{weight_name}_{recipe.weight_bits}bit")
+        nodes = [self._placeholder(f"{stem}_{part}", t) for part, t in zip(_PARTS, tensors, strict=True)]
         source, weight = linear.args[0], linear.args[1]
         assert isinstance(source, Node) and isinstance(weight, Node)
         bounds = (-8, 7) if recipe.weight_bits == 4 else (-128, 127)
@@ -407,7 +491,7 @@ class _Rewrite:
         self, embedding: Node, weight_name: str, tensors: tuple[torch.Tensor, ...], group: int, recipe: Recipe
     ) -> None:
         """An embedding's table read through its integers' dequantization (``quantization.embedding``)."""
-        stem = weight_name if f"{weight_name}_{_PARTS[0]}" not in self.placeholders else f"{weight_name}_embedding"
+        stem = self._stem(weight_name, tensors[0], f"{weight_name}_embedding")
         nodes = [self._placeholder(f"{stem}_{part}", t) for part, t in zip(_PARTS, tensors, strict=True)]
         weight = embedding.args[0]
         assert isinstance(weight, Node)

@@ -163,9 +163,10 @@ def kernel_products(ir: ModuleType, model: Any) -> dict[str, int]:
             lookups.append(node)
     count = 0
     for layers in readers.values():
-        if len(layers) < 2 or not rewrite.joined(layers):
-            for node in layers:
-                rewrite.layer(node)
+        for alike in _alike(layers):
+            if len(alike) < 2 or not rewrite.joined(alike):
+                for node in alike:
+                    rewrite.layer(node)
         count += len(layers)
     for node in lookups:
         rewrite.lookup(node)
@@ -177,6 +178,19 @@ def kernel_products(ir: ModuleType, model: Any) -> dict[str, int]:
                 model.graph.initializers.pop(value.name)
     made = {"MatMulNBits": count, "GatherBlockQuantized": len(lookups)}
     return {kernel: number for kernel, number in made.items() if number}
+
+
+def _alike(layers: list[Any]) -> list[list[Any]]:
+    """``layers`` (which read one input) in groups of one kernel setting each, in graph order: a
+    decoder layer's query and key projections in int4 and its value projection in int8 are two."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for node in layers:
+        _, qdata, _, zero_point, bias = [*node.inputs, None, None][:5]
+        points = None if zero_point is None or zero_point.const_value is None else _constant(zero_point, "points")
+        bits = None if qdata.const_value is None else _bits(_constant(qdata, "integers"), points)
+        group, activation = node.attributes["group_size"].as_int(), node.attributes["dynamic_int8_activation"].as_int()
+        groups.setdefault((bits, group, activation, bias is None), []).append(node)
+    return list(groups.values())
 
 
 class _Rewrite:
@@ -269,39 +283,46 @@ class _Rewrite:
         """Layers that read one input with one kernel setting (a decoder layer's query, key and value
         projections; its gate and up projections) as one ``MatMulNBits`` over their rows stacked, its
         output split back: one call instead of several small ones. False, with nothing changed, when
-        their settings differ or one has zero points or reads a weight another layer reads too."""
+        their settings differ or one reads a weight another layer reads too. Zero points, where any
+        layer has them, are stacked as the rows are (zeros for a layer without)."""
         parts, settings = [], set()
         for node in layers:
             _, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
-            points = None if zero_point is None else _constant(zero_point, "zero points")
-            if (points is not None and points.any()) or len(qdata.uses()) != 1:
+            if len(qdata.uses()) != 1:
                 return False
+            points = None if zero_point is None else _constant(zero_point, "zero points")
             integers = _constant(qdata, "integers")
             group = node.attributes["group_size"].as_int()
             if block_size(group, integers.shape[1]) != group:
                 return False
             activation = node.attributes["dynamic_int8_activation"].as_int()
-            settings.add((integers.shape[1], group, _bits(integers, None), activation, bias is None))
+            settings.add((integers.shape[1], group, _bits(integers, points), activation, bias is None))
             scales = _constant(scale, "scales").reshape(integers.shape[0], -1)
-            parts.append((integers, scales, None if bias is None else _constant(bias, "bias")))
+            points = None if points is None or not points.any() else points.reshape(scales.shape)
+            parts.append((integers, scales, points, None if bias is None else _constant(bias, "bias")))
         if len(settings) != 1:
             return False
         columns, block, bits, activation, unbiased = settings.pop()
         first, name = layers[0], "+".join(node.inputs[1].name for node in layers)
-        total = sum(integers.shape[0] for integers, _, _ in parts)
+        total = sum(integers.shape[0] for integers, *_ in parts)
         packed = self.spilled.empty((total, columns // block, block * bits // 8), torch.uint8).numpy()
         start = 0
-        for integers, scales, _ in parts:
+        for integers, scales, _, _ in parts:
             _packed(integers, block, bits, packed[start : start + integers.shape[0]])
             start += integers.shape[0]
             release_buffer(scales)
         inputs = [first.inputs[0], self._initializer(f"{name}/{block}/{bits}.packed", packed, spilled=True)]
-        scales = np.concatenate([scales for _, scales, _ in parts])
+        scales = np.concatenate([scales for _, scales, _, _ in parts])
         inputs.append(self._initializer(f"{name}.scales", scales))
+        if any(points is not None for _, _, points, _ in parts):
+            stacked = np.concatenate([np.zeros(s.shape, np.int8) if p is None else p for _, s, p, _ in parts])
+            inputs.append(self._initializer(f"{name}/{bits}.zero_points", _packed_points(stacked, bits)))
+        elif not unbiased:
+            inputs.append(None)
         if not unbiased:
-            biases = np.concatenate([bias for _, _, bias in parts if bias is not None])
-            inputs += [None, None, self._initializer(f"{name}.bias", biases)]
-        rows = [integers.shape[0] for integers, _, _ in parts]
+            biases = np.concatenate([bias for *_, bias in parts if bias is not None])
+            inputs += [None, self._initializer(f"{name}.bias", biases)]
+        rows = [integers.shape[0] for integers, *_ in parts]
         product = self._product(inputs, columns, sum(rows), bits, block, activation)
         sizes = self._initializer(f"{name}.rows", np.array(rows, dtype=np.int64))
         split = self.ir.node("Split", [product.outputs[0], sizes], {"axis": -1}, num_outputs=len(layers))
