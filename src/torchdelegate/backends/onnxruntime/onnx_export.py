@@ -319,11 +319,74 @@ def _weight_transpose(ir: ModuleType, node: Any) -> Any:
 
 
 def _optimize(model: Any) -> None:
-    """What the exporter's ``optimize=True`` does: constant folding, clean-up and ONNX's own fusions."""
-    optimizer = require("onnxscript.optimizer")
+    """What the exporter's ``optimize=True`` does: constant folding, clean-up and ONNX's own fusions.
+
+    onnxscript's ``optimize_ir``, pass for pass, with its default rewrite rules (:func:`_rewrite_rules`)."""
+    ir = require("onnx_ir")
+    common_passes = require("onnx_ir.passes.common")
+    rewriter = require("onnxscript.rewriter")
+    constant_folding = require("onnxscript.optimizer._constant_folding")
     onnx_fusions = require("onnxscript.rewriter.onnx_fusions")
-    optimizer.optimize_ir(model)
+    folding = constant_folding.FoldConstantsPass(
+        shape_inference=True,
+        input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+        output_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+        should_fold=lambda node: None,
+    )
+    rounds = ir.passes.PassManager(
+        [
+            folding,
+            rewriter.RewritePass(_rewrite_rules(rewriter)),
+            common_passes.RemoveUnusedNodesPass(),
+            common_passes.RemoveUnusedFunctionsPass(),
+            common_passes.RemoveUnusedOpsetsPass(),
+        ],
+        steps=2,
+        early_stop=True,
+    )
+    ir.passes.Sequential(
+        common_passes.InlinePass(),
+        rounds,
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common_passes.LiftSubgraphInitializersToMainGraphPass(),
+        common_passes.DeduplicateInitializersPass(),
+        common_passes.CommonSubexpressionEliminationPass(),
+        common_passes.OutputFixPass(),
+        common_passes.NameFixPass(),
+    )(model)
     onnx_fusions.fuse(model)
+
+
+def _rewrite_rules(rewriter: ModuleType) -> tuple[Any, ...]:
+    """onnxscript's default rewrite rules, each rule of several output nodes tried only on the nodes its
+    first output node can be (``SlicesSplit``): onnxscript lists the whole graph before it looks at
+    the node, for every node, which made the optimizer quadratic in the model's nodes (4.5 of 6.4 s
+    on a 200M Llama). The same rewrites, in the same order."""
+    return tuple(
+        rule if rule._target_pattern.has_single_output_node else _FirstNodeFiltered(rule)
+        for rule in rewriter._DEFAULT_REWRITE_RULES
+    )
+
+
+class _FirstNodeFiltered:
+    """A rewrite rule that answers no match at once for a node its pattern's first output node
+    cannot match (another operator or domain), as its matcher would after listing the graph."""
+
+    def __init__(self, rule: Any) -> None:
+        self._rule = rule
+        self._first = rule._target_pattern.output_nodes[0]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rule, name)
+
+    def __repr__(self) -> str:
+        return repr(self._rule)
+
+    def try_rewrite(self, model: Any, graph_or_function: Any, node: Any, **options: Any) -> Any:
+        if not (self._first.op.matches(node.op_type) and self._first.domain.matches(node.domain)):
+            return None
+        return self._rule.try_rewrite(model, graph_or_function, node, **options)
 
 
 def _root_cause(error: BaseException) -> str:
