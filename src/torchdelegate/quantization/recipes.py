@@ -16,7 +16,6 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import logging
-import operator
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import Any, cast, overload
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+from torch.export.graph_signature import InputKind, InputSpec
 from torch.fx import Graph, Node
 
 from torchdelegate.errors import QuantizationError, first_line
@@ -37,6 +36,7 @@ from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_
 from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.partition.modules import module_path
 from torchdelegate.quantization.linear import affine_ops
+from torchdelegate.quantization.quantized_graph import QuantizedGraph, weight_placeholder
 
 _aten = torch.ops.aten
 
@@ -321,23 +321,26 @@ def _quantized(program: ExportedProgram, method: str, choice: _Choice, keep_floa
     )
     if not layers and not lookups:
         return program
-    rewrite = _Rewrite(graph, signature, state, ops)
+    rewrite = QuantizedGraph(graph, signature, state, ops)
     heads = _output_layers(graph) if choice.heads is not None else set()
     for linear in layers:
-        spec = parameters[_weight_placeholder(cast(Node, linear.args[1])).name]
+        spec = parameters[weight_placeholder(cast(Node, linear.args[1])).name]
         assert spec.target is not None
         weights = choice.of(linear, [spec.target, spec.target.rpartition(".")[0], module_path(linear)], heads)
         where = f"method {method!r}: linear layer {module_path(linear) or linear.name!r} (weight {spec.target!r})"
         qdata, scale, zero_point, group = weights.quantized(program.state_dict[spec.target], where)
-        rewrite.layer(linear, spec.target, (qdata, scale, zero_point), group, weights.recipe)
+        recipe = weights.recipe
+        rewrite.layer(
+            linear, spec.target, (qdata, scale, zero_point), group, recipe.weight_bits, recipe.dynamic_int8_activation
+        )
     tables = choice.tables
     for lookup in lookups:
         assert tables is not None
-        spec = parameters[_weight_placeholder(cast(Node, lookup.args[0])).name]
+        spec = parameters[weight_placeholder(cast(Node, lookup.args[0])).name]
         assert spec.target is not None
         where = f"method {method!r}: embedding {module_path(lookup) or lookup.name!r} (weight {spec.target!r})"
         qdata, scale, zero_point, group = tables.quantized(program.state_dict[spec.target], where)
-        rewrite.lookup(lookup, spec.target, (qdata, scale, zero_point), group, tables.recipe)
+        rewrite.lookup(lookup, spec.target, (qdata, scale, zero_point), group, tables.recipe.weight_bits)
     rewrite.finish()
     return build_program(
         program,
@@ -362,7 +365,7 @@ def _selected(
     weight = node.args[1] if target is _aten.linear.default else node.args[0]
     if not isinstance(weight, Node) or not _is_float32(weight):
         return False
-    spec = parameters.get(_weight_placeholder(weight).name)
+    spec = parameters.get(weight_placeholder(weight).name)
     if spec is None or spec.target is None:
         return False
     value = program.state_dict.get(spec.target)
@@ -393,16 +396,6 @@ def _output_layers(graph: Graph) -> set[Node]:
     return found
 
 
-def _weight_placeholder(weight: Node) -> Node:
-    """The placeholder a linear layer's weight reads: itself, or the one a conversion to float32
-    reads (a weight bound as a bfloat16 checkpoint stores it)."""
-    if weight.op == "call_function" and weight.target is _aten._to_copy.default and isinstance(weight.args[0], Node):
-        source = weight.args[0]
-        if source.op == "placeholder" and set(weight.kwargs) <= {"dtype"}:
-            return source
-    return weight
-
-
 def _is_float32(node: Node) -> bool:
     value = node.meta.get("val")
     return isinstance(value, torch.Tensor) and value.dtype == torch.float32
@@ -411,130 +404,3 @@ def _is_float32(node: Node) -> bool:
 def _matches(name: str, pattern: str) -> bool:
     """``pattern`` matches the whole dotted name or its last components (``lm_head`` matches ``model.lm_head``)."""
     return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
-
-
-class _Rewrite:
-    """The new placeholders, nodes and state of one program, added layer by layer."""
-
-    def __init__(self, graph: Graph, signature: ExportGraphSignature, state: dict[str, Any], ops: Any) -> None:
-        self.graph, self.state, self.ops = graph, state, ops
-        self.specs = list(signature.input_specs)
-        self.outputs = list(signature.output_specs)
-        self.new_specs: list[InputSpec] = []
-        self.placeholders: dict[str, Node] = {}
-        self.sources: dict[str, torch.Tensor] = {}  # each new placeholder's tensor, as quantizing made it
-        self.replaced: set[str] = set()
-        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-        kinds = [s.kind for s in self.specs]
-        last = max((i for i, k in enumerate(kinds) if k == InputKind.PARAMETER), default=-1)
-        self.anchor = placeholders[last + 1] if last + 1 < len(placeholders) else None
-        self.fake_mode = next(
-            (n.meta["val"].fake_mode for n in placeholders if hasattr(n.meta.get("val"), "fake_mode")), None
-        )
-
-    def _placeholder(self, target: str, tensor: torch.Tensor) -> Node:
-        node = self.placeholders.get(target)
-        if node is not None:
-            return node
-        name = "p_" + target.replace(".", "_")
-        if self.anchor is not None:
-            with self.graph.inserting_before(self.anchor):
-                node = self.graph.placeholder(name)
-        else:
-            with self.graph.inserting_after(self._last_placeholder()):
-                node = self.graph.placeholder(name)
-        node.meta["val"] = self.fake_mode.from_tensor(tensor, static_shapes=True) if self.fake_mode else tensor
-        self.state[target] = torch.nn.Parameter(tensor, requires_grad=False)
-        self.new_specs.append(InputSpec(InputKind.PARAMETER, TensorArgument(node.name), target, None))
-        self.placeholders[target] = node
-        self.sources[target] = tensor
-        return node
-
-    def _stem(self, weight_name: str, integers: torch.Tensor, otherwise: str) -> str:
-        """The names' stem of a weight's quantized tensors: the weight's own, unless a layer or table
-        that reads it quantized it otherwise (a tied head and table): then ``otherwise``."""
-        made = self.sources.get(f"{weight_name}_{_PARTS[0]}")
-        return weight_name if made is None or made is integers else otherwise
-
-    def _last_placeholder(self) -> Node:
-        return [n for n in self.graph.nodes if n.op == "placeholder"][-1]
-
-    def _call(self, target: Any, args: tuple[Any, ...], like: Node) -> Node:
-        node = self.graph.call_function(target, args)
-        for key in ("nn_module_stack", "source_fn_stack", "stack_trace", "torch_fn"):
-            if key in like.meta:
-                node.meta[key] = like.meta[key]
-        values = [a.meta["val"] if isinstance(a, Node) else a for a in args]
-        if self.fake_mode is not None:
-            with self.fake_mode:
-                node.meta["val"] = target(*values)
-        return node
-
-    def layer(
-        self, linear: Node, weight_name: str, tensors: tuple[torch.Tensor, ...], group: int, recipe: Recipe
-    ) -> None:
-        stem = self._stem(weight_name, tensors[0], f"{weight_name}_{recipe.weight_bits}bit")
-        nodes = [self._placeholder(f"{stem}_{part}", t) for part, t in zip(_PARTS, tensors, strict=True)]
-        source, weight = linear.args[0], linear.args[1]
-        assert isinstance(source, Node) and isinstance(weight, Node)
-        bounds = (-8, 7) if recipe.weight_bits == 4 else (-128, 127)
-        with self.graph.inserting_before(linear):
-            if recipe.dynamic_int8_activation:
-                source = self._activation(source, linear)
-            dequantized = self._call(
-                self.ops[2], (nodes[0], [1, group], nodes[1], nodes[2], torch.int8, *bounds), linear
-            )
-        linear.args = (source, dequantized, *linear.args[2:])
-        self.replaced.add(weight.name)
-
-    def lookup(
-        self, embedding: Node, weight_name: str, tensors: tuple[torch.Tensor, ...], group: int, recipe: Recipe
-    ) -> None:
-        """An embedding's table read through its integers' dequantization (``quantization.embedding``)."""
-        stem = self._stem(weight_name, tensors[0], f"{weight_name}_embedding")
-        nodes = [self._placeholder(f"{stem}_{part}", t) for part, t in zip(_PARTS, tensors, strict=True)]
-        weight = embedding.args[0]
-        assert isinstance(weight, Node)
-        bounds = (-8, 7) if recipe.weight_bits == 4 else (-128, 127)
-        with self.graph.inserting_before(embedding):
-            dequantized = self._call(
-                self.ops[2], (nodes[0], [1, group], nodes[1], nodes[2], torch.int8, *bounds), embedding
-            )
-        embedding.args = (dequantized, *embedding.args[1:])
-        self.replaced.add(weight.name)
-
-    def _activation(self, source: Node, linear: Node) -> Node:
-        """torchao's per-token asymmetric int8 quantization of ``source`` and back."""
-        choose, quantize, dequantize = self.ops
-        block = [1] * (source.meta["val"].dim() - 1) + [int(source.meta["val"].shape[-1])]
-        bounds = (torch.int8, -128, 127)
-        chosen = self._call(choose, (source, "ASYMMETRIC", block, *bounds, None, None, torch.int8), linear)
-        scale = self._call(operator.getitem, (chosen, 0), linear)
-        zero_point = self._call(operator.getitem, (chosen, 1), linear)
-        quantized = self._call(quantize, (source, block, scale, zero_point, *bounds), linear)
-        return self._call(dequantize, (quantized, block, scale, zero_point, *bounds), linear)
-
-    def finish(self) -> None:
-        """Float weights no layer reads any more leave the program (and their conversions)."""
-        for node in list(self.graph.nodes):
-            if node.op == "call_function" and node.name in self.replaced and not node.users:
-                source = _weight_placeholder(node)
-                self.graph.erase_node(node)
-                self.replaced.add(source.name)
-        for node in list(self.graph.nodes):
-            if node.op == "placeholder" and node.name in self.replaced and not node.users:
-                spec = next(s for s in self.specs if s.arg.name == node.name)
-                self.specs.remove(spec)
-                if spec.target is not None:
-                    self.state.pop(spec.target, None)
-                self.graph.erase_node(node)
-        self.graph.lint()
-
-    def signature(self) -> ExportGraphSignature:
-        """The input specs in the order of the graph's placeholders, the new ones included."""
-        by_name = {spec.arg.name: spec for spec in (*self.specs, *self.new_specs)}
-        specs = [by_name[node.name] for node in self.graph.nodes if node.op == "placeholder"]
-        return ExportGraphSignature(input_specs=specs, output_specs=self.outputs)
-
-
-_PARTS = ("qdata", "scale", "zero_point")
