@@ -199,6 +199,21 @@ def test_lower_quantize_runs_the_quantized_products_on_onnx_runtime(tmp_path: Pa
     np.testing.assert_allclose(np.load(tmp_path / "y.npz")["output_0"], expected, atol=0.02)
 
 
+@needs_onnxruntime
+def test_quantize_without_a_recipe_takes_the_default_and_quantizes_the_head_to_8_bits(tmp_path: Path) -> None:
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
+    x = torch.randn(3, 64)
+    torch.export.save(torch.export.export(model, (x,)), tmp_path / "mlp.pt2")
+    args = ("lower", "forward=mlp.pt2", "-b", "onnxruntime", "-o", "q.tdp", "--quantize")
+    result = _command(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "quantized with 8da4w-asym: linear layers per method: forward 2" in result.stdout
+    with td.load(tmp_path / "q.tdp") as program, torch.no_grad():
+        torch.testing.assert_close(program.run("forward", x), model(x), atol=0.05, rtol=0)
+
+
 def test_help_lists_the_commands(tmp_path: Path) -> None:
     result = _command("--help", cwd=tmp_path)
     assert result.returncode == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import logging
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,13 +55,15 @@ class Recipe:
     group_size: int | None = None  # default inputs per scale of a grouped recipe
     head: str | None = None  # the recipe of a layer whose output is the program's (an LLM's head)
     layers: tuple[tuple[str, str], ...] = ()  # (pattern, recipe): matching layers take that recipe instead
+    last_block: str | None = None  # the recipe of the last numbered block's layers (an LLM's last decoder layer)
 
 
 RECIPES = {
     "8da4w-asym": Recipe(
         "8da4w-asym", 4, True, True,
-        "int8 dynamic activations, int4 weights in groups with zero points; the head and value projections 8da8w",
-        symmetric=False, group_size=32, head="8da8w", layers=(("v_proj", "8da8w"),),
+        "int8 dynamic activations, int4 weights in groups with zero points; 8da8w for the head, the value "
+        "projections and the last decoder layer",
+        symmetric=False, group_size=32, head="8da8w", layers=(("v_proj", "8da8w"),), last_block="8da8w",
     ),
     "8da4w": Recipe(
         "8da4w", 4, True, True, "int8 dynamic activations (per token), int4 weights in groups", group_size=32
@@ -138,7 +141,8 @@ def quantize(
     heads = None if chosen.head is None else _weights_of(chosen.head, made)
     tables = None if embeddings is None else _embedding_weights(embeddings, made)
     named = tuple((pattern, _weights_of(name, made)) for pattern, name in chosen.layers)
-    choice = _Choice(weights, heads, tables, named)
+    last = None if chosen.last_block is None else _weights_of(chosen.last_block, made)
+    choice = _Choice(weights, heads, tables, named, last)
     if isinstance(programs, ExportedProgram):
         quantized: ExportedProgram | dict[str, ExportedProgram] = _quantized(programs, "forward", choice, patterns)
     else:
@@ -284,22 +288,30 @@ def _torchao_config(torchao: ModuleType, recipe: Recipe, group: int, columns: in
 @dataclass(frozen=True)
 class _Choice:
     """The recipes of one call: the layers', the head's (None: the layers'), the tables' (None: kept
-    float), and those of the layers the recipe names by pattern."""
+    float), those of the layers the recipe names by pattern, and the last block's (None: the layers')."""
 
     layers: _Weights
     heads: _Weights | None
     tables: _Weights | None
     named: tuple[tuple[str, _Weights], ...] = ()
+    last: _Weights | None = None
 
-    def of(self, linear: Node, names: list[str], heads: set[Node]) -> _Weights:
+    def by_structure(self, graph: Graph, layers: list[Node]) -> dict[Node, _Weights]:
+        """The layers whose recipe their place decides: the heads', then the last block's."""
+        chosen: dict[Node, _Weights] = {}
+        if self.last is not None:
+            chosen.update(dict.fromkeys(_last_block(layers), self.last))
+        if self.heads is not None:
+            chosen.update(dict.fromkeys(_output_layers(graph), self.heads))
+        return chosen
+
+    def of(self, linear: Node, names: list[str], placed: dict[Node, _Weights]) -> _Weights:
         """The recipe of ``linear``, whose weight, module and caller are ``names``: the first pattern's
-        that matches one, else the head's if it is a head, else the layers'."""
+        that matches one, else its place's (``by_structure``), else the layers'."""
         for pattern, weights in self.named:
             if any(name and _matches(name, pattern) for name in names):
                 return weights
-        if linear in heads and self.heads is not None:
-            return self.heads
-        return self.layers
+        return placed.get(linear, self.layers)
 
 
 def _quantized(program: ExportedProgram, method: str, choice: _Choice, keep_float: _KeptFloat) -> ExportedProgram:
@@ -322,11 +334,11 @@ def _quantized(program: ExportedProgram, method: str, choice: _Choice, keep_floa
     if not layers and not lookups:
         return program
     rewrite = QuantizedGraph(graph, signature, state, ops)
-    heads = _output_layers(graph) if choice.heads is not None else set()
+    placed = choice.by_structure(graph, layers)
     for linear in layers:
         spec = parameters[weight_placeholder(cast(Node, linear.args[1])).name]
         assert spec.target is not None
-        weights = choice.of(linear, [spec.target, spec.target.rpartition(".")[0], module_path(linear)], heads)
+        weights = choice.of(linear, [spec.target, spec.target.rpartition(".")[0], module_path(linear)], placed)
         where = f"method {method!r}: linear layer {module_path(linear) or linear.name!r} (weight {spec.target!r})"
         qdata, scale, zero_point, group = weights.quantized(program.state_dict[spec.target], where)
         recipe = weights.recipe
@@ -374,6 +386,23 @@ def _selected(
     if not value.dtype.is_floating_point or value.dim() != 2:
         return False
     return not keep_float.keeps([spec.target, spec.target.rpartition(".")[0], module_path(node)])
+
+
+def _last_block(layers: list[Node]) -> list[Node]:
+    """The layers of the last of the numbered blocks most layers sit in (``model.layers.29`` of 30
+    decoder layers); none when no module path has a numbered block, or the stack has one block."""
+    stacks: dict[str, dict[int, list[Node]]] = {}
+    for node in layers:
+        numbered = _NUMBERED_BLOCK.match(module_path(node))
+        if numbered is not None:
+            stacks.setdefault(numbered[1], {}).setdefault(int(numbered[2]), []).append(node)
+    if not stacks:
+        return []
+    blocks = stacks[max(sorted(stacks), key=lambda prefix: len(stacks[prefix]))]
+    return blocks[max(blocks)] if len(blocks) > 1 else []
+
+
+_NUMBERED_BLOCK = re.compile(r"^(.*?)\.(\d+)(?:\.|$)")
 
 
 def _output_layers(graph: Graph) -> set[Node]:
