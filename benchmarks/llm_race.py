@@ -643,7 +643,7 @@ def summary(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "others_busy": max(r["others_busy"] for r in runs),
             "generated": len(runs[0]["tokens"]),
         }
-        if key in data.get("perplexity", {}):
+        if "perplexity" in data.get("perplexity", {}).get(key, {}):  # not when it failed
             rows[key]["perplexity"] = data["perplexity"][key]["perplexity"]
         if key in data["contention"]:
             rows[key]["contention_tokens_per_s"] = data["contention"][key]["decode_tokens_per_s"]
