@@ -6,7 +6,7 @@ saved with ``save_pretrained`` (random weights, no stop token, 2,048 positions l
 a SentencePiece BPE tokenizer trained on ``training/botchan.txt`` (Llama's kind: ``tokenizer.model``,
 and the ``tokenizer.json`` that transformers converts from it). Each tool gets what its users get:
 
-- torchdelegate: ``torchdelegate llm export CKPT -o F.tdp`` (no flags; fp32) and ``--quantize 8da4w``,
+- torchdelegate: ``torchdelegate llm export CKPT -o F.tdp`` (no flags; fp32) and ``--quantize`` (its default recipe),
   then ``torchdelegate llm generate F --prompt TEXT --max-new-tokens 64 --ids`` (its own figures);
 - llama.cpp (llama-cpp-python): llama.cpp's ``convert_hf_to_gguf.py`` (``--outtype f32``, ``f16``,
   ``q8_0``), ``llama_model_quantize`` of the F32 file to Q4_0; a run loads ``Llama(n_ctx=256,
@@ -102,22 +102,24 @@ ENTRIES = [
     Entry(GENAI, "fp32", "fp32", "genai-fp32"),
     Entry(LLAMACPP, "f16", "F16", "llamacpp-F16.gguf"),
     Entry(LLAMACPP, "8-bit", "Q8_0", "llamacpp-Q8_0.gguf"),
-    Entry(TORCHDELEGATE, "4-bit", "8da4w", "ours-8da4w.tdp"),
+    Entry(TORCHDELEGATE, "4-bit", "8da4w-asym (defaults)", "ours-8da4w-asym.tdp", ("--quantize",)),
     Entry(LLAMACPP, "4-bit", "Q4_0", "llamacpp-Q4_0.gguf"),
     Entry(GENAI, "4-bit", "int4", "genai-int4"),
 ]
 # Our quantized variants raced on a trained checkpoint: label -> (precision, `llm export` flags). A row is an entry.
 OUR_VARIANTS = {
+    "8da4w-asym (defaults)": ("4-bit", ("--quantize",)),
     "8da4w": ("4-bit", ("--quantize", "8da4w")),
     "int4": ("4-bit", ("--quantize", "int4")),
     "int8": ("8-bit", ("--quantize", "int8")),
+    "8da8w": ("8-bit", ("--quantize", "8da8w")),
 }
 LLAMACPP_QUANTIZED = ("Q4_0", "Q4_K_M")  # llama_model_quantize of the F32 file; the others by the converter
 TRAINED_ENTRIES = [
     Entry(TORCHDELEGATE, "fp32", "fp32 (defaults)", "ours-fp32.tdp"),
     Entry(LLAMACPP, "fp32", "F32", "llamacpp-F32.gguf"),
     Entry(GENAI, "fp32", "fp32", "genai-fp32"),
-    *(Entry(TORCHDELEGATE, p, label, f"ours-{label}.tdp", flags) for label, (p, flags) in OUR_VARIANTS.items()),
+    *(Entry(TORCHDELEGATE, p, name, f"ours-{name.split()[0]}.tdp", flags) for name, (p, flags) in OUR_VARIANTS.items()),
     *(Entry(LLAMACPP, p, label, f"llamacpp-{label}.gguf") for p, label in (("8-bit", "Q8_0"), ("4-bit", "Q4_0"))),
     Entry(LLAMACPP, "4-bit", "Q4_K_M", "llamacpp-Q4_K_M.gguf"),
     Entry(GENAI, "4-bit", "int4", "genai-int4"),
@@ -731,9 +733,10 @@ def page(data: dict[str, Any], stem: str) -> list[str]:
     measured = ", ".join(f"{b / 1e9:.1f}" for b in data["bandwidth"].get("measurements", [bandwidth_bps]))
     lines += [
         "",
-        "Formats, each tool's default for its precision: ours fp32, and 8da4w (int8 activations quantized per "
-        "token at run time, int4 weights in groups of 32 on every linear layer, the head included; the token "
-        "embedding int8 with a scale per row); llama.cpp's F32, F16, Q8_0 and Q4_0 (blocks of 32 with one scale; "
+        "Formats, each tool's default for its precision: ours fp32, and `--quantize`'s default 8da4w-asym (int8 "
+        "activations quantized at run time, int4 weights in groups of 32 with zero points; the value projections, "
+        "the last decoder layer and the head int8 with a scale per row; the token embedding int8 with a scale per "
+        "row, stored once with a tied head); llama.cpp's F32, F16, Q8_0 and Q4_0 (blocks of 32 with one scale; "
         "`llama_model_quantize` makes the head Q6_K and the token embedding Q4_0; Q8_0 and Q4_0 multiply "
         "activations quantized to 8 bits); GenAI's fp32, and int4 (`MatMulNBits`, blocks of 32, the "
         "builder's default accuracy level 4 for the CPU: int8 activations; the token embedding fp32). Tokens "
