@@ -38,7 +38,7 @@ class OnnxRuntimeBackend(BackendDetails):
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
     compile_cache_version = (
         f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined, info, float32 scales, "
-        "row blocks, packed query key value, float row blocks"
+        "row blocks, packed query key value, float row blocks, 8-bit int8 arithmetic, joined by setting"
     )
     weights_by_reference = True  # weights are graph inputs while the model is optimized and fused
     load_options = OnnxRuntimeArrays.load_options
