@@ -178,13 +178,19 @@ def test_the_demo_generates_what_eager_generates(tmp_path: Path) -> None:
     assert (tmp_path / "kept/demo.tdp").exists() and (tmp_path / "kept/demo-report.html").exists()
 
 
-@needs_onnxruntime
-def test_lower_quantize_runs_the_quantized_products_on_onnx_runtime(tmp_path: Path) -> None:
+def _saved_mlp(directory: Path) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A two-layer MLP exported and saved as ``mlp.pt2`` in ``directory``, and an input of it."""
     pytest.importorskip("torchao")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
     x = torch.randn(3, 64)
-    torch.export.save(torch.export.export(model, (x,)), tmp_path / "mlp.pt2")
+    torch.export.save(torch.export.export(model, (x,)), directory / "mlp.pt2")
+    return model, x
+
+
+@needs_onnxruntime
+def test_lower_quantize_runs_the_quantized_products_on_onnx_runtime(tmp_path: Path) -> None:
+    model, x = _saved_mlp(tmp_path)
     np.save(tmp_path / "x.npy", x.numpy())
     args = ("lower", "forward=mlp.pt2", "-b", "onnxruntime", "-b", "reference", "-o", "q.tdp", "--quantize", "int8")
     result = _command(*args, cwd=tmp_path)
@@ -200,12 +206,8 @@ def test_lower_quantize_runs_the_quantized_products_on_onnx_runtime(tmp_path: Pa
 
 
 @needs_onnxruntime
-def test_quantize_without_a_recipe_takes_the_default_and_quantizes_the_head_to_8_bits(tmp_path: Path) -> None:
-    pytest.importorskip("torchao")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
-    x = torch.randn(3, 64)
-    torch.export.save(torch.export.export(model, (x,)), tmp_path / "mlp.pt2")
+def test_quantize_without_a_recipe_takes_the_default_recipe(tmp_path: Path) -> None:
+    model, x = _saved_mlp(tmp_path)
     args = ("lower", "forward=mlp.pt2", "-b", "onnxruntime", "-o", "q.tdp", "--quantize")
     result = _command(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

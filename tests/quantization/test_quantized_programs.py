@@ -31,7 +31,7 @@ TESTS = Path(__file__).parent.parent
 CACHE = 16
 PROMPT = 6
 RECIPES = ["8da4w", "int4", "int8"]
-OURS = ["8da4w-asym", "8da8w"]  # recipes torchao has no config of its own for
+OURS = ["8da4w-asym"]  # torchao has no config of its own for it (8da8w: its head, below)
 DYNAMIC = {"8da4w", "8da4w-asym", "8da8w", "int8"}  # ONNX Runtime runs 8-bit weights on int8 arithmetic
 # ONNX Runtime runs 8da4w's products on int8 arithmetic that quantizes activations in blocks of 32,
 # where torchao quantizes each row: logits move by this much (docs/QUANTIZATION.md).
@@ -193,6 +193,13 @@ def test_quantize_matches_torchao_and_leaves_the_callers_programs_as_they_were()
     assert name not in prefill
 
 
+def test_the_command_offers_every_recipe_and_the_default_first() -> None:
+    from torchdelegate.cli.lower import QUANTIZE_RECIPES
+    from torchdelegate.quantization.recipes import DEFAULT_RECIPE, RECIPES
+
+    assert set(QUANTIZE_RECIPES) == set(RECIPES) and QUANTIZE_RECIPES[0] == DEFAULT_RECIPE
+
+
 def test_a_keep_float_pattern_that_matches_nothing_is_warned_about() -> None:
     program = torch.export.export(_Twice().eval(), (torch.randn(3, 64),))
     with pytest.warns(UserWarning, match="keep_float pattern 'lm_haed' matched no linear layer"):
@@ -337,17 +344,17 @@ def test_an_int8_table_whose_rows_128_does_not_divide_runs_on_the_gather_of_inte
         torch.testing.assert_close(loaded.run("forward", tokens), program.module()(tokens), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize(("embeddings", "copies"), [("int4", 1), ("int8", 2)])
-def test_a_tied_table_is_stored_once_when_the_head_and_the_lookup_quantize_it_alike(
-    embeddings: str, copies: int, tmp_path: Path
-) -> None:
+def test_a_tied_table_is_stored_once_when_the_head_and_the_lookup_quantize_it_alike(tmp_path: Path) -> None:
     """8da4w's head and int4 tables are both int4 in groups of 32: one copy; an int8 table differs."""
     from language_models import tiny_gpt2
 
-    programs = td.quantize(_export(static_cache_module(tiny_gpt2(), CACHE)), "8da4w", embeddings=embeddings)
+    fp32 = _export(static_cache_module(tiny_gpt2(), CACHE))
+    names = {"model.transformer.wte.weight_qdata", "model.transformer.wte.weight_embedding_qdata"}
+    apart = td.quantize(fp32, "8da4w", embeddings="int8")["decode"].state_dict
+    assert names <= set(apart)
+    programs = td.quantize(fp32, "8da4w", embeddings="int4")
     state = programs["decode"].state_dict
-    made = {"model.transformer.wte.weight_qdata", "model.transformer.wte.weight_embedding_qdata"} & set(state)
-    assert len(made) == copies and "model.transformer.wte.weight_qdata" in made
+    assert names & set(state) == {"model.transformer.wte.weight_qdata"}
     assert "model.transformer.wte.weight" not in state
     lowered = _lowered_and_checked(programs, [OnnxRuntimePartitioner(), ReferencePartitioner()], 0.1, tmp_path)
     assert _gathers(lowered) == 2 * 2  # the tokens' table and the positions'
@@ -376,10 +383,8 @@ def test_the_default_recipe_gives_the_head_int8_weights_and_a_tied_table_is_stor
     assert _kernel_calls(tmp_path / "quantized.tdp") == [10, 10]  # 5 in the first layer, 4 in the last, the head
 
     tied = td.quantize(_export(static_cache_module(tiny_gpt2(), CACHE)), "8da4w-asym", embeddings="int8")
-    state = tied["decode"].state_dict
+    state = tied["decode"].state_dict  # the tied table lowered is the test above's
     assert "model.transformer.wte.weight_qdata" in state and "model.transformer.wte.weight_embedding_qdata" not in state
-    lowered = _lowered_and_checked(tied, [OnnxRuntimePartitioner(), ReferencePartitioner()], 0.1, tmp_path)
-    assert _gathers(lowered) == 2 * 2
 
 
 def test_the_embedding_operator_computes_what_torchaos_ops_compute() -> None:

@@ -116,7 +116,8 @@ def quantize(
     keep_float: Sequence[str] = (),
     embeddings: str | None = None,
 ) -> ExportedProgram | dict[str, ExportedProgram]:
-    """New programs whose float linear layers are quantized by ``recipe`` (``8da4w``, ``int4``, ``int8``).
+    """New programs whose float linear layers are quantized by ``recipe`` (``RECIPES``: ``8da4w-asym``,
+    ``8da4w``, ``8da8w``, ``int4``, ``int8``).
 
     ``group_size``: inputs per scale (default 32 for the int4 recipes, one scale per row for
     int8); it must divide the inputs of every layer quantized. ``keep_float``: patterns
