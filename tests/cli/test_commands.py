@@ -178,42 +178,25 @@ def test_the_demo_generates_what_eager_generates(tmp_path: Path) -> None:
     assert (tmp_path / "kept/demo.tdp").exists() and (tmp_path / "kept/demo-report.html").exists()
 
 
-def _saved_mlp(directory: Path) -> tuple[torch.nn.Module, torch.Tensor]:
-    """A two-layer MLP exported and saved as ``mlp.pt2`` in ``directory``, and an input of it."""
+@needs_onnxruntime
+def test_lower_quantize_runs_the_quantized_products_on_onnx_runtime(tmp_path: Path) -> None:
     pytest.importorskip("torchao")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
     x = torch.randn(3, 64)
-    torch.export.save(torch.export.export(model, (x,)), directory / "mlp.pt2")
-    return model, x
-
-
-@needs_onnxruntime
-def test_lower_quantize_runs_the_quantized_products_on_onnx_runtime(tmp_path: Path) -> None:
-    model, x = _saved_mlp(tmp_path)
+    torch.export.save(torch.export.export(model, (x,)), tmp_path / "mlp.pt2")
     np.save(tmp_path / "x.npy", x.numpy())
-    args = ("lower", "forward=mlp.pt2", "-b", "onnxruntime", "-b", "reference", "-o", "q.tdp", "--quantize", "int8")
+    args = ("lower", "forward=mlp.pt2", "-b", "onnxruntime", "-b", "reference", "-o", "q.tdp", "--quantize")
     result = _command(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "quantized with int8: linear layers per method: forward 2" in result.stdout
+    assert "quantized with 8da4w-asym: linear layers per method: forward 2" in result.stdout  # the default
     assert "Failed to load" not in result.stderr  # torchao's warnings about GPU kernels are not the user's
     assert (tmp_path / "q.tdp").stat().st_size < 0.5 * sum(p.numel() * 4 for p in model.parameters())
     ran = _command("run", "q.tdp", "--input", "x.npy", "--save", "y.npz", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     with torch.no_grad():
         expected = model(x).numpy()
-    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["output_0"], expected, atol=0.02)
-
-
-@needs_onnxruntime
-def test_quantize_without_a_recipe_takes_the_default_recipe(tmp_path: Path) -> None:
-    model, x = _saved_mlp(tmp_path)
-    args = ("lower", "forward=mlp.pt2", "-b", "onnxruntime", "-o", "q.tdp", "--quantize")
-    result = _command(*args, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "quantized with 8da4w-asym: linear layers per method: forward 2" in result.stdout
-    with td.load(tmp_path / "q.tdp") as program, torch.no_grad():
-        torch.testing.assert_close(program.run("forward", x), model(x), atol=0.05, rtol=0)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["output_0"], expected, atol=0.1)  # int4 weights
 
 
 def test_help_lists_the_commands(tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ def test_a_fp32_qwen2_quantized_by_torchdelegate_lowers_to_onnx_runtime_then_ref
     assert _integer_products(lowered) == 2 * 15
 
 
-@pytest.mark.parametrize("recipe", RECIPES + OURS)
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_the_reference_backend_runs_quantized_programs_with_torchs_arithmetic(recipe: str, tmp_path: Path) -> None:
     programs = td.quantize(_export(static_cache_module(tiny_llama(), CACHE)), recipe)
     lowered = _lowered_and_checked(programs, [ReferencePartitioner()], EXACT, tmp_path)
