@@ -165,10 +165,10 @@ def kernel_products(ir: ModuleType, model: Any) -> dict[str, int]:
             lookups.append(node)
     count = 0
     for layers in readers.values():
-        for alike in _alike(layers):
-            if len(alike) < 2 or not rewrite.joined(alike):
+        for bits, alike in _alike(layers):
+            if len(alike) < 2 or not rewrite.joined(alike, bits):
                 for node in alike:
-                    rewrite.layer(node)
+                    rewrite.layer(node, bits)
         count += len(layers)
     for node in lookups:
         rewrite.lookup(node)
@@ -182,9 +182,11 @@ def kernel_products(ir: ModuleType, model: Any) -> dict[str, int]:
     return {kernel: number for kernel, number in made.items() if number}
 
 
-def _alike(layers: list[Any]) -> list[list[Any]]:
-    """``layers`` (which read one input) in groups of one kernel setting each, in graph order: a
-    decoder layer's query and key projections in int4 and its value projection in int8 are two."""
+def _alike(layers: list[Any]) -> list[tuple[int | None, list[Any]]]:
+    """``layers`` (which read one input) in groups of one kernel setting each, in graph order, with
+    their bits (None when a layer's integers are not a weight): a decoder layer's query and key
+    projections in int4 and its value projection in int8 are two. Each weight's integers are scanned
+    for their bits here, once."""
     groups: dict[tuple[Any, ...], list[Any]] = {}
     for node in layers:
         _, qdata, _, zero_point, bias = [*node.inputs, None, None][:5]
@@ -192,7 +194,7 @@ def _alike(layers: list[Any]) -> list[list[Any]]:
         bits = None if qdata.const_value is None else _bits(_constant(qdata, "integers"), points)
         group, activation = node.attributes["group_size"].as_int(), node.attributes["dynamic_int8_activation"].as_int()
         groups.setdefault((bits, group, activation, bias is None), []).append(node)
-    return list(groups.values())
+    return [(key[0], members) for key, members in groups.items()]
 
 
 class _Rewrite:
@@ -215,7 +217,8 @@ class _Rewrite:
         shape = (rows, -(-columns // block), block * bits // 8)
         return _packed(integers, block, bits, self.spilled.empty(shape, torch.uint8).numpy())
 
-    def layer(self, node: Any) -> None:
+    def layer(self, node: Any, bits: int | None = None) -> None:
+        """``node`` as one ``MatMulNBits`` (or blocks of rows); ``bits`` as ``_alike`` found them, if it did."""
         x, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
         group = node.attributes["group_size"].as_int()
         integers = _constant(qdata, "integers")
@@ -227,7 +230,7 @@ class _Rewrite:
                 "quantize with such a group size, or keep this layer in float"
             )
         points = None if zero_point is None else _constant(zero_point, "zero points")
-        bits = _bits(integers, points)
+        bits = _bits(integers, points) if bits is None else bits
         blocks = -(-columns // block)
         key = f"{qdata.name}/{block}/{bits}"
         inputs = [x, self._made(key, "packed", lambda: self._packed(integers, block, bits), spilled=True)]
@@ -281,12 +284,14 @@ class _Rewrite:
         for read in (_constant(scale, "scales"), points if zero_point is None else _constant(zero_point, "points")):
             release_buffer(read)
 
-    def joined(self, layers: list[Any]) -> bool:
+    def joined(self, layers: list[Any], bits: int | None) -> bool:
         """Layers that read one input with one kernel setting (a decoder layer's query, key and value
         projections; its gate and up projections) as one ``MatMulNBits`` over their rows stacked, its
         output split back: one call instead of several small ones. False, with nothing changed, when
         their settings differ or one reads a weight another layer reads too. Zero points, where any
         layer has them, are stacked as the rows are (zeros for a layer without)."""
+        if bits is None:
+            return False
         parts, settings = [], set()
         for node in layers:
             _, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
@@ -298,7 +303,7 @@ class _Rewrite:
             if block_size(group, integers.shape[1]) != group:
                 return False
             activation = node.attributes["dynamic_int8_activation"].as_int()
-            settings.add((integers.shape[1], group, _bits(integers, points), activation, bias is None))
+            settings.add((integers.shape[1], group, bits, activation, bias is None))
             scales = _constant(scale, "scales").reshape(integers.shape[0], -1)
             points = None if points is None or not points.any() else points.reshape(scales.shape)
             parts.append((integers, scales, points, None if bias is None else _constant(bias, "bias")))
