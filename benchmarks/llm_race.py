@@ -96,10 +96,13 @@ class Entry:
         return f"{self.tool} {self.label}"
 
 
-ENTRIES = [
+FP32_ENTRIES = [
     Entry(TORCHDELEGATE, "fp32", "fp32 (defaults)", "ours-fp32.tdp"),
     Entry(LLAMACPP, "fp32", "F32", "llamacpp-F32.gguf"),
     Entry(GENAI, "fp32", "fp32", "genai-fp32"),
+]
+ENTRIES = [
+    *FP32_ENTRIES,
     Entry(LLAMACPP, "f16", "F16", "llamacpp-F16.gguf"),
     Entry(LLAMACPP, "8-bit", "Q8_0", "llamacpp-Q8_0.gguf"),
     Entry(TORCHDELEGATE, "4-bit", "8da4w-asym (defaults)", "ours-8da4w-asym.tdp", ("--quantize",)),
@@ -116,9 +119,7 @@ OUR_VARIANTS = {
 }
 LLAMACPP_QUANTIZED = ("Q4_0", "Q4_K_M")  # llama_model_quantize of the F32 file; the others by the converter
 TRAINED_ENTRIES = [
-    Entry(TORCHDELEGATE, "fp32", "fp32 (defaults)", "ours-fp32.tdp"),
-    Entry(LLAMACPP, "fp32", "F32", "llamacpp-F32.gguf"),
-    Entry(GENAI, "fp32", "fp32", "genai-fp32"),
+    *FP32_ENTRIES,
     *(Entry(TORCHDELEGATE, p, name, f"ours-{name.split()[0]}.tdp", flags) for name, (p, flags) in OUR_VARIANTS.items()),
     *(Entry(LLAMACPP, p, label, f"llamacpp-{label}.gguf") for p, label in (("8-bit", "Q8_0"), ("4-bit", "Q4_0"))),
     Entry(LLAMACPP, "4-bit", "Q4_K_M", "llamacpp-Q4_K_M.gguf"),
