@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdelegate.errors import CheckpointError, first_line
+from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.llm.assets import read_chat_template, read_tokenizer
 from torchdelegate.llm.checkpoint_code import allowed, checkpoint_code
@@ -157,7 +158,8 @@ def export_methods(
     as transformers' exportable wrapper exports them (strict). Prefill takes a prompt of any length from
     1 to ``max_cache - 1`` tokens, or exactly ``chunk`` tokens for backends that need static shapes.
 
-    Without ``chunk``, decode is exported as prefill is and run one token at a time: a backend that
+    Without ``chunk``, decode is prefill's program (a structural copy), run one token at a time: the
+    steps of lowering do their work once for both (``lowering/equal_programs``), and a backend that
     finds two methods' partitions equal builds and packs them once (ONNX Runtime: one branch, not two
     that each pack every weight). With ``chunk``, decode is exported for one token.
 
@@ -188,8 +190,8 @@ def export_methods(
             warnings.simplefilter("ignore")  # dynamo's notes on transformers' own side effects
             with _last_logits_only(model, prefill_logits == "last"):
                 prefill = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
-                if chunk is None:  # a program of its own: lowering one method never touches another's
-                    decode = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
+                if chunk is None:  # a graph of its own, the tensors shared: lowering one never touches the other
+                    decode = copy_program(prefill)
             if chunk is not None:
                 decode = torch.export.export(module, (), token, strict=True)
             return {"prefill": prefill, "decode": decode}

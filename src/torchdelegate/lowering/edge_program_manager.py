@@ -37,6 +37,7 @@ from torchdelegate.exported.structural_copy import (
 )
 from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
 from torchdelegate.lowering.batch import lower
+from torchdelegate.lowering.equal_programs import once_per_program
 from torchdelegate.lowering.lowering_report import DeferredReport, LoweringReport, attached_report
 from torchdelegate.lowering.metadata_checks import drop_proven_checks
 from torchdelegate.lowering.run_partitioner import PartitionerLike
@@ -179,7 +180,7 @@ def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
 def to_edge(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> EdgeProgramManager:
     """Decompose every method to core ATen (functional) and wrap them in a manager."""
     methods = _methods(programs)
-    manager = EdgeProgramManager(_numbered(_own_state({m: _decompose(m, p) for m, p in methods.items()})))
+    manager = EdgeProgramManager(_numbered(_own_state(once_per_program(methods, _decompose))))
     return manager._reported(_reports_of(methods))
 
 
@@ -418,7 +419,11 @@ def edge_keeping(
                 keep[method] |= ops
                 filters[method].append((ops, node_filter))
     kept = KeptWhole(keep, filters)
-    edge = {m: _decompose(m, p, kept.keep[m], _any_accepts(kept.filters[m])) for m, p in methods.items()}
+    # Equal programs decompose alike where the same partitioners kept the same ops in them.
+    kept_by = {m: (tuple(sorted(map(str, keep[m]))), tuple(id(stage.get(m)) for stage in stages)) for m in methods}
+    edge = once_per_program(
+        methods, lambda m, p: _decompose(m, p, kept.keep[m], _any_accepts(kept.filters[m])), also=kept_by
+    )
     return EdgeProgramManager(_numbered(_own_state(edge))), kept
 
 

@@ -35,6 +35,7 @@ from torchdelegate.exported.programs import build_program
 from torchdelegate.exported.spilled_tensors import SpilledTensors
 from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_graph, copy_signature
 from torchdelegate.exported.torch_warnings import loggers_quieted
+from torchdelegate.lowering.equal_programs import once_per_program
 from torchdelegate.partition.modules import module_path
 from torchdelegate.quantization.linear import affine_ops
 from torchdelegate.quantization.quantized_graph import QuantizedGraph, weight_placeholder
@@ -130,7 +131,8 @@ def quantize(
     A recipe that names a ``head`` recipe (``8da4w-asym``: ``8da8w``) quantizes by it each layer
     whose output is the program's output, through reshapes and element-wise steps alone (an LLM's
     head). A weight the head and an embedding table both read, quantized alike by both (8da8w and
-    int8 tables: one int8 scale per row), is stored once.
+    int8 tables: one int8 scale per row), is stored once. Methods whose programs are equal (an
+    LLM's ``decode`` exported as its ``prefill``) are quantized once, the others given a copy.
     """
     chosen = recipe_named(recipe)
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
@@ -147,7 +149,7 @@ def quantize(
     if isinstance(programs, ExportedProgram):
         quantized: ExportedProgram | dict[str, ExportedProgram] = _quantized(programs, "forward", choice, patterns)
     else:
-        quantized = {method: _quantized(program, method, choice, patterns) for method, program in programs.items()}
+        quantized = once_per_program(programs, lambda method, program: _quantized(program, method, choice, patterns))
     for pattern in patterns.unmatched():
         warnings.warn(
             f"keep_float pattern {pattern!r} matched no linear layer or embedding; nothing was kept in float for it",
