@@ -32,10 +32,10 @@ def test_each_onnx_node_maps_to_the_nodes_it_computes_a_linear_layer_to_all_of_i
     by_handle = {handle: name for name, handle in handles.items()}
     mapped = {key: sorted(by_handle[h] for h in value) for key, value in delegate.meta["debug_handle_map"].items()}
     assert mapped == {
-        "node_linear": ["addmm", "permute"],
+        "node_addmm": ["addmm", "permute"],
         "node_relu": ["relu"],
         "node_sigmoid": ["sigmoid"],
-        "node_linear_1": ["addmm_1", "permute_1"],
+        "node_addmm_1": ["addmm_1", "permute_1"],
         "node_add": ["add"],
     }
     assert not any(n.target is aten.addmm.default for n in program.graph.nodes)  # all of it delegated
@@ -66,7 +66,7 @@ def test_a_profile_of_onnx_runtimes_nodes_names_the_graph_nodes_behind_each(
         for _ in range(3):
             torch.testing.assert_close(program.run("forward", x), model(x))
         (seconds,) = program.profile().values()
-        assert set(seconds) <= {"node_linear", "node_relu", "node_sigmoid", "node_linear_1", "node_add"}
+        assert set(seconds) <= {"node_addmm", "node_relu", "node_sigmoid", "node_addmm_1", "node_add"}
         assert seconds and all(value >= 0 for value in seconds.values())
         units = attributed_profile(program)
         assert [unit.seconds for unit in units] == sorted((unit.seconds for unit in units), reverse=True)
@@ -84,7 +84,7 @@ def test_a_profile_of_onnx_runtimes_nodes_names_the_graph_nodes_behind_each(
     np.save(tmp_path / "x.npy", x.numpy())
     assert main(["run", str(tmp_path / "m.tdp"), "--input", str(tmp_path / "x.npy"), "--profile"]) == 0
     out = capsys.readouterr().out
-    assert "profile: " in out and " ms  forward:onnxruntime_0  node_linear -> " in out
+    assert "profile: " in out and " ms  forward:onnxruntime_0  node_addmm -> " in out
 
 
 def test_run_profile_on_a_file_no_backend_of_which_profiles_says_so(

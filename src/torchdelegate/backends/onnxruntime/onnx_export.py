@@ -29,6 +29,7 @@ from torchdelegate.backends.onnxruntime.packed_attention import packed_attention
 from torchdelegate.backends.onnxruntime.row_blocks import row_block_products
 from torchdelegate.backends.onnxruntime.session import Model
 from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION, ONNX_TYPES, SMALLEST_SHARED, Options, require
+from torchdelegate.backends.onnxruntime.translation import onnx_program_of
 from torchdelegate.delegate.backend_details import PreprocessResult
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.specs import CompileSpec
@@ -138,9 +139,7 @@ def _exported_blob(
         with quiet_exporter():
             exportable, _ = with_identifier_state_names(program)  # initializers are keyed by content, not name
             translations = blockwise.translations() if quantized else None
-            onnx_program = torch.onnx.export(
-                exportable, (), dynamo=True, optimize=False, verbose=False, custom_translation_table=translations
-            )
+            onnx_program = onnx_program_of(exportable, translations)
             assert onnx_program is not None
             model = onnx_program.model
             _read_weights_in_place(ir, model)

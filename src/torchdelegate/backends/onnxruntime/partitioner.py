@@ -4,9 +4,7 @@ provider runs.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 import torch
@@ -17,6 +15,7 @@ from torch.fx import Node
 from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
 from torchdelegate.backends.onnxruntime.blockwise import lookup_runs_on_kernel, runs_on_kernel
 from torchdelegate.backends.onnxruntime.settings import require
+from torchdelegate.backends.onnxruntime.translation import onnx_registry
 from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.partition.capability import (
     CapabilityPartitioner,
@@ -35,13 +34,11 @@ _UNSUPPORTED_DTYPES = frozenset(
 _TRANSLATIONS_REFUSED = frozenset({torch.ops.aten._linalg_det.default})
 
 
-@cache
 def _onnx_registry() -> Any:
     from torchdelegate.backends.onnxruntime.onnx_export import quiet_exporter  # lowering only, not at load
 
     with quiet_exporter():
-        registration = importlib.import_module("torch.onnx._internal.exporter._registration")
-        return registration.ONNXRegistry.from_torchlib()
+        return onnx_registry()
 
 
 class OnnxRuntimePartitioner(CapabilityPartitioner):
