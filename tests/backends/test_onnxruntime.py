@@ -589,3 +589,45 @@ def test_a_compressed_model_that_is_damaged_truncated_or_unknown_is_a_format_err
         with pytest.raises(td.FormatError, match=message):
             unpacked(memoryview(crafted))
     assert bytes(unpacked(memoryview(whole))[1]) == bytes(model)
+
+
+class VarianceScaled(torch.nn.Module):
+    """A variance and a mean from one call (torch.var_mean), which the ONNX exporter decomposes itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance, mean = torch.var_mean(self.proj(x), dim=-1, keepdim=True)
+        return (x - mean) * torch.rsqrt(variance + 1e-5)
+
+
+def test_a_program_with_an_op_the_exporter_decomposes_takes_the_exporters_whole_way() -> None:
+    from torchdelegate.backends.onnxruntime.translation import onnx_program_of
+
+    model, x = VarianceScaled(), torch.randn(3, 8)
+    program = td.to_edge(torch.export.export(model, (x,))).exported_program()
+    assert any(n.target is torch.ops.aten.var_mean.correction for n in program.graph.nodes)  # core ATen keeps it
+    before = [(n.name, n.target) for n in program.graph.nodes]
+    translated = onnx_program_of(program, None)
+    assert [(n.name, n.target) for n in program.graph.nodes] == before  # the caller's program as it was
+    (output,) = translated(x)
+    torch.testing.assert_close(output, model(x))
+
+
+def test_a_decomposed_partition_is_translated_as_it_is_its_nodes_named_after_the_graphs() -> None:
+    from torchdelegate.backends.onnxruntime.translation import onnx_program_of
+
+    from torchdelegate.backends.linear_recomposition import recompose_linear
+
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(3, 8)
+    program = recompose_linear(td.to_edge(torch.export.export(model, (x,))).exported_program())
+    assert [n.name for n in program.graph.nodes if n.target is torch.ops.aten.linear.default] == ["addmm"]
+    before = [(n.name, n.target) for n in program.graph.nodes]
+    translated = onnx_program_of(program, None)
+    assert [(n.name, n.target) for n in program.graph.nodes] == before
+    names = {f"node_{n.name}" for n in program.graph.nodes if n.op == "call_function"}
+    assert {node.name for node in translated.model.graph} == names  # not traced again: no node renamed
+    (output,) = translated(x)
+    torch.testing.assert_close(output, model(x))
