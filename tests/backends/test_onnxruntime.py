@@ -617,9 +617,8 @@ def test_a_program_with_an_op_the_exporter_decomposes_takes_the_exporters_whole_
 
 
 def test_a_decomposed_partition_is_translated_as_it_is_its_nodes_named_after_the_graphs() -> None:
-    from torchdelegate.backends.onnxruntime.translation import onnx_program_of
-
     from torchdelegate.backends.linear_recomposition import recompose_linear
+    from torchdelegate.backends.onnxruntime.translation import onnx_program_of
 
     model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(3, 8)
     program = recompose_linear(td.to_edge(torch.export.export(model, (x,))).exported_program())
