@@ -630,3 +630,34 @@ def test_a_decomposed_partition_is_translated_as_it_is_its_nodes_named_after_the
     assert {node.name for node in translated.model.graph} == names  # not traced again: no node renamed
     (output,) = translated(x)
     torch.testing.assert_close(output, model(x))
+
+
+def test_equal_partitions_of_two_methods_are_one_model_without_a_branch_to_choose(tmp_path: Path) -> None:
+    """An LLM's decode exported as its prefill: one model, no ``If`` around it (a nested graph costs
+    every call) and no selector input, run by both methods and equal to eager."""
+    import onnx
+    from language_models import tiny_llama
+
+    from torchdelegate.backends.onnxruntime.blob_header import model_of
+    from torchdelegate.llm.checkpoint import export_methods
+
+    model = tiny_llama()
+    programs = export_methods(model, 16, None)
+    with td.preprocessing(cache=False):
+        lowered = td.to_edge_transform_and_lower(programs, partitioner=[OnnxRuntimePartitioner()])
+    lowered.save(tmp_path / "llm.tdp")
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with td.load(tmp_path / "llm.tdp") as program:
+        blobs = [program.file.data(d.blob, "blob") for d in program.delegates]
+        headers = [unpacked(blob)[0] for blob in blobs]
+        assert [h["branch"] for h in headers] == [0, 0] and headers[0]["model"] == headers[1]["model"]
+        graph = onnx.ModelProto.FromString(bytes(model_of(blobs[0], program.named_data)[1])).graph
+        assert not any(node.op_type == "If" for node in graph.node)
+        assert all(value.name.startswith("p0/") for value in graph.input)  # named as branch 0, no selector
+        logits = program.run("prefill", input_ids=ids, cache_position=torch.arange(5))
+        token = logits[0, -1].argmax().reshape(1, 1)
+        step = program.run("decode", input_ids=token, cache_position=torch.tensor([5]))
+    with torch.no_grad():
+        eager = model(torch.cat([ids, token], dim=1)).logits
+    torch.testing.assert_close(logits[0, -1], eager[0, 4], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(step[0, -1], eager[0, 5], atol=1e-4, rtol=1e-4)

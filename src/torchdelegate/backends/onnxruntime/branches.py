@@ -9,13 +9,15 @@ method, ``prefill`` and ``decode`` alike.
 Each partition is the ``then`` branch of its own ``If`` node, all at the model's top level
 (``If(selector == i)``): a kernel inside a branch finds a weight to pack only in the graph
 right above it, so branches are never nested. The ``else`` branch returns empty tensors of
-the partition's output types. Each branch keeps its partition's nodes and small
-initializers, under names prefixed by its index (``p3/...``; names the combination adds
-are ``p3:...``), and reads its inputs from model inputs of the same prefixed names; the
-partitions' external initializers (the weights, kept as named data) become top-level
-initializers, one per distinct (named data, dtype, shape), that every branch reads. A
-caller feeds the selected branch's inputs and anything (zeros) to the others, which no
-branch that runs reads, and fetches the selected branch's outputs.
+the partition's output types. One partition alone (methods whose partitions are equal, an
+LLM's ``prefill`` and ``decode``) is no ``If`` but the model itself, named as its branch, and
+has no selector. Each branch keeps its partition's nodes and small initializers, under names
+prefixed by its index (``p3/...``; names the combination adds are ``p3:...``), and reads its
+inputs from model inputs of the same prefixed names; the partitions' external initializers
+(the weights, kept as named data) become top-level initializers, one per distinct (named
+data, dtype, shape), that every branch reads. A caller feeds the selected branch's inputs
+and anything (zeros) to the others, which no branch that runs reads, and fetches the
+selected branch's outputs.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
     """
     protos = [onnx.ModelProto.FromString(model) for model in models]
     graph = onnx.GraphProto(name="torchdelegate_branches")
-    graph.input.append(onnx.helper.make_tensor_value_info(SELECTOR, onnx.TensorProto.INT64, []))
+    if len(protos) > 1:
+        graph.input.append(onnx.helper.make_tensor_value_info(SELECTOR, onnx.TensorProto.INT64, []))
     shared: dict[str, Any] = {}
     branches = []
     for index, (proto, names) in enumerate(zip(protos, external, strict=True)):
@@ -60,7 +63,10 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
         for tensor in proto.graph.initializer:
             if tensor.name in names and names[tensor.name] not in shared:
                 shared[names[tensor.name]] = _renamed(tensor, names[tensor.name])
-        nodes, outputs = _branch(onnx, proto.graph, index, names)
+        if len(protos) > 1:
+            nodes, outputs = _branch(onnx, proto.graph, index, names)
+        else:
+            nodes, outputs = _alone(onnx, graph, proto.graph, names)
         graph.node.extend(nodes)
         graph.output.extend(outputs)
         branches.append(Branch([v.name for v in inputs], [v.name for v in outputs]))
@@ -157,6 +163,18 @@ def _branch(onnx: Any, graph: Any, index: int, external: dict[str, str]) -> tupl
             else_branch=unused,
         ),
     ], outputs
+
+
+def _alone(onnx: Any, top: Any, graph: Any, external: dict[str, str]) -> tuple[list[Any], list[Any]]:
+    """The one partition's nodes at the top level, named as branch 0's (no ``If``: a sub-graph costs every
+    call of the model the run of a nested graph), and the model outputs they make; its small
+    initializers and value types join ``top``."""
+    leaf = _leaf(onnx, graph, 0, external, [_kind(value) for value in graph.output])
+    top.initializer.extend(leaf.initializer)
+    top.sparse_initializer.extend(leaf.sparse_initializer)
+    top.value_info.extend(leaf.value_info)
+    top.quantization_annotation.extend(leaf.quantization_annotation)
+    return list(leaf.node), list(leaf.output)
 
 
 def _scalar(onnx: Any, name: str, value: int) -> Any:

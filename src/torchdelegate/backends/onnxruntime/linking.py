@@ -78,7 +78,7 @@ def _linked(
     header = {
         "version": BLOB_VERSION,
         "initializers": dict(sorted(table.items())),
-        "selector": SELECTOR,
+        "selector": SELECTOR if len(unique) > 1 else None,
         "branches": [{"inputs": branch.inputs, "outputs": branch.outputs} for branch in branches],
     }
     onnx_bytes = model.SerializeToString()
