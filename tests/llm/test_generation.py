@@ -175,3 +175,15 @@ def test_each_layer_s_cache_is_written_where_the_program_holds_it(dynamic: tuple
         prompt = [4, 5, 6, 7, 8]
         generated = Generator(program, max_positions=CACHE).generate(prompt, 6).tokens
         assert generated == transformers_greedy(model, prompt, 6)
+
+
+@pytest.mark.parametrize("fixture", ["dynamic", "last_logits"])
+def test_a_warmed_up_generator_gives_the_tokens_of_a_cold_one(fixture: str, request: pytest.FixtureRequest) -> None:
+    """The warm-up's writes into the cache are the first prompt's to overwrite: a prompt shorter than
+    prefill's chunk, and one token alone, generate transformers' tokens after it."""
+    model, path = request.getfixturevalue(fixture)
+    for prompt in ([11, 12, 13], [7]):
+        with td.load(path) as program:
+            generator = Generator(program, max_positions=CACHE)
+            generator.warm_up()
+            assert generator.generate(prompt, 6).tokens == transformers_greedy(model, prompt, 6)

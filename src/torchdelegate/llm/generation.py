@@ -108,6 +108,17 @@ class Generator:
         self._step_ids = np.zeros((1, 1), dtype=np.int64)  # decode's inputs, written in place each step
         self._step_position = np.zeros(1, dtype=np.int64)
 
+    def warm_up(self) -> None:
+        """Each method run once on token 0 at the cache's first positions, the results dropped: a
+        runtime's first call sets up what later calls reuse (ONNX Runtime: its threads, its memory
+        arena), which would otherwise fall on the first prompt's time. The positions it writes are
+        those any prompt read from position 0 writes again; call it before a first generation, not
+        between a conversation's turns."""
+        if self.chunk is not None:
+            chunk = np.zeros((1, self.chunk), dtype=np.int64)
+            self._prefill(input_ids=chunk, cache_position=np.arange(self.chunk, dtype=np.int64))
+        self._decoded(0, 0)
+
     def generate(
         self,
         prompt: Sequence[int],

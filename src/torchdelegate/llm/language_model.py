@@ -43,11 +43,14 @@ class LanguageModel:
             raise CheckpointError("generating text needs the tokenizers library: pip install tokenizers") from e
 
     def generator(self) -> Generator:
-        """The generator over the program's ``prefill`` and ``decode``, its sessions made now, so a
-        first token's time is the prompt's, not the sessions'."""
+        """The generator over the program's ``prefill`` and ``decode``, its sessions made and run
+        once now (:meth:`Generator.warm_up`), so a first token's time is the prompt's, not the
+        sessions'."""
         if self._generator is None:
             self.program.initialize()
-            self._generator = Generator(self.program, stop_tokens=self.stop_tokens, max_positions=self.max_cache)
+            generator = Generator(self.program, stop_tokens=self.stop_tokens, max_positions=self.max_cache)
+            generator.warm_up()
+            self._generator = generator
         return self._generator
 
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
