@@ -108,7 +108,9 @@ def machine() -> dict[str, str]:
     """What the figures were measured on."""
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     memory = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    versions = measure([str(EXECUTORCH_PYTHON), "-c", _VERSIONS.format(package="executorch")], timeout=300)
+    versions = {"version": "not installed", "torch": "-"}  # a run that leaves ExecuTorch out needs no venv of it
+    if EXECUTORCH_PYTHON.exists():
+        versions = measure([str(EXECUTORCH_PYTHON), "-c", _VERSIONS.format(package="executorch")], timeout=300)
     import onnxruntime
 
     return {

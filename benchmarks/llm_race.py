@@ -757,8 +757,9 @@ def page(data: dict[str, Any], stem: str) -> list[str]:
         "file's bytes less its embedding table, fp32 or int8); a decode rate at 100% of it reads every weight at the "
         "speed of the product.",
         "",
-        "Time to first token: from the model loaded (ours: the file loaded and its delegates initialized, as "
-        "`llm generate` counts; llama.cpp: `Llama(...)` constructed; GenAI: `og.Model` and `og.Generator` "
+        "Time to first token: from the model loaded (ours: the file loaded, its delegates initialized and "
+        "each method run once, as `llm generate` counts and as llama.cpp's own tools warm up; llama.cpp: "
+        "`Llama(...)` constructed (llama-cpp-python does not warm up); GenAI: `og.Model` and `og.Generator` "
         "created) to the first token chosen. Decode tokens/s: the tokens after the first over the time from "
         "the first to the last. Process wall: the whole fresh process, start to exit, loading included. Peak "
         "RSS: `/usr/bin/time -v`'s maximum resident set size (mapped file pages touched count).",
