@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -610,10 +613,31 @@ def test_a_program_with_an_op_the_exporter_decomposes_takes_the_exporters_whole_
     program = td.to_edge(torch.export.export(model, (x,))).exported_program()
     assert any(n.target is torch.ops.aten.var_mean.correction for n in program.graph.nodes)  # core ATen keeps it
     before = [(n.name, n.target) for n in program.graph.nodes]
-    translated = onnx_program_of(program, None)
+    with _exporter_traces() as traces:
+        translated = onnx_program_of(program, None)
+    assert traces  # the exporter decomposed it itself
     assert [(n.name, n.target) for n in program.graph.nodes] == before  # the caller's program as it was
     (output,) = translated(x)
     torch.testing.assert_close(output, model(x))
+    plain = td.to_edge(torch.export.export(torch.nn.ReLU(), (x,))).exported_program()
+    assert translated.model.opset_imports == onnx_program_of(plain, None).model.opset_imports  # one opset either way
+
+
+@contextlib.contextmanager
+def _exporter_traces() -> Iterator[list[int]]:
+    """The node counts of the programs torch's run_decompositions traces inside the block."""
+    traced: list[int] = []
+    original = torch.export.ExportedProgram.run_decompositions
+
+    def counted(self: torch.export.ExportedProgram, *args: Any, **kwargs: Any) -> torch.export.ExportedProgram:
+        traced.append(len(self.graph.nodes))
+        return original(self, *args, **kwargs)
+
+    torch.export.ExportedProgram.run_decompositions = counted  # type: ignore[method-assign]
+    try:
+        yield traced
+    finally:
+        torch.export.ExportedProgram.run_decompositions = original  # type: ignore[method-assign]
 
 
 def test_a_decomposed_partition_is_translated_as_it_is_its_nodes_named_after_the_graphs() -> None:
@@ -624,7 +648,9 @@ def test_a_decomposed_partition_is_translated_as_it_is_its_nodes_named_after_the
     program = recompose_linear(td.to_edge(torch.export.export(model, (x,))).exported_program())
     assert [n.name for n in program.graph.nodes if n.target is torch.ops.aten.linear.default] == ["addmm"]
     before = [(n.name, n.target) for n in program.graph.nodes]
-    translated = onnx_program_of(program, None)
+    with _exporter_traces() as traces:
+        translated = onnx_program_of(program, None)
+    assert not traces
     assert [(n.name, n.target) for n in program.graph.nodes] == before
     names = {f"node_{n.name}" for n in program.graph.nodes if n.op == "call_function"}
     assert {node.name for node in translated.model.graph} == names  # not traced again: no node renamed

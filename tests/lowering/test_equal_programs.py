@@ -81,11 +81,22 @@ def test_methods_lowered_by_other_partitioners_are_decomposed_each(decomposition
         torch.testing.assert_close(lowered.exported_program(method).module()(x), model(x))
 
 
-def test_quantize_rewrites_equal_methods_once_into_graphs_of_their_own() -> None:
+def test_quantize_rewrites_equal_methods_once_into_graphs_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torchao")
+    from torchdelegate.quantization import recipes
+
+    rewritten: list[str] = []
+    original = recipes._quantized
+
+    def counted(program: torch.export.ExportedProgram, method: str, *args: Any) -> torch.export.ExportedProgram:
+        rewritten.append(method)
+        return original(program, method, *args)
+
+    monkeypatch.setattr(recipes, "_quantized", counted)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     program = torch.export.export(model, (torch.randn(2, 64),))
     quantized = quantize({"prefill": program, "decode": copy_program(program)}, "8da4w")
+    assert rewritten == ["prefill"]
     a, b = quantized["prefill"], quantized["decode"]
     assert a.graph is not b.graph
     assert [str(n.target) for n in a.graph.nodes] == [str(n.target) for n in b.graph.nodes]

@@ -109,10 +109,12 @@ class Generator:
         self._step_position = np.zeros(1, dtype=np.int64)
 
     def warm_up(self) -> None:
-        """Each method run once on token 0 at the cache's first positions, the results dropped: a
-        runtime's first call sets up what later calls reuse (ONNX Runtime: its threads, its memory
-        arena), which would otherwise fall on the first prompt's time. The positions it writes are
-        those any prompt read from position 0 writes again; call it before a first generation, not
+        """Decode run once on token 0 at position 0 (and a prefill exported for a fixed chunk, once
+        at positions 0 on), the results dropped: a runtime's first call sets up what later calls
+        reuse (ONNX Runtime: its threads, its memory arena), which would otherwise fall on the first
+        prompt's time. A prefill of any length is not run: in a file ``llm export`` writes it is
+        decode's program, which ONNX Runtime runs as one model. The positions it writes are those
+        any prompt read from position 0 writes again; call it before a first generation, not
         between a conversation's turns."""
         if self.chunk is not None:
             chunk = np.zeros((1, self.chunk), dtype=np.int64)

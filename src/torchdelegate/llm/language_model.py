@@ -43,8 +43,8 @@ class LanguageModel:
             raise CheckpointError("generating text needs the tokenizers library: pip install tokenizers") from e
 
     def generator(self) -> Generator:
-        """The generator over the program's ``prefill`` and ``decode``, its sessions made and run
-        once now (:meth:`Generator.warm_up`), so a first token's time is the prompt's, not the
+        """The generator over the program's ``prefill`` and ``decode``, its sessions made now and
+        warmed up (:meth:`Generator.warm_up`), so a first token's time is the prompt's, not the
         sessions'."""
         if self._generator is None:
             self.program.initialize()

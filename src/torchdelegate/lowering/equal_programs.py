@@ -24,6 +24,8 @@ def first_equal(programs: Mapping[str, ExportedProgram], also: Mapping[str, Hash
     """Each method, and the first method (in the mapping's order) whose program is equal to its
     own and whose ``also`` value (what else the step reads, per method) is the same; a method
     with no earlier equal is its own."""
+    if len(programs) < 2:  # nothing to compare: no form is made
+        return {method: method for method in programs}
     first: dict[tuple[Any, ...], str] = {}
     found = {}
     for method, program in programs.items():

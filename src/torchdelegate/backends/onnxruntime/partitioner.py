@@ -5,6 +5,7 @@ provider runs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ _UNSUPPORTED_DTYPES = frozenset(
 _TRANSLATIONS_REFUSED = frozenset({torch.ops.aten._linalg_det.default})
 
 
+@cache
 def _onnx_registry() -> Any:
     from torchdelegate.backends.onnxruntime.onnx_export import quiet_exporter  # lowering only, not at load
 

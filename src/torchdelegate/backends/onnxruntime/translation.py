@@ -19,25 +19,29 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.fx.traceback import NodeSource, NodeSourceAction
 
 from torchdelegate.exported.structural_copy import copy_program
 
 _EXPORTER = "torch.onnx._internal.exporter"
 
 
+def _opset() -> int:
+    """The opset ``torch.onnx.export`` writes when given none, which every partition's model is written at."""
+    return int(importlib.import_module("torch.onnx._constants").ONNX_DEFAULT_OPSET)
+
+
 @cache
 def onnx_registry() -> Any:
-    """The exporter's registry of translations (torchlib's, at its opset), built once."""
+    """The exporter's registry of translations (torchlib's, at the opset of :func:`_opset`), built once."""
     registration = importlib.import_module(f"{_EXPORTER}._registration")
-    constants = importlib.import_module(f"{_EXPORTER}._constants")
-    return registration.ONNXRegistry.from_torchlib(opset_version=constants.TORCHLIB_OPSET)
+    return registration.ONNXRegistry.from_torchlib(opset_version=_opset())
 
 
 @cache
 def _registry_with(translations: tuple[tuple[Any, Any], ...]) -> Any:
     registration = importlib.import_module(f"{_EXPORTER}._registration")
-    constants = importlib.import_module(f"{_EXPORTER}._constants")
-    registry = registration.ONNXRegistry.from_torchlib(opset_version=constants.TORCHLIB_OPSET)
+    registry = registration.ONNXRegistry.from_torchlib(opset_version=_opset())
     for torch_op, onnx_op in translations:
         registry.register_op(torch_op, onnx_op, is_complex=False)
     return registry
@@ -64,11 +68,24 @@ def onnx_program_of(program: ExportedProgram, translations: dict[Any, Any] | Non
         )
     core = importlib.import_module(f"{_EXPORTER}._core")
     passes = importlib.import_module(f"{_EXPORTER}._fx_passes")
-    constants = importlib.import_module(f"{_EXPORTER}._constants")
-    program = copy_program(program)
+    program = _traced_from(program)
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
         passes.insert_type_promotion_nodes(program.graph_module)
         program._graph_module = passes.remove_assertion_nodes(program.graph_module)
     translated = core._exported_program_to_onnx_program(program, registry=registry)
-    translated.model = core.onnxscript_apis.convert_version(translated.model, constants.TORCHLIB_OPSET)
+    translated.model = core.onnxscript_apis.convert_version(translated.model, _opset())
     return translated
+
+
+def _traced_from(program: ExportedProgram) -> ExportedProgram:
+    """A structural copy of ``program`` whose every node names the node it copies as its source
+    (``meta["from_node"]``), as the exporter's re-trace would: the debug handle map
+    (``node_sources.py``) reads each ONNX node's partition nodes through it, whatever provenance the
+    partition itself carries (none, rebuilt on a worker)."""
+    copied = copy_program(program)
+    originals = {node.name: node for node in program.graph.nodes}
+    for node in copied.graph.nodes:
+        source = originals.get(node.name)
+        if source is not None and node.op == "call_function":
+            node.meta["from_node"] = [NodeSource(source, "torchdelegate.translation", NodeSourceAction.CREATE)]
+    return copied
