@@ -292,3 +292,36 @@ def test_a_crafted_entry_in_a_shared_cache_fails_its_backends_load_checks_and_is
         assert _lower(0, tmp_path / "crafted.tdp", [partitioner()], cache=cache)[0] == "miss"
     assert _digest(tmp_path / "crafted.tdp") == _digest(tmp_path / "honest.tdp")
     assert _lower(0, tmp_path / "again.tdp", [partitioner()], cache=cache)[0] == "hit"  # the honest entry is back
+
+
+def test_equal_partitions_of_two_methods_are_answered_by_one_look_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An LLM's decode exported as its prefill: a warm cache is asked once for both (each look-up maps
+    and checks the entry's weights), and the file is the one a cold cache writes."""
+    from torchdelegate.cache.compile_cache import CompileCache
+    from torchdelegate.exported.structural_copy import copy_program
+
+    program = torch.export.export(Block(0), INPUT)
+    cache = tmp_path / "cache"
+
+    def lowered(path: Path) -> list[str | None]:
+        with td.preprocessing(cache=cache):
+            manager = td.to_edge_transform_and_lower(
+                {"prefill": program, "decode": copy_program(program)}, partitioner=[OnnxRuntimePartitioner()]
+            )
+        manager.save(path)
+        return [d.meta["compile_cache"] for ds in manager.delegates().values() for d in ds]
+
+    assert lowered(tmp_path / "cold.tdp") == ["miss", "miss"]
+    asked: list[str] = []
+    original = CompileCache.get
+
+    def counted(self: CompileCache, key: str, where: str, *args: Any) -> Any:
+        asked.append(where)
+        return original(self, key, where, *args)
+
+    monkeypatch.setattr(CompileCache, "get", counted)
+    assert lowered(tmp_path / "warm.tdp") == ["hit", "hit"]
+    assert asked == ["partition 'onnxruntime_0' of method 'prefill'"]
+    assert _digest(tmp_path / "cold.tdp") == _digest(tmp_path / "warm.tdp")

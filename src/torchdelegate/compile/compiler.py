@@ -88,11 +88,11 @@ class UnitCompiler:
         for item in work:
             if identity is not None and keyed:
                 item.structure = structure_key(backend, item.unit, identity)
-                if cached and item.form is not None and item.structure is not None:
-                    self._look_up(backend, item)
-        to_compile = [item for item in work if item.compiled is None]
-        repeats = _repeats(to_compile)
-        to_compile = [item for item in to_compile if item not in repeats]
+        repeats = _repeats(work)  # looked up and compiled once, for all: one entry's pages read once
+        for item in work:
+            if cached and item not in repeats and item.form is not None and item.structure is not None:
+                self._look_up(backend, item)
+        to_compile = [item for item in work if item.compiled is None and item not in repeats]
         if self.executor is not None:  # what travels does so in torch.export's serialized form
             for item in to_compile:
                 item.document = None if item.form is None else unit_document(item.unit)
@@ -275,7 +275,7 @@ class UnitCompiler:
 def _repeats(items: list[_Unit]) -> dict[_Unit, _Unit]:
     """The units equal to an earlier one (an LLM's decode exported as its prefill), each with that one:
     the same structure key and the same state, by digest where the units were hashed, else the very
-    same tensors. Each is compiled once, for all."""
+    same tensors. Each is looked up in the cache and compiled once, for all."""
     firsts: list[_Unit] = []
     repeats: dict[_Unit, _Unit] = {}
     for item in items:
