@@ -217,8 +217,9 @@ class _Rewrite:
         shape = (rows, -(-columns // block), block * bits // 8)
         return _packed(integers, block, bits, self.spilled.empty(shape, torch.uint8).numpy())
 
-    def layer(self, node: Any, bits: int | None = None) -> None:
-        """``node`` as one ``MatMulNBits`` (or blocks of rows); ``bits`` as ``_alike`` found them, if it did."""
+    def layer(self, node: Any, bits: int | None) -> None:
+        """``node`` as one ``MatMulNBits`` (or blocks of rows) of ``bits`` as ``_alike`` found them (None
+        only where the integers are not a weight, which reading them refuses)."""
         x, qdata, scale, zero_point, bias = [*node.inputs, None, None][:5]
         group = node.attributes["group_size"].as_int()
         integers = _constant(qdata, "integers")
@@ -230,7 +231,7 @@ class _Rewrite:
                 "quantize with such a group size, or keep this layer in float"
             )
         points = None if zero_point is None else _constant(zero_point, "zero points")
-        bits = _bits(integers, points) if bits is None else bits
+        assert bits is not None  # the integers are a weight: _alike scanned them
         blocks = -(-columns // block)
         key = f"{qdata.name}/{block}/{bits}"
         inputs = [x, self._made(key, "packed", lambda: self._packed(integers, block, bits), spilled=True)]

@@ -53,7 +53,8 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
     """
     protos = [onnx.ModelProto.FromString(model) for model in models]
     graph = onnx.GraphProto(name="torchdelegate_branches")
-    if len(protos) > 1:
+    alone = len(protos) == 1
+    if not alone:
         graph.input.append(onnx.helper.make_tensor_value_info(SELECTOR, onnx.TensorProto.INT64, []))
     shared: dict[str, Any] = {}
     branches = []
@@ -63,10 +64,10 @@ def combined_model(onnx: Any, models: Sequence[bytes], external: Sequence[dict[s
         for tensor in proto.graph.initializer:
             if tensor.name in names and names[tensor.name] not in shared:
                 shared[names[tensor.name]] = _renamed(tensor, names[tensor.name])
-        if len(protos) > 1:
-            nodes, outputs = _branch(onnx, proto.graph, index, names)
-        else:
+        if alone:
             nodes, outputs = _alone(onnx, graph, proto.graph, names)
+        else:
+            nodes, outputs = _branch(onnx, proto.graph, index, names)
         graph.node.extend(nodes)
         graph.output.extend(outputs)
         branches.append(Branch([v.name for v in inputs], [v.name for v in outputs]))

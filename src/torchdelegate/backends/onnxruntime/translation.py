@@ -31,15 +31,14 @@ def _opset() -> int:
     return int(importlib.import_module("torch.onnx._constants").ONNX_DEFAULT_OPSET)
 
 
-@cache
 def onnx_registry() -> Any:
     """The exporter's registry of translations (torchlib's, at the opset of :func:`_opset`), built once."""
-    registration = importlib.import_module(f"{_EXPORTER}._registration")
-    return registration.ONNXRegistry.from_torchlib(opset_version=_opset())
+    return _registry_with(())
 
 
 @cache
 def _registry_with(translations: tuple[tuple[Any, Any], ...]) -> Any:
+    """torchlib's registry with ``translations`` (torch op, ONNX function) added, built once for each."""
     registration = importlib.import_module(f"{_EXPORTER}._registration")
     registry = registration.ONNXRegistry.from_torchlib(opset_version=_opset())
     for torch_op, onnx_op in translations:
@@ -59,7 +58,7 @@ def onnx_program_of(program: ExportedProgram, translations: dict[Any, Any] | Non
     """``torch.onnx.export(program, dynamo=True, optimize=False)`` with ``translations`` added to its
     table, the exporter's decomposition left out where it has nothing to decompose. The caller's
     program is not changed: the exporter's passes edit a structural copy."""
-    registry = _registry_with(tuple((translations or {}).items())) if translations else onnx_registry()
+    registry = _registry_with(tuple((translations or {}).items()))
     graphs = [m for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
     decomposed = _decomposed_by_exporter(registry)
     if len(graphs) > 1 or any(n.op == "call_function" and n.target in decomposed for n in program.graph.nodes):
