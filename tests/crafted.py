@@ -139,6 +139,24 @@ def onnx_reading(location: str, *, where: str = "initializer", length: int = 16)
     return rewrite
 
 
+def onnx_taking(extra: str) -> Callable[[bytes], bytes]:
+    """An onnxruntime blob whose model takes an input ``extra`` beside those its header names."""
+    from onnx import TensorProto, helper
+
+    def rewrite(blob: bytes) -> bytes:
+        header, inputs, outputs = _onnx_blob_header(blob)
+        graph = helper.make_graph(
+            [helper.make_node("Add", [inputs[0], extra], outputs[:1])],
+            "crafted",
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in [*inputs, extra]],
+            [helper.make_tensor_value_info(outputs[0], TensorProto.FLOAT, None)],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        return _onnx_model_blob(_onnx_blob_header_with(header, inputs, outputs[:1]), model.SerializeToString())
+
+    return rewrite
+
+
 def onnx_calling(domain: str, op_type: str) -> Callable[[bytes], bytes]:
     """An onnxruntime blob whose model calls ``domain.op_type`` (a custom-op library's operator)."""
     from onnx import TensorProto, helper

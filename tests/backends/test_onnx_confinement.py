@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from crafted import lowered_with_blob, onnx_calling, onnx_reading
+from crafted import lowered_with_blob, onnx_calling, onnx_reading, onnx_taking
 from models import TwoLinears, export
 
 import torchdelegate as td
@@ -75,6 +75,14 @@ def test_an_external_tensor_in_an_attribute_a_sub_graph_or_a_function_is_refused
 def test_an_operator_from_a_custom_domain_is_refused(victim: Path) -> None:
     path = lowered_with_blob(OnnxRuntimePartitioner(), onnx_calling("ai.evil", "Run"), victim / "x.tdp")
     with td.load(path) as program, pytest.raises(td.FormatError, match="imports operator domain 'ai.evil'"):
+        program.run("forward", torch.randn(2, 4))
+
+
+def test_a_model_input_its_header_does_not_name_is_refused_at_load(victim: Path) -> None:
+    """A model of one branch has no selector and no inputs fed with zeros: one it takes beyond its header's
+    would reach ONNX Runtime unfed at every call."""
+    path = lowered_with_blob(OnnxRuntimePartitioner(), onnx_taking("unfed"), victim / "x.tdp")
+    with td.load(path) as program, pytest.raises(td.FormatError, match="its model takes 'unfed', which its header"):
         program.run("forward", torch.randn(2, 4))
 
 

@@ -687,3 +687,35 @@ def test_equal_partitions_of_two_methods_are_one_model_without_a_branch_to_choos
         eager = model(torch.cat([ids, token], dim=1)).logits
     torch.testing.assert_close(logits[0, -1], eager[0, 4], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(step[0, -1], eager[0, 5], atol=1e-4, rtol=1e-4)
+
+
+def test_a_one_model_header_that_lies_about_its_branches_is_a_format_error(tmp_path: Path) -> None:
+    """The stored model of equal partitions (no ``If``, no selector) under a crafted header: two branches
+    and no selector, a selector the model does not take, or an input the header leaves unfed."""
+    import onnx
+    from language_models import tiny_llama
+
+    from torchdelegate.backends.onnxruntime.blob_header import model_of
+    from torchdelegate.backends.onnxruntime.session import Model
+    from torchdelegate.llm.checkpoint import export_methods
+
+    with td.preprocessing(cache=False):
+        td.to_edge_transform_and_lower(
+            export_methods(tiny_llama(), 16, None), partitioner=[OnnxRuntimePartitioner()]
+        ).save(tmp_path / "llm.tdp")
+    with td.load(tmp_path / "llm.tdp") as program:
+        delegate = program.delegates[0]
+        header, payload = model_of(program.file.data(delegate.blob, "blob"), program.named_data)
+        widened = onnx.ModelProto.FromString(bytes(payload))
+        widened.graph.input.append(onnx.helper.make_tensor_value_info("unfed", onnx.TensorProto.INT64, []))
+        crafted = {
+            "2 branches and the selector None": ({**header, "branches": header["branches"] * 2}, bytes(payload)),
+            "names 'torchdelegate.branch', which the model neither takes": (
+                {**header, "selector": "torchdelegate.branch"},
+                bytes(payload),
+            ),
+            "takes 'unfed', which its header does not name": (header, widened.SerializeToString()),
+        }
+        for message, (lying, model) in crafted.items():
+            with pytest.raises(td.FormatError, match=message):
+                Model(lying, memoryview(model), list(delegate.compile_specs), program.named_data, pack_weights=False)

@@ -276,7 +276,8 @@ def _numpy_typed(session: Any) -> bool:
 
 
 def _check_names(session: Any, branches: list[tuple[list[str], list[str]]], selector: str | None) -> None:
-    """Every name the header gives is one of the model's inputs or outputs: a ``FormatError`` now, not at a call."""
+    """Every name the header gives is one of the model's inputs or outputs, and every input of the model is
+    one the header names (a branch's, or the selector): a ``FormatError`` now, not at a call."""
     inputs, outputs = {v.name for v in session.get_inputs()}, {v.name for v in session.get_outputs()}
     missing = [name for names, _ in branches for name in names if name not in inputs]
     missing += [name for _, names in branches for name in names if name not in outputs]
@@ -284,6 +285,12 @@ def _check_names(session: Any, branches: list[tuple[list[str], list[str]]], sele
     if missing:
         raise FormatError(
             f"onnxruntime blob: its header names {missing[0]!r:.80}, which the model neither takes nor returns"
+        )
+    named = {name for names, _ in branches for name in names} | {selector}
+    unnamed = sorted(inputs - named)
+    if unnamed:
+        raise FormatError(
+            f"onnxruntime blob: its model takes {unnamed[0]!r:.80}, which its header does not name (no call feeds it)"
         )
 
 
