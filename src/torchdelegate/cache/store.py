@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdelegate.cache.entry_files import MANIFEST, UNFOLLOWED, EntryFiles, file_digest, manifest_bytes
+from torchdelegate.errors import TorchDelegateError
 from torchdelegate.exported.mapped_pages import hash_releasing, sha256_releasing, write_releasing
 
 CACHE_VARIABLE = "TORCHDELEGATE_CACHE"
@@ -100,7 +101,7 @@ class EntryInfo:
     damage: str | None = None  # why an entry in place (not a scratch folder) with a manifest cannot be used
 
 
-class StoreError(ValueError):
+class StoreError(TorchDelegateError, ValueError):
     """The location cannot hold a store, or cannot hold this kind of entry; the message says why, and
     ``reason`` the cause alone (``/a/b is a file, not a directory``)."""
 

@@ -21,13 +21,14 @@ from torchdelegate.delegate.backend_details import BackendDetails, PreprocessRes
 from torchdelegate.delegate.compile_units import CompileUnit, preprocess_unit
 from torchdelegate.delegate.named_data import tensor_bytes
 from torchdelegate.delegate.specs import CompileSpec
+from torchdelegate.errors import TorchDelegateError
 from torchdelegate.exported.debug_handles import handle_table, restore_handles
 from torchdelegate.serialize.container import FramePayload, framed, span_of, unframed
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
 
 
-class WorkerError(Exception):
+class WorkerError(TorchDelegateError, RuntimeError):
     """The backend failed in the worker: its message, and where it ran."""
 
 

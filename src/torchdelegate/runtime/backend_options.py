@@ -20,11 +20,12 @@ from typing import Any
 
 from torchdelegate.delegate.array_runtime import array_runtime
 from torchdelegate.delegate.specs import CompileSpec
+from torchdelegate.errors import TorchDelegateError
 
 BackendOptions = dict[str, dict[str, bytes]]
 
 
-class BackendOptionError(ValueError):
+class BackendOptionError(TorchDelegateError, ValueError):
     """A load option for a backend the file does not use, or one its backend does not declare."""
 
 

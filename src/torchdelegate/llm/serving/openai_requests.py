@@ -15,13 +15,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchdelegate.errors import TorchDelegateError
 from torchdelegate.llm.generation import Sampling
 
 MAX_STOP_SEQUENCES = 4
 """As OpenAI: up to four stop sequences."""
 
 
-class RequestError(Exception):
+class RequestError(TorchDelegateError):
     """A request refused: ``status`` (4xx, or 5xx for the server's own state), the ``param`` it names
     and OpenAI's error ``type`` and ``code``."""
 
