@@ -71,6 +71,20 @@ def test_truncated_files_are_format_errors(seeds: dict[str, bytes]) -> None:
             assert check_one(data[:cut])[0] == "refused at load (FormatError)"
 
 
+def test_a_truncated_file_says_so_and_what_to_do(seeds: dict[str, bytes], tmp_path: Path) -> None:
+    """Whichever check a cut trips first (header, manifest, data), the message says the file is truncated
+    and to copy it again; bytes appended are named as such."""
+    data = seeds["partly.tdp"]
+    path = tmp_path / "cut.tdp"
+    for cut in (10, 100, len(data) // 2, len(data) - 1):
+        path.write_bytes(data[:cut])
+        with pytest.raises(FormatError, match=r"it is truncated; copy it again, or save it again"):
+            td.load(path)
+    path.write_bytes(data + b"extra")
+    with pytest.raises(FormatError, match=r"bytes were appended to it; copy it again"):
+        td.load(path)
+
+
 def test_flipped_bytes_are_refused_or_harmless(seeds: dict[str, bytes]) -> None:
     data = seeds["partly.tdp"]
     for index in range(0, len(data), max(1, len(data) // 400)):

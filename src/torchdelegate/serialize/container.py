@@ -43,6 +43,9 @@ MAX_MANIFEST_BYTES = 1 << 30
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
 
 
+_TRUNCATED = "it is truncated; copy it again, or save it again from its program"
+_CORRUPT = "it is corrupt; copy it again, or save it again from its program"
+
 class ChangedDataError(ValueError):
     """A segment's bytes no longer have the digest they were added with."""
 
@@ -229,7 +232,9 @@ class Container:
 
     def _read_manifest(self, handle: BinaryIO, header: bytes, size: int, magic: bytes) -> tuple[dict[str, Any], int]:
         if len(header) < HEADER.size:
-            raise self._error(f"{size} bytes is too short for a {self.kind} file (its header alone is 64 bytes)")
+            raise self._error(
+                f"{size} bytes is too short for a {self.kind} file (its header alone is 64 bytes): {_TRUNCATED}"
+            )
         found, version, reserved, manifest_length, data_offset, digest = HEADER.unpack(header)
         if found != magic:
             hint = ""
@@ -246,10 +251,17 @@ class Container:
             )
         if reserved != 0:
             raise self._error(f"reserved header field at offset 12 is {reserved}, expected 0")
-        if manifest_length > min(size - HEADER.size, MAX_MANIFEST_BYTES):
-            raise self._error(f"manifest length {manifest_length} at offset 16 runs past the end of the file ({size})")
-        if not (HEADER.size + manifest_length <= data_offset <= size) or data_offset % SEGMENT_ALIGNMENT:
-            raise self._error(f"data offset {data_offset} at offset 24 is outside the file or not 64-byte aligned")
+        if manifest_length > MAX_MANIFEST_BYTES:
+            raise self._error(f"manifest length {manifest_length} at offset 16 is past any manifest's: {_CORRUPT}")
+        if manifest_length > size - HEADER.size:
+            where = f"its manifest length {manifest_length} at offset 16"
+            raise self._error(f"the file is {size} bytes, and {where} ends past it: {_TRUNCATED}")
+        if data_offset > size:
+            where = f"its data offset {data_offset} at offset 24"
+            raise self._error(f"the file is {size} bytes, and {where} is past it: {_TRUNCATED}")
+        if data_offset < HEADER.size + manifest_length or data_offset % SEGMENT_ALIGNMENT:
+            where = f"data offset {data_offset} at offset 24"
+            raise self._error(f"{where} is inside the manifest or not 64-byte aligned: {_CORRUPT}")
         manifest_bytes = handle.read(manifest_length)
         if len(manifest_bytes) != manifest_length or hashlib.sha256(manifest_bytes).digest() != digest:
             raise self._error("manifest checksum mismatch (offset 64): the file is corrupt or truncated")
@@ -260,11 +272,12 @@ class Container:
         if not isinstance(manifest, dict):
             raise self._error("the manifest is not a JSON object")
         data_length = manifest.get("data_length")
-        if type(data_length) is not int or data_offset + data_length != size:
-            raise self._error(
-                f"the file is {size} bytes; its manifest says {data_offset} + data_length {data_length!r}"
-                " (truncated, or bytes appended)"
-            )
+        if type(data_length) is not int:
+            raise self._error(f"the manifest's data_length is {data_length!r}, not a number of bytes: {_CORRUPT}")
+        if data_offset + data_length != size:
+            said = f"the file is {size} bytes; its manifest says {data_offset} + data_length {data_length}"
+            cause = _TRUNCATED if size < data_offset + data_length else "bytes were appended to it; copy it again"
+            raise self._error(f"{said}: {cause}")
         return manifest, data_offset
 
     def _check_segments(self, data_length: int) -> list[Segment]:
