@@ -222,6 +222,18 @@ def test_help_and_a_usage_error_import_no_torch(tmp_path: Path) -> None:
     assert result.stdout.splitlines()[-3:] == ["0", "2", "[]"], result.stderr
 
 
+def test_a_torch_save_file_is_told_apart_from_a_torch_export_one(exported: Path) -> None:
+    """inspect and lower give one diagnosis of a pickled module: export it, not lower it as it is."""
+    torch.save(TwoLinears(), exported / "pickled.pt")
+    inspected = _command("inspect", "pickled.pt", cwd=exported)
+    lowered = _command("lower", "forward=pickled.pt", "-b", "reference", "-o", "p.tdp", cwd=exported)
+    for finished in (inspected, lowered):
+        assert finished.returncode == 1 and "Traceback" not in finished.stderr
+        assert "it is a torch.save file (a pickled module, state dict or tensors)" in finished.stderr
+        assert "export it with torch.export.export and save that with torch.export.save" in finished.stderr
+    assert "lower it first" not in inspected.stderr and not (exported / "p.tdp").exists()
+
+
 @pytest.fixture(scope="module")
 def saved(exported: Path) -> Path:
     """Files the in-process cases read: one method without a report, and two methods."""

@@ -249,8 +249,11 @@ def test_a_torch_export_file_says_to_lower_it_and_a_call_without_a_method_name_s
 ) -> None:
     x = torch.randn(2, 4)
     torch.export.save(export(TwoLinears(), x), tmp_path / "model.pt2")
-    with pytest.raises(td.FormatError, match="looks like a torch.export.save file: lower it first"):
+    with pytest.raises(td.FormatError, match="it is a torch.export.save file: lower it first"):
         td.load(tmp_path / "model.pt2")
+    torch.save(TwoLinears().state_dict(), tmp_path / "weights.pt")
+    with pytest.raises(td.FormatError, match=r"it is a torch.save file \(a pickled module, state dict or tensors\)"):
+        td.load(tmp_path / "weights.pt")
     td.to_edge(export(TwoLinears(), x)).to_backend(ReferencePartitioner()).save(tmp_path / "m.tdp")
     with (
         td.load(tmp_path / "m.tdp") as program,

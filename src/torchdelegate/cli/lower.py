@@ -19,6 +19,7 @@ from torchdelegate.delegate.progress import PreprocessProgress
 from torchdelegate.errors import BackendNotFoundError, FormatError
 from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.report.terminal import human_bytes
+from torchdelegate.serialize.foreign_files import PICKLED, TORCH_SAVE_ADVICE, zip_kind
 
 if TYPE_CHECKING:
     import torch
@@ -265,6 +266,8 @@ def _load_export(method: str, path: Path) -> torch.export.ExportedProgram:
 
     if not path.is_file():
         raise CommandError(f"method {method!r}: no file {str(path)!r}")
+    if zip_kind(path) == PICKLED:
+        raise CommandError(f"method {method!r}: {str(path)!r} is not a torch.export.save file: {TORCH_SAVE_ADVICE}")
     documents = _archive_documents(path)
     for member, document in documents:
         try:

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO, NamedTuple
 from torchdelegate.errors import FormatError
 from torchdelegate.exported.mapped_pages import release_pages, sha256_releasing, write_releasing
 from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
+from torchdelegate.serialize.foreign_files import EXPORTED_PROGRAM, PICKLED, TORCH_SAVE_ADVICE, zip_kind
 
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sIIQQ32s")
@@ -45,6 +46,19 @@ _ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
 
 _TRUNCATED = "it is truncated; copy it again, or save it again from its program"
 _CORRUPT = "it is corrupt; copy it again, or save it again from its program"
+
+
+def _zip_hint(path: str | os.PathLike[str]) -> str:
+    """What to do with a zip given where a program file was expected, by what the zip holds."""
+    kind = zip_kind(path)
+    if kind == EXPORTED_PROGRAM:
+        return (
+            "; it is a torch.export.save file: lower it first "
+            f"(torchdelegate.to_edge_transform_and_lower, or torchdelegate lower forward={path} ...)"
+        )
+    if kind == PICKLED:
+        return f"; {TORCH_SAVE_ADVICE}"
+    return "; it is a zip archive, not a program file"
 
 class ChangedDataError(ValueError):
     """A segment's bytes no longer have the digest they were added with."""
@@ -239,10 +253,7 @@ class Container:
         if found != magic:
             hint = ""
             if found.startswith(_ZIP_MAGIC):
-                hint = (
-                    "; it looks like a torch.export.save file: lower it first "
-                    f"(torchdelegate.to_edge_transform_and_lower, or torchdelegate lower forward={self.path} ...)"
-                )
+                hint = _zip_hint(self.path)
             raise self._error(f"not a torchdelegate {self.kind} file (magic bytes {found!r} at offset 0){hint}")
         if version != FORMAT_VERSION:
             raise self._error(
