@@ -4,8 +4,8 @@ reads) and ``torch.save`` files (a pickled module, state dict or tensors, which 
 
 from __future__ import annotations
 
+import os
 import zipfile
-from pathlib import Path
 
 EXPORTED_PROGRAM = "torch.export.save"
 PICKLED = "torch.save"
@@ -17,7 +17,7 @@ TORCH_SAVE_ADVICE = (
 )
 
 
-def zip_kind(path: str | Path) -> str | None:
+def zip_kind(path: str | os.PathLike[str]) -> str | None:
     """``EXPORTED_PROGRAM``, ``PICKLED``, or None for a file that is neither (or not a zip we can read).
 
     Both formats are zips of one top folder; torch.export.save's holds ``archive_format`` or a
