@@ -234,6 +234,37 @@ def test_a_torch_save_file_is_told_apart_from_a_torch_export_one(exported: Path)
     assert "lower it first" not in inspected.stderr and not (exported / "p.tdp").exists()
 
 
+def test_every_command_treats_an_output_path_by_one_rule(exported: Path) -> None:
+    """Missing directories are made and said so, before any work; a path under a file, or a directory
+    given as the file, is a usage error naming the flag, and nothing is written."""
+    lower = ("lower", "forward=model.pt2", "-b", "reference")
+    made = _command(*lower, "-o", "new/a/m.tdp", "--html", "new/b/r.html", cwd=exported)
+    assert made.returncode == 0, made.stderr
+    assert "made directory new/a (for -o)" in made.stdout and "made directory new/b (for --html)" in made.stdout
+    assert (exported / "new/a/m.tdp").is_file() and (exported / "new/b/r.html").is_file()
+    inspected = _command("inspect", "new/a/m.tdp", "--html", "new/c/r.html", cwd=exported)
+    ran = _command("run", "new/a/m.tdp", "--input", "x.npy", "--save", "new/d/o.npz", cwd=exported)
+    for finished, flag, written in ((inspected, "--html", "new/c/r.html"), (ran, "--save", "new/d/o.npz")):
+        assert finished.returncode == 0, finished.stderr
+        assert f"made directory {Path(written).parent} (for {flag})" in finished.stdout
+        assert (exported / written).is_file()
+    refused = [
+        (_command(*lower, "-o", "model.pt2/m.tdp", cwd=exported), "-o model.pt2: model.pt2 is a file, not a directory"),
+        (_command(*lower, "-o", "new", cwd=exported), "-o new is a directory: give the file to write, e.g. new/model.tdp"),
+        (
+            _command("inspect", "new/a/m.tdp", "--html", "x.npy/r.html", cwd=exported),
+            "--html x.npy: x.npy is a file, not a directory",
+        ),
+        (
+            _command("run", "new/a/m.tdp", "--input", "x.npy", "--save", "x.npy/o.npz", cwd=exported),
+            "--save x.npy: x.npy is a file, not a directory",
+        ),
+    ]
+    for finished, message in refused:
+        assert finished.returncode == 2 and message in finished.stderr, finished.stderr
+        assert "Traceback" not in finished.stderr and finished.stdout == ""
+
+
 @pytest.fixture(scope="module")
 def saved(exported: Path) -> Path:
     """Files the in-process cases read: one method without a report, and two methods."""

@@ -156,6 +156,31 @@ def backend_options(given: Sequence[str]) -> dict[str, dict[str, str]]:
     return options
 
 
+def output_file(path: Path | None, flag: str, out: TextIO, example: str) -> None:
+    """The one rule for a file a command writes, applied before the command does any work: its missing
+    directories are made, and said so on ``out``; a path that is a directory, or lies under a file, is a
+    ``UsageError`` naming the flag. A directory that cannot be made is a ``CommandError``."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory: give the file to write, e.g. {path / example}")
+    output_directory(path.parent, flag, out)
+
+
+def output_directory(directory: Path | None, flag: str, out: TextIO) -> None:
+    """``output_file``'s rule for a directory a command writes into (made with its parents, said so)."""
+    if directory is None or directory.is_dir():
+        return
+    existing = next(parent for parent in (directory, *directory.parents) if parent.exists() or parent == parent.parent)
+    if existing.exists() and not existing.is_dir():
+        raise UsageError(f"{flag} {directory}: {existing} is a file, not a directory; give a path in a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CommandError(f"{flag} {directory}: the directory cannot be made ({first_line(error)})") from error
+    print(f"made directory {directory} (for {flag})", file=out)
+
+
 def refuse_directory(path: Path) -> None:
     """A ``CommandError`` when ``path``, given as a program file, is a directory (a checkpoint, say)."""
     if not path.is_dir():

@@ -6,7 +6,15 @@ import argparse
 from pathlib import Path
 from typing import TextIO
 
-from torchdelegate.cli.command import EXIT_FAILED, EXIT_OK, CommandError, UsageError, add_verbose, require_torch
+from torchdelegate.cli.command import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CommandError,
+    UsageError,
+    add_verbose,
+    output_directory,
+    require_torch,
+)
 
 HELP = "lower, save, load and run a small language model, checked against eager"
 DESCRIPTION = (
@@ -41,6 +49,7 @@ def demo_command(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--tokens must be at least 1, got {args.tokens}")
     if args.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
+    output_directory(args.output_dir, "--output-dir", out)
     result = run_demo(tokens=args.tokens, output_dir=args.output_dir, rounds=args.rounds, out=out)
     return EXIT_OK if result.matches else EXIT_FAILED
 

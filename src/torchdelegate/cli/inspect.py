@@ -19,6 +19,7 @@ from torchdelegate.cli.command import (
     backend_runtime,
     file_backend_ids,
     loaded,
+    output_file,
 )
 from torchdelegate.errors import first_line
 from torchdelegate.report.terminal import coverage_line, human_bytes
@@ -94,6 +95,7 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.cli.outputs import named_output_type
     from torchdelegate.serialize.container import FORMAT_VERSION
 
+    output_file(args.html, "--html", out, "report.html")
     if (args.open or args.port is not None) and args.model_explorer is None:
         raise UsageError("--open and --port go with --model-explorer DIR")
     if args.port is not None and not args.open:

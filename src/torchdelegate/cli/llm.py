@@ -26,6 +26,7 @@ from torchdelegate.cli.command import (
     add_verbose,
     backend_options,
     loaded,
+    output_file,
     refuse_directory,
     require_torch,
 )
@@ -170,12 +171,11 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.llm.assets import SETTINGS, chat_template_text, settings_asset
     from torchdelegate.llm.checkpoint import export_methods, logits_given, read_checkpoint
 
-    if args.output.is_dir():
-        raise UsageError(f"-o {args.output} is a directory: give the file to write, e.g. {args.output}/model.tdp")
     if args.max_cache is not None and args.max_cache < 3:
         raise UsageError(f"--max-cache {args.max_cache}: give at least 3 positions")
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
         raise UsageError(f"--prefill-chunk {args.prefill_chunk}: give 1 or more tokens")
+    output_file(args.output, "-o", out, "model.tdp")
     partitioners = chosen_partitioners(args, args.backends or ["onnxruntime", "reference"], {})
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -214,7 +214,6 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
             )
         lowered = lowered_programs(programs, partitioners, args, out)
     assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens, logits)}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     lowered.save(args.output, assets=assets)  # written whole: a failure leaves no partial file
     seconds = time.perf_counter() - started
     from torchdelegate.report.terminal import human_bytes

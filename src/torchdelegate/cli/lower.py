@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from torchdelegate.cli.command import EXIT_OK, CommandError, UsageError, add_imports, add_verbose, require_torch
+from torchdelegate.cli.command import (
+    EXIT_OK,
+    CommandError,
+    UsageError,
+    add_imports,
+    add_verbose,
+    output_file,
+    require_torch,
+)
 from torchdelegate.delegate.progress import PreprocessProgress
 from torchdelegate.errors import BackendNotFoundError, FormatError
 from torchdelegate.exported.torch_warnings import loggers_quieted
@@ -109,6 +117,9 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.report import render_html, render_text
 
     methods = _method_files(args.methods)
+    output_file(args.output, "-o", out, "model.tdp")
+    output_file(args.html, "--html", out, "report.html")
+    output_file(args.external_data, "--external-data", out, "model.data")
     partitioners = chosen_partitioners(args, args.backends, _compile_specs(args.compile_spec))
     with contextlib.ExitStack() as stack:
         start_preprocessing(args, stack)  # worker processes start while the programs load
@@ -117,7 +128,6 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
         lowered = lowered_programs(programs, partitioners, args, out, args.min_partition_size)
         seconds = time.perf_counter() - started
     report = lowered.report
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     lowered.save(args.output, external_data_path=args.external_data)
     print(render_text(report), file=out)
     print("", file=out)

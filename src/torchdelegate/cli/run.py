@@ -23,6 +23,7 @@ from torchdelegate.cli.command import (
     backend_runtime,
     file_backend_ids,
     loaded,
+    output_file,
 )
 
 HELP = "run one method of a program file"
@@ -62,7 +63,7 @@ def run_command(args: argparse.Namespace, out: TextIO) -> int:
 
     args_in, kwargs_in = _inputs(args.inputs)
     if args.save:
-        args.save.parent.mkdir(parents=True, exist_ok=True)  # as lower does for -o: known before the run
+        output_file(args.save, "--save", out, "outputs.npz")
     options = [*args.backend_options, *(_profiling(args.file, args.external_data) if args.profile else [])]
     with loaded(args.file, args.external_data, args.trust, options) as program:
         method = args.method or _default_method(program.method_names)
