@@ -63,15 +63,47 @@ def test_generate_takes_the_import_and_trust_its_errors_ask_for(
     assert "prompt 2 tokens, 2 generated" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
-def test_every_llm_command_that_loads_a_file_takes_runs_loading_flags(command: str) -> None:
+@pytest.mark.parametrize("command", ["run", "inspect", "prepare", "llm generate", "llm chat", "llm serve"])
+def test_every_command_that_loads_a_file_takes_the_same_loading_flags(command: str) -> None:
     given = ["--trust", "inductor", "--backend-option", "onnxruntime.intra_op_num_threads=2"]
-    if command != "serve":  # a server's workers load the file themselves: see the report
-        given += ["--import", "json", "--external-data", "m.tdd"]
-    args = command_line().parse_args(["llm", command, "m.tdp", *given, *(["-p", "x"] if command == "generate" else [])])
+    given += ["--import", "json", "--external-data", "m.tdd"]
+    extra = {"llm generate": ["-p", "x"]}.get(command, [])
+    args = command_line().parse_args([*command.split(), "m.tdp", *given, *extra])
     assert args.trust == ["inductor"] and args.backend_options == ["onnxruntime.intra_op_num_threads=2"]
-    if command != "serve":
-        assert args.imports == ["json"] and args.external_data == Path("m.tdd")
+    assert args.imports == ["json"] and args.external_data == Path("m.tdd")
+
+
+def test_serve_imports_what_the_file_needs_in_every_process_that_loads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--import reaches the processes that prepare and serve the file (spawned, they import nothing of
+    the command's by themselves): a backend defined in a module of the current directory serves."""
+    monkeypatch.delenv(td.TRUSTED_BACKENDS_VARIABLE, raising=False)
+    monkeypatch.delenv("TORCHDELEGATE_API_KEY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llm_native_backend.py").write_text(BACKEND)
+    _checkpoint(tmp_path / "checkpoint", tiny_llama(vocab_size=512))
+    export = ["llm", "export", "checkpoint", "-o", "n.tdp", "--max-cache", "16", "-b", "test_llm_native"]
+    assert main([*export, "--import", "llm_native_backend"]) == 0
+    serve = [*_prefix(), "llm", "serve", "n.tdp", "--port", "0", "--trust", "test_llm_native"]
+    refused = subprocess.run(serve, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "(with this command: --import MODULE)" in refused.stderr, refused.stderr
+    _completes_two_tokens([*serve, "--import", "llm_native_backend"], os.environ.copy(), tmp_path / "stderr.txt")
+
+
+def _completes_two_tokens(serve: list[str], environment: dict[str, str], stderr: Path) -> None:
+    """Starts the server, asks it for two tokens, and stops it."""
+    with subprocess.Popen(serve, env=environment, stdout=subprocess.PIPE, stderr=stderr.open("w"), text=True) as server:
+        try:
+            url = _served_at(server)
+            assert url is not None, stderr.read_text()
+            body = json.dumps({"model": "n", "prompt": "It was", "max_tokens": 2, "temperature": 0}).encode()
+            request = urllib.request.Request(f"{url}/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                assert reply.status == 200 and json.loads(reply.read())["usage"]["completion_tokens"] == 2
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
 
 
 INSTALLED = BACKEND.replace("test_llm_native", "installed_llm_native")
@@ -99,23 +131,7 @@ def test_serve_trusts_a_native_backend_in_the_processes_that_load_the_file(
     serve = [*_prefix(), "llm", "serve", "n.tdp", "--port", "0"]
     refused = subprocess.run(serve, capture_output=True, text=True, env=environment, timeout=120)
     assert refused.returncode == 1 and "--trust" in refused.stderr, refused.stderr
-    with subprocess.Popen(
-        [*serve, "--trust", "installed_llm_native"],
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=(tmp_path / "stderr.txt").open("w"),
-        text=True,
-    ) as server:
-        try:
-            url = _served_at(server)
-            assert url is not None, (tmp_path / "stderr.txt").read_text()
-            body = json.dumps({"model": "n", "prompt": "It was", "max_tokens": 2, "temperature": 0}).encode()
-            request = urllib.request.Request(f"{url}/completions", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=60) as reply:
-                assert reply.status == 200 and json.loads(reply.read())["usage"]["completion_tokens"] == 2
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+    _completes_two_tokens([*serve, "--trust", "installed_llm_native"], environment, tmp_path / "stderr.txt")
 
 
 def _served_at(server: subprocess.Popen[str]) -> str | None:

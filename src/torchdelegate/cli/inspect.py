@@ -13,6 +13,7 @@ from torchdelegate.cli.command import (
     FULL_INSTALL,
     CommandError,
     UsageError,
+    add_backend_options,
     add_file_options,
     add_imports,
     add_verbose,
@@ -59,6 +60,7 @@ def define(parser: argparse.ArgumentParser) -> None:
     )
     add_file_options(parser, "accepted for symmetry with run: inspect never runs a delegate, so needs no trust")
     add_imports(parser)
+    add_backend_options(parser)
     add_verbose(parser)
     parser.set_defaults(handler=inspect_command)
 
@@ -102,7 +104,7 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("--port is Model Explorer's port: it goes with --open")
 
     native = _native_backends(args.file, args.external_data)
-    with loaded(args.file, args.external_data, native) as program:
+    with loaded(args.file, args.external_data, native, args.backend_options) as program:
         file = program.file
         producer = file.producer.get("torch", "?")
         file_size = human_bytes(args.file.stat().st_size)

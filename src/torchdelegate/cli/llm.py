@@ -16,7 +16,6 @@ from typing import Any, TextIO
 
 from torchdelegate.cli.command import (
     EXIT_OK,
-    TRUST_HELP,
     CommandError,
     CommandParser,
     UsageError,
@@ -140,9 +139,10 @@ def define(parser: argparse.ArgumentParser) -> None:
         help="refuse (401) every request without 'Authorization: Bearer KEY' (default: $TORCHDELEGATE_API_KEY, "
         "which keeps the key out of the process list)",
     )
-    serve.add_argument("--trust", action="append", default=[], metavar="BACKEND", help=TRUST_HELP)
     add_verbose(serve)
+    add_file_options(serve)
     add_backend_options(serve)
+    add_imports(serve)
     serve.set_defaults(handler=llm_serve_command)
 
 
@@ -307,6 +307,7 @@ def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--port {args.port}: give 0 to 65535")
     from torchdelegate.llm.serving.http_app import listening_socket, serve
     from torchdelegate.llm.serving.worker_pool import WorkerPool, prepared_in_child
+    from torchdelegate.llm.serving.worker_process import FileLoad
 
     refuse_directory(args.file)  # before the port: the mistake to name is the file, not a busy port
     try:
@@ -314,14 +315,18 @@ def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
     except OSError as e:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
     _trusted_by_workers(args.trust)
-    with listening, loaded(args.file, None, args.trust, args.backend_options) as program, _read_as_text():
+    with (
+        listening,
+        loaded(args.file, args.external_data, args.trust, args.backend_options) as program,
+        _read_as_text(),
+    ):
         model = _language_model(program)
         options = _per_worker_threads(backend_options(args.backend_options), program, args.workers)
-        for line in prepared_in_child(str(args.file), options):
+        external = None if args.external_data is None else str(args.external_data)
+        file = FileLoad(str(args.file), external, options, tuple(args.imports))
+        for line in prepared_in_child(file):
             print(line, file=out, flush=True)
-        pool = WorkerPool(
-            str(args.file), args.workers, args.queue, options, lambda line: print(line, file=out, flush=True)
-        )
+        pool = WorkerPool(file, args.workers, args.queue, lambda line: print(line, file=out, flush=True))
         try:
             serve(model, pool, listening, args.api_key or os.environ.get("TORCHDELEGATE_API_KEY") or None, out)
         except RuntimeError as e:

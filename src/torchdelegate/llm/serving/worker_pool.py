@@ -23,19 +23,19 @@ from typing import Any
 
 from torchdelegate.llm.language_model import HeldTokens
 from torchdelegate.llm.serving.openai_requests import RequestError
-from torchdelegate.llm.serving.worker_process import CANCELLED, prepare_program, serve_jobs
+from torchdelegate.llm.serving.worker_process import CANCELLED, FileLoad, prepare_program, serve_jobs
 
 WORKER_STOP_SECONDS = 8
 """How long a worker asked to stop (the server stopping) may take before it is killed."""
 _TRIES = 3  # replacements in a row that may fail to load before the pool gives up replacing
 
 
-def prepared_in_child(path: str, backend_options: dict[str, dict[str, str]]) -> list[str]:
-    """``path`` prepared in a process of its own, so that workers map one packed copy of the weights
+def prepared_in_child(file: FileLoad) -> list[str]:
+    """The file prepared in a process of its own, so that workers map one packed copy of the weights
     and the server's front never holds one: the lines to print (why not, when it could not)."""
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe(duplex=False)
-    process = context.Process(target=prepare_program, args=(path, backend_options, child), daemon=True)
+    process = context.Process(target=prepare_program, args=(file, child), daemon=True)
     process.start()
     child.close()
     try:
@@ -94,18 +94,17 @@ def _counted(number: int, thing: str) -> str:
 
 
 class WorkerPool:
-    """``workers`` processes serving the program at ``path``; at most ``queue`` requests waiting.
+    """``workers`` processes serving the program ``file`` loads; at most ``queue`` requests waiting.
     ``report`` is given a line for each worker lost and replaced (the operator's log)."""
 
     def __init__(
         self,
-        path: str,
+        file: FileLoad,
         workers: int,
         queue: int,
-        backend_options: dict[str, dict[str, str]],
         report: Callable[[str], None] = lambda line: None,
     ) -> None:
-        self.path, self.size, self.queue_limit, self.backend_options = path, workers, queue, backend_options
+        self.file, self.path, self.size, self.queue_limit = file, file.path, workers, queue
         self.report = report
         self.context = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
@@ -206,7 +205,7 @@ class WorkerPool:
         parent, child = self.context.Pipe(duplex=True)
         process = self.context.Process(
             target=serve_jobs,
-            args=(self.path, self.backend_options, child),
+            args=(self.file, child),
             name="torchdelegate-serve-worker",
             daemon=True,
         )

@@ -20,14 +20,36 @@ workers and restarts differ as separate servers would.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 CANCELLED = "cancelled"
 """The finish of a job stopped by ``("cancel", id)``: a stop sequence was met or the client left."""
+
+
+@dataclass(frozen=True)
+class FileLoad:
+    """How each process of a server loads the file, as the command line said: the data file's place
+    (``--external-data``), the backends' load options (``--backend-option``) and the modules to import
+    first (``--import``; the serving process put the directories they were found in on ``sys.path``,
+    which spawned processes inherit). Trust travels in the environment."""
+
+    path: str
+    external_data: str | None = None
+    backend_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    imports: tuple[str, ...] = ()
+
+    def load(self) -> Any:
+        """The file loaded in this process, after its imports."""
+        from torchdelegate.runtime.program import load
+
+        for module in self.imports:
+            importlib.import_module(module)
+        return load(self.path, external_data_path=self.external_data, backend_options=self.backend_options or None)
 
 
 class _Cancelled(Exception):
@@ -38,17 +60,16 @@ class _Cancelled(Exception):
         self.last = last
 
 
-def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection: Connection) -> None:
-    """The worker's life: load ``path``, say ready, then run each job sent until ``None`` or the
+def serve_jobs(file: FileLoad, connection: Connection) -> None:
+    """The worker's life: load the file, say ready, then run each job sent until ``None`` or the
     connection closes. Started by :class:`~torchdelegate.llm.serving.worker_pool.WorkerPool`."""
     for number in (signal.SIGINT, signal.SIGTERM):  # sent to the whole group: the server stops its workers itself
         signal.signal(number, signal.SIG_IGN)
     from torchdelegate.llm.generation import Sampling
     from torchdelegate.llm.language_model import HeldTokens, LanguageModel
-    from torchdelegate.runtime.program import load
 
     try:
-        program = load(path, backend_options=backend_options or None)
+        program = file.load()
         generator = LanguageModel(program).generator()
     except Exception as e:
         connection.send(("failed", f"{type(e).__name__}: {e}"))
@@ -93,13 +114,11 @@ def serve_jobs(path: str, backend_options: dict[str, dict[str, str]], connection
         held.after(prompt, tokens)
 
 
-def prepare_program(path: str, backend_options: dict[str, dict[str, str]], connection: Connection) -> None:
-    """``Program.prepare`` of ``path`` in a process of its own: the lines it printed, or why it could
+def prepare_program(file: FileLoad, connection: Connection) -> None:
+    """``Program.prepare`` of the file in a process of its own: the lines it printed, or why it could
     not (the machine cache is off...), sent as ``("prepared", lines)`` or ``("failed", message)``."""
-    from torchdelegate.runtime.program import load
-
     try:
-        with load(path, backend_options=backend_options or None) as program:
+        with file.load() as program:
             connection.send(("prepared", program.prepare()))
     except Exception as e:
         connection.send(("failed", f"{type(e).__name__}: {e}"))
