@@ -184,6 +184,15 @@ def test_a_checkpoint_that_cannot_be_exported_is_one_line_and_leaves_no_file(tmp
     assert not list(tmp_path.glob("*.tdp*")) and not list(tmp_path.glob(".*partial"))
 
 
+def test_inductor_without_a_prefill_chunk_says_to_give_one_before_compiling(tmp_path: Path) -> None:
+    """AOTInductor fails on a prefill of any length deep in its compiler; the command says what to give instead."""
+    checkpoint = _checkpoint(tmp_path / "checkpoint", tiny_llama(vocab_size=512))
+    refused = _in_process("llm", "export", checkpoint, "-o", "m.tdp", "-b", "inductor", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--backend inductor needs --prefill-chunk N" in refused.stderr and "give --prefill-chunk 16" in refused.stderr
+    assert not list(tmp_path.glob("*.tdp*"))
+
+
 def test_a_prompt_longer_than_the_cache_is_refused(tmp_path: Path) -> None:
     _small_program(tmp_path, "checkpoint", "m.tdp")
     long = " ".join(TEXT)

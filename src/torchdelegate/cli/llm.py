@@ -175,6 +175,12 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--max-cache {args.max_cache}: give at least 3 positions")
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
         raise UsageError(f"--prefill-chunk {args.prefill_chunk}: give 1 or more tokens")
+    if "inductor" in (args.backends or []) and args.prefill_chunk is None:
+        raise UsageError(
+            "--backend inductor needs --prefill-chunk N: AOTInductor does not compile a prefill over prompts of "
+            "any length (the position ids are a range over the prompt's length); give --prefill-chunk 16, say, "
+            "or lower with the onnxruntime backend"
+        )
     output_file(args.output, "-o", out, "model.tdp")
     partitioners = chosen_partitioners(args, args.backends or ["onnxruntime", "reference"], {})
     started = time.perf_counter()
