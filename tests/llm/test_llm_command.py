@@ -189,7 +189,8 @@ def test_inductor_without_a_prefill_chunk_says_to_give_one_before_compiling(tmp_
     checkpoint = _checkpoint(tmp_path / "checkpoint", tiny_llama(vocab_size=512))
     refused = _in_process("llm", "export", checkpoint, "-o", "m.tdp", "-b", "inductor", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
-    assert "--backend inductor needs --prefill-chunk N" in refused.stderr and "give --prefill-chunk 16" in refused.stderr
+    assert "--backend inductor needs --prefill-chunk N" in refused.stderr
+    assert "give --prefill-chunk 16" in refused.stderr
     assert not list(tmp_path.glob("*.tdp*"))
 
 
@@ -238,32 +239,40 @@ def _chat_continues_from_the_cache_as_transformers_reads_the_whole_conversation(
 ) -> None:
     """Turns of ``llm chat``: each reads only what the cache lacks and answers as transformers does from the
     whole conversation; a message too long for the cache is refused and the chat goes on; a conversation
-    that outgrows the cache starts again from its last message; /reset starts over."""
+    that would leave a reply no room forgets its earliest exchanges first; /reset starts over. Piped
+    input is echoed as the terminal shows it, each message after its ``> ``."""
     lines = ["hello there", " ".join(TEXT * 2), "and then", "ok", "/reset", "hello there"]
-    chat = subprocess.run(
-        [*_prefix(), "llm", "chat", "m.tdp", "--ids", "--max-new-tokens", "5"],
+    chat = _chat(tmp_path, lines, "--ids", "--max-new-tokens", "5")
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stderr.startswith("torchdelegate: error: the prompt is") and chat.stderr.count("\n") == 1
+    assert "replies of at most 5 tokens" in chat.stdout and "> and then\n" in chat.stdout
+    replies = [[int(t) for t in ids.split(", ")] for ids in re.findall(r"token ids: \[([0-9, ]*)\]", chat.stdout)]
+    assert len(replies) == 4 and "(a new conversation)" in chat.stdout and "cut short" not in chat.stdout
+    messages: list[dict[str, str]] = []
+    forgotten = 0
+    for message, reply in zip(["hello there", "and then", "ok"], replies, strict=False):
+        messages.append({"role": "user", "content": message})
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)  # type: ignore[attr-defined]
+        while len(messages) > 1 and len(prompt) + 5 > CACHE:  # what the chat did: forget the earliest exchange
+            messages, forgotten = messages[2:], forgotten + 1
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)  # type: ignore[attr-defined]
+        assert reply == transformers_greedy(model, prompt, 5)
+        messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})  # type: ignore[attr-defined]
+    assert forgotten > 0 and "the conversation outgrew the cache: its earliest" in chat.stdout
+    assert replies[3] == replies[0]
+    by_default = _chat(tmp_path, ["hello there", "and then"])  # a reply leaves room for the next turn's prompt
+    assert f"replies of at most {CACHE // 4} tokens" in by_default.stdout and "cut short" not in by_default.stdout
+
+
+def _chat(tmp_path: Path, lines: list[str], *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_prefix(), "llm", "chat", "m.tdp", *flags],
         input="\n".join(lines) + "\n",
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=600,
     )
-    assert chat.returncode == 0, chat.stderr
-    assert chat.stderr.startswith("torchdelegate: error: the prompt is") and chat.stderr.count("\n") == 1
-    replies = [[int(t) for t in ids.split(", ")] for ids in re.findall(r"token ids: \[([0-9, ]*)\]", chat.stdout)]
-    assert len(replies) == 4 and "earlier turns are forgotten" in chat.stdout and "(a new conversation)" in chat.stdout
-    assert "(2 tokens; cut short: the cache is full," in chat.stdout
-    messages: list[dict[str, str]] = []
-    for message, reply in zip(["hello there", "and then", "ok"], replies, strict=False):
-        messages.append({"role": "user", "content": message})
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)  # type: ignore[attr-defined]
-        if len(prompt) >= CACHE:  # what the chat did: forget the earlier turns
-            messages = messages[-1:]
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)  # type: ignore[attr-defined]
-        room = CACHE - len(prompt) + 1  # a full cache ends the reply early
-        assert reply == transformers_greedy(model, prompt, 5)[:room]
-        messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})  # type: ignore[attr-defined]
-    assert replies[3] == replies[0]
 
 
 def test_the_demo_model_as_a_checkpoint_speaks_through_llm_export_and_generate(tmp_path: Path) -> None:

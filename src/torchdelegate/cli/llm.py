@@ -111,7 +111,7 @@ def define(parser: argparse.ArgumentParser) -> None:
     )
     chat.add_argument("file", type=Path)
     chat.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
-    _add_sampling(chat, 256)
+    _add_sampling(chat, None)
     chat.set_defaults(handler=llm_chat_command)
     serve = commands.add_parser(
         "serve",
@@ -146,12 +146,12 @@ def define(parser: argparse.ArgumentParser) -> None:
     serve.set_defaults(handler=llm_serve_command)
 
 
-def _add_sampling(parser: argparse.ArgumentParser, tokens: int) -> None:
+def _add_sampling(parser: argparse.ArgumentParser, tokens: int | None) -> None:
     """What generate and chat share: how many tokens, how they are sampled, and the file's load options
-    (those of run: --external-data, --trust, --backend-option, --import)."""
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=tokens, metavar="N", help=f"at most N tokens (default {tokens})"
-    )
+    (those of run: --external-data, --trust, --backend-option, --import). ``tokens`` None: a reply's
+    default is ``_CHAT_REPLY``'s share of the file's cache."""
+    default = f"default {tokens}" if tokens else "default: a quarter of the file's cache, at most 256"
+    parser.add_argument("--max-new-tokens", type=int, default=tokens, metavar="N", help=f"at most N tokens ({default})")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sample")
     parser.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
     parser.add_argument("--top-p", type=float, metavar="P", help="sample among the most likely tokens up to P")
@@ -267,9 +267,10 @@ def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
     with loaded(args.file, args.external_data, args.trust, args.backend_options) as program, _read_as_text():
         model = _language_model(program)
         conversation = _Conversation(model, args.system)
+        reply_tokens = args.max_new_tokens or _chat_reply_tokens(model.max_cache)
         print(
-            f"chatting with {args.file.name} ({model.max_cache} positions of context); "
-            "/reset starts over, /exit or end of input ends",
+            f"chatting with {args.file.name} ({model.max_cache} positions of context, replies of at most "
+            f"{reply_tokens} tokens); /reset starts over, /exit or end of input ends",
             file=out,
         )
         while (message := _next_message(interactive, out)) is not None:
@@ -280,7 +281,7 @@ def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
                 print("(a new conversation)", file=out)
             elif message:
                 try:
-                    generation = conversation.reply(message, args.max_new_tokens, sampling, out)
+                    generation = conversation.reply(message, reply_tokens, sampling, out)
                 except (CommandError, ValueError) as error:  # this message is refused; the conversation goes on
                     print(f"torchdelegate: error: {error}", file=sys.stderr)
                     continue
@@ -373,13 +374,22 @@ def _next_message(interactive: bool, out: TextIO) -> str | None:
             print("", file=out)
             return None
     line = sys.stdin.readline()
-    return line.strip() if line else None
+    if not line:
+        return None
+    print(f"> {line.strip()}", file=out)  # a transcript of piped input reads as the terminal's does
+    return line.strip()
+
+
+def _chat_reply_tokens(max_cache: int) -> int:
+    """A reply's default length: a quarter of the cache (at most 256), so that a conversation holds
+    several turns before its earliest are forgotten."""
+    return max(1, min(256, max_cache // 4))
 
 
 def _sampling(args: argparse.Namespace) -> Any:
     from torchdelegate.llm import Sampling
 
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens}: give 1 or more")
     try:
         return Sampling(args.temperature, args.top_k, args.top_p, args.seed)
@@ -407,11 +417,7 @@ class _Conversation:
         alone is refused (ValueError) and leaves the conversation as it was."""
         turn = {"role": "user", "content": message}
         self.model.refuse_unfitting(self.model.chat_prompt([*self.opening, turn]))
-        prompt = self.model.chat_prompt([*self.messages, turn])
-        if len(prompt) >= self.model.max_cache:
-            print("(the conversation outgrew the cache: earlier turns are forgotten)", file=out)
-            self.messages = list(self.opening)
-            prompt = self.model.chat_prompt([*self.messages, turn])
+        prompt = self._fitting(turn, max_new_tokens, out)
         self.messages.append(turn)
         stream = _Stream(self.model, out)
         cached = self.held.reusable(prompt)
@@ -419,6 +425,22 @@ class _Conversation:
         self.held.after(prompt, generation.tokens)
         self.messages.append({"role": "assistant", "content": self.model.decode(generation.tokens)})
         return generation
+
+    def _fitting(self, turn: dict[str, str], max_new_tokens: int, out: TextIO) -> list[int]:
+        """The conversation's prompt with ``turn``, its earliest exchanges (a message and its reply)
+        forgotten, oldest first, until a reply of ``max_new_tokens`` fits the cache after it, or none is
+        left to forget. How many were forgotten is said on ``out``."""
+        past = self.messages[len(self.opening) :]
+        prompt = self.model.chat_prompt([*self.opening, *past, turn])
+        forgotten = 0
+        while past and len(prompt) + max_new_tokens > self.model.max_cache:
+            past, forgotten = past[2:], forgotten + 1
+            prompt = self.model.chat_prompt([*self.opening, *past, turn])
+        if forgotten:
+            exchanges = "exchange is" if forgotten == 1 else f"{forgotten} exchanges are"
+            print(f"(the conversation outgrew the cache: its earliest {exchanges} forgotten)", file=out)
+            self.messages = [*self.opening, *past]
+        return prompt
 
 
 _WITHOUT_CHAT = "use llm generate without --chat"
