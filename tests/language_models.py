@@ -54,6 +54,43 @@ def tiny_qwen2(intermediate_size: int = 96, vocab_size: int = 512) -> torch.nn.M
     return transformers.Qwen2ForCausalLM(config).eval()
 
 
+def tiny_qwen2_moe() -> torch.nn.Module:
+    """A 2-layer Qwen2-MoE: 4 experts, 2 per token, and the shared expert beside them."""
+    torch.manual_seed(0)
+    config = transformers.Qwen2MoeConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        use_sliding_window=False,
+    )
+    return transformers.Qwen2MoeForCausalLM(config).eval()
+
+
+def tiny_mixtral() -> torch.nn.Module:
+    """A 2-layer Mixtral: 4 experts, 2 per token."""
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+    )
+    return transformers.MixtralForCausalLM(config).eval()
+
+
 def tiny_gpt2(vocab_size: int = 512) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=vocab_size, n_positions=64)

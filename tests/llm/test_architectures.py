@@ -1,11 +1,15 @@
 """The zoo's decoder-only architectures through ``torchdelegate llm export`` and ``llm generate``:
 greedy tokens equal to transformers' generate; those transformers' exportable wrapper cannot
-export with a static cache refused in one line. (Llama and Qwen2 are in test_llm_command.py.)"""
+export with a static cache refused in one line; mixtures of experts generated from in a fresh
+process, which has not imported transformers. (Llama and Qwen2 are in test_llm_command.py.)"""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 
-from language_models import transformers_greedy  # noqa: E402
+from language_models import tiny_mixtral, tiny_qwen2_moe, transformers_greedy  # noqa: E402
 from zoo.models import CAUSAL_LMS, VOCAB  # noqa: E402
 
 from torchdelegate.cli.main import main  # noqa: E402
@@ -29,12 +33,18 @@ REFUSED = {  # what the one line begins with
 PROMPT = [5, 9, 17, 33, 2, 70, 101, 64, 12, 3]  # read by one prefill of dynamic length
 
 
+MIXTURES: dict[str, Callable[[], torch.nn.Module]] = {"qwen2-moe": tiny_qwen2_moe, "mixtral": tiny_mixtral}
+
+
 def _checkpoint(directory: Path, architecture: str) -> tuple[torch.nn.Module, Path]:
     """The zoo's model saved as save_pretrained does, beside a word-level tokenizer of its vocabulary."""
+    torch.manual_seed(0)
+    return _saved(CAUSAL_LMS[architecture](), directory)
+
+
+def _saved(model: torch.nn.Module, directory: Path) -> tuple[torch.nn.Module, Path]:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    torch.manual_seed(0)
-    model = CAUSAL_LMS[architecture]()
     model.generation_config.eos_token_id = None  # random weights: no stop token, a full run to compare
     model.config.eos_token_id = None
     model.save_pretrained(directory)
@@ -82,3 +92,28 @@ def test_a_failed_export_leaves_the_model_as_it_was() -> None:
     with pytest.raises(CheckpointError, match="FalconForCausalLM does not export with a static cache"):
         export_methods(model, 24, None)
     assert not model._forward_pre_hooks and "forward" not in vars(model)
+
+
+def _generated_in_a_fresh_process(program: Path) -> list[int]:
+    """``llm generate``'s greedy token ids after PROMPT, in a process that imported nothing first."""
+    prompt = " ".join(f"w{i}" for i in PROMPT)
+    command = ["llm", "generate", str(program), "-p", prompt, "--max-new-tokens", "8", "--ids"]
+    done = subprocess.run(
+        [sys.executable, "-m", "torchdelegate", *command], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"token ids: \[([0-9, ]*)\]", done.stdout)
+    assert found is not None, done.stdout
+    return [int(t) for t in found.group(1).split(", ")]
+
+
+@pytest.mark.parametrize("architecture", sorted(MIXTURES))
+def test_a_mixture_of_experts_generates_transformers_greedy_tokens_in_a_fresh_process(
+    tmp_path: Path, architecture: str
+) -> None:
+    """The experts are exported as core ATen: the file calls no operator transformers registers."""
+    model, checkpoint = _saved(MIXTURES[architecture](), tmp_path / "checkpoint")
+    program = tmp_path / "m.tdp"
+    assert main(["llm", "export", str(checkpoint), "-o", str(program), "--max-cache", "24"]) == 0
+    assert _generated_in_a_fresh_process(program) == transformers_greedy(model, PROMPT, 8)
+    assert model.get_experts_implementation()[""] == "grouped_mm"  # the model's own choice, given back

@@ -22,7 +22,7 @@ import torch
 
 from torchdelegate.errors import CheckpointError, first_line
 from torchdelegate.exported.structural_copy import copy_program
-from torchdelegate.exported.torch_warnings import loggers_quieted
+from torchdelegate.exported.torch_warnings import IMPORT_NOISE, import_noise_quieted, loggers_quieted
 from torchdelegate.llm.assets import read_chat_template, read_tokenizer
 from torchdelegate.llm.checkpoint_code import allowed, checkpoint_code
 
@@ -87,7 +87,7 @@ def read_checkpoint(
     The checkpoint's own code (its ``auto_map``) runs only where ``trust_remote_code``; else one that
     needs it is a CheckpointError naming it (transformers is never left to ask). ``notify`` is told,
     before transformers reads anything, which of its files will run and which will not."""
-    with loggers_quieted(QUIET_WHILE_LOADING, logging.ERROR):
+    with import_noise_quieted():
         return _read_checkpoint(directory, lazily, trust_remote_code, notify or (lambda line: None))
 
 
@@ -168,7 +168,9 @@ def export_methods(
     a model whose forward has no ``logits_to_keep`` returns every position's (:func:`logits_given`
     says which the program gives). The hook that passes it is removed after, export failed or not."""
     import torch.export
-    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    with import_noise_quieted():  # transformers' models import torchao where installed
+        from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     if chunk is not None and not 1 <= chunk < max_cache:
         raise CheckpointError(f"prefill chunk {chunk}: give 1 or more tokens, fewer than the cache's {max_cache}")
@@ -188,7 +190,7 @@ def export_methods(
         quiet = loggers_quieted(["torch._subclasses.fake_tensor", "torch._dynamo", "torch.export"], logging.CRITICAL)
         with torch.no_grad(), warnings.catch_warnings(), quiet:
             warnings.simplefilter("ignore")  # dynamo's notes on transformers' own side effects
-            with _last_logits_only(model, prefill_logits == "last"):
+            with _last_logits_only(model, prefill_logits == "last"), exportable_experts(model):
                 prefill = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
                 if chunk is None:  # a graph of its own, the tensors shared: lowering one never touches the other
                     decode = copy_program(prefill)
@@ -221,6 +223,29 @@ def _last_logits_only(model: Any, wanted: bool) -> Iterator[None]:
         hook.remove()
 
 
+EXPORTED_EXPERTS = "batched_mm"
+"""transformers' experts path a mixture-of-experts model is exported with: the weights of each token's
+chosen experts gathered and applied in one batched product, core ATen only. Its default path calls,
+under export, an operator transformers registers (``transformers::grouped_mm_fallback``), which a file
+could not run without importing transformers."""
+
+
+@contextlib.contextmanager
+def exportable_experts(model: Any) -> Iterator[None]:
+    """``model``'s experts (where it has transformers' switchable experts) computed by
+    :data:`EXPORTED_EXPERTS` while the block runs; its own choice back after, whatever happens."""
+    switchable = getattr(model, "_can_set_experts_implementation", None)
+    if switchable is None or not switchable():
+        yield
+        return
+    chosen = model.get_experts_implementation()
+    model.set_experts_implementation(EXPORTED_EXPERTS)
+    try:
+        yield
+    finally:
+        model.set_experts_implementation(chosen)
+
+
 def logits_given(prefill: ExportedProgram) -> str:
     """``"last"`` where the exported prefill gives one position's logits, ``"all"`` where it gives
     each prompt token's (as :data:`PREFILL_LOGITS` names them)."""
@@ -249,8 +274,9 @@ def _generation_config(transformers: Any, directory: Path) -> Any:
         ) from e
 
 
-QUIET_WHILE_LOADING = ["torchao", "torch.utils._pytree"]
-"""transformers imports torchao where installed, which logs about GPU kernels a CPU build lacks."""
+QUIET_WHILE_LOADING = list(IMPORT_NOISE)
+"""transformers imports torchao where installed, which logs about GPU kernels a CPU build lacks
+(``torch_warnings.IMPORT_NOISE``; this name is kept for its importers)."""
 
 
 def quiet_transformers() -> Any:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
-import logging
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -34,9 +33,10 @@ from torchdelegate.exported.mapped_pages import release_buffer
 from torchdelegate.exported.programs import build_program
 from torchdelegate.exported.spilled_tensors import SpilledTensors
 from torchdelegate.exported.structural_copy import copy_graph, copy_module_call_graph, copy_signature
-from torchdelegate.exported.torch_warnings import loggers_quieted
+from torchdelegate.exported.torch_warnings import import_noise_quieted
 from torchdelegate.lowering.equal_programs import once_per_program
 from torchdelegate.partition.modules import module_path
+from torchdelegate.quantization.experts import float_experts_note
 from torchdelegate.quantization.linear import affine_ops
 from torchdelegate.quantization.quantized_graph import QuantizedGraph, weight_placeholder
 
@@ -133,6 +133,7 @@ def quantize(
     head). A weight the head and an embedding table both read, quantized alike by both (8da8w and
     int8 tables: one int8 scale per row), is stored once. Methods whose programs are equal (an
     LLM's ``decode`` exported as its ``prefill``) are quantized once, the others given a copy.
+    The weights of a mixture's experts (3-D stacks, not linear layers) stay in float, with a warning.
     """
     chosen = recipe_named(recipe)
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
@@ -150,6 +151,9 @@ def quantize(
         quantized: ExportedProgram | dict[str, ExportedProgram] = _quantized(programs, "forward", choice, patterns)
     else:
         quantized = once_per_program(programs, lambda method, program: _quantized(program, method, choice, patterns))
+    left = float_experts_note(quantized if isinstance(quantized, dict) else {"forward": quantized}, recipe)
+    if left is not None:
+        warnings.warn(left, stacklevel=2)
     for pattern in patterns.unmatched():
         warnings.warn(
             f"keep_float pattern {pattern!r} matched no linear layer or embedding; nothing was kept in float for it",
@@ -268,7 +272,7 @@ def torchao_quantization() -> ModuleType:
     """``torchao.quantization``, imported without the warnings torchao logs about the GPU kernels a
     CPU build cannot load; an ``ImportError`` saying what to install."""
     try:
-        with loggers_quieted(["torchao", "torch.utils._pytree"], logging.ERROR):
+        with import_noise_quieted():
             return importlib.import_module("torchao.quantization")
     except ImportError as e:
         raise ImportError(
