@@ -49,6 +49,20 @@ def test_jobs_compile_on_worker_processes_to_the_same_bytes(tmp_path: Path) -> N
     torch.testing.assert_close(td.load(tmp_path / "jobs.tdp").run("forward", *INPUT), Branches()(*INPUT))
 
 
+def test_a_quantized_program_compiles_on_workers_that_never_quantized(tmp_path: Path) -> None:
+    """torchao's operators exist in a worker only once it imports torchao: the request says so, and the
+    worker does it without torch's warnings about it."""
+    pytest.importorskip("torchao")
+    program = td.quantize(torch.export.export(Branches(), INPUT), "8da4w")
+
+    def lowered(path: Path, **options: object) -> bytes:
+        with td.preprocessing(**options):
+            td.to_edge_transform_and_lower(program, partitioner=BACKENDS).save(path)
+        return path.read_bytes()
+
+    assert lowered(tmp_path / "jobs.tdp", jobs=1, cache=False) == lowered(tmp_path / "here.tdp", cache=False)
+
+
 def _dying(how: str) -> CapabilityPartitioner:
     spec = DelegationSpec(DyingReference.backend_id, [CompileSpec("die", how.encode())])
     return CapabilityPartitioner([(lambda node: True, spec)])

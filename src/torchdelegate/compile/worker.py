@@ -23,6 +23,8 @@ from torchdelegate.delegate.named_data import tensor_bytes
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import TorchDelegateError
 from torchdelegate.exported.debug_handles import handle_table, restore_handles
+from torchdelegate.exported.operator_libraries import import_libraries, library_namespaces
+from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
 from torchdelegate.serialize.container import FramePayload, framed, span_of, unframed
 from torchdelegate.serialize.graph import program_from_json
 from torchdelegate.serialize.tensors import dtype_name, tensor_from_bytes
@@ -51,6 +53,7 @@ def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm, do
         "where": unit.where,
         "document": document,
         "debug_handles": handle_table(unit.program),
+        "libraries": library_namespaces(unit.program.graph),
         "tensors": tensors,
         "digests": form.digests,
     }
@@ -58,8 +61,18 @@ def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm, do
 
 
 def compile_request(data: bytes) -> bytes:
-    """Run in the worker: the request compiled, as an entry's bytes; a ``WorkerError`` if the backend fails."""
+    """Run in the worker: the request compiled, as an entry's bytes; a ``WorkerError`` if the backend fails.
+    The operator libraries the graph calls are imported first, as the process that made it had them."""
+    with torch_internal_warnings_silenced():
+        return _compiled(data)
+
+
+def _compiled(data: bytes) -> bytes:
     header, payload = unframed(memoryview(data))
+    try:
+        import_libraries(header.get("libraries", []))
+    except ImportError as e:
+        raise WorkerError(f"{e} (on {worker_name()})") from None
     where = header["where"]
     backend = _backend(header["backend"], header["module"])
     tensors = {
@@ -93,9 +106,14 @@ def worker_name() -> str:
 
 def warm_up() -> str:
     """Run once in each new worker, before its first unit: every installed backend's ``warm_up``."""
+    with torch_internal_warnings_silenced():
+        _warm_backends()
+    return worker_name()
+
+
+def _warm_backends() -> None:
     for backend_id in registered_backend_ids():
         try:
             get_backend(backend_id).warm_up()
         except Exception:  # noqa: BLE001 - its extra is missing, or a unit that needs what failed reports it itself
             pass
-    return worker_name()
