@@ -193,6 +193,21 @@ def test_a_file_with_other_weights_under_the_same_keys_never_shares_a_prepared_m
 
 
 @pytest.mark.usefixtures("cache_directory")
+def test_a_damaged_file_is_refused_though_its_prepared_model_is_warm(tmp_path: Path) -> None:
+    """The prepared model stands in for the file's weights, so none is read to run it; they are still
+    checked (while the entry loads), and a flipped byte is refused as it is with no cache."""
+    _, inputs, _ = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
+    with td.load(tmp_path / "m.tdp") as program:
+        assert "optimized and packed for this machine" in program.prepare()[0]
+    damaged = with_a_segment_byte_flipped(
+        (tmp_path / "m.tdp").read_bytes(), lambda segments: max(segments, key=lambda s: s["length"]), at=3
+    )
+    (tmp_path / "damaged.tdp").write_bytes(damaged)
+    with td.load(tmp_path / "damaged.tdp") as program, pytest.raises(td.FormatError, match="checksum mismatch"):
+        program.run("decode", inputs["decode"])
+
+
+@pytest.mark.usefixtures("cache_directory")
 def test_a_program_without_packing_has_nothing_to_prepare(tmp_path: Path) -> None:
     x = torch.randn(2, 64)
     partitioner = OnnxRuntimePartitioner(compile_specs=[CompileSpec("disable_prepacking", b"1")])

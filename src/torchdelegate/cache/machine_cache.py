@@ -6,8 +6,10 @@ do it for every machine a file will run on, and the file cannot carry it without
 the weights' size. :meth:`Program.prepare` (``torchdelegate prepare FILE``) does that work
 once on a machine and keeps the result here; a later load finds it by a key that covers
 everything the result is made from (the blob and the bytes of every weight it reads), the
-backend runtime's version and build, and this machine's CPU. Nothing is written here unless
-asked.
+backend runtime's version and build, and this machine's CPU. The key takes the weights' digests
+from the file's manifest, so a backend that finds an entry still checks the file's weights against
+them (``NamedDataMap.reading(keys, unread=True)``, while the entry loads): a damaged file is refused
+whichever cache is warm. Nothing is written here unless asked.
 
 Entries live in the one store (``store.py``: where ``TORCHDELEGATE_CACHE`` puts it, how an entry is
 published whole under a lock, its size bound shared with the compile cache), which must be a local

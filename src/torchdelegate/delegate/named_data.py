@@ -247,13 +247,17 @@ class NamedDataMap:
         return self._output.digests[self._output.entries[key].buffer_index].hex()
 
     @contextlib.contextmanager
-    def reading(self, keys: Iterable[str]) -> Iterator[dict[str, memoryview]]:
+    def reading(self, keys: Iterable[str], *, unread: bool = False) -> Iterator[dict[str, memoryview]]:
         """The views of ``keys``, for a backend that hands them all to its runtime at once.
 
         A map over a file checks their checksums while the block runs, on another thread, so
         the runtime's loading overlaps the check, and raises the check's ``FormatError`` when
         the block ends; nothing made from the views in the block may outlive that error. Data
         held in memory, as here, needs no check.
+
+        ``unread``: the backend runs something derived from these bytes instead (a machine-cache
+        entry made from them): a damaged file is refused all the same, and each page is let go once
+        checked, so the check costs no resident memory.
         """
         yield {key: self.get_data(key) for key in keys}
 

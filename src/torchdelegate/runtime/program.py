@@ -66,7 +66,7 @@ class FileNamedDataMap(NamedDataMap):
         return digest
 
     @contextlib.contextmanager
-    def reading(self, keys: Iterable[str]) -> Iterator[dict[str, memoryview]]:
+    def reading(self, keys: Iterable[str], *, unread: bool = False) -> Iterator[dict[str, memoryview]]:
         keys = list(keys)
         views = {key: self._file.data(self.digest(key), f"named data {key!r}", verify=False) for key in keys}
         failed: list[BaseException] = []
@@ -74,7 +74,9 @@ class FileNamedDataMap(NamedDataMap):
         def check() -> None:
             try:
                 for key in keys:
-                    self.get_data(key)
+                    digest = self.digest(key)
+                    release = unread and digest not in self._state_segments  # state tensors may be written
+                    self._file.data(digest, f"named data {key!r}", release=release)
             except BaseException as e:  # whatever stops the check stops the block: no unchecked bytes run
                 failed.append(e)
 

@@ -44,6 +44,7 @@ MAX_MANIFEST_BYTES = 1 << 30
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
 
 
+_CHECK_CHUNK = 16 << 20  # bytes hashed between releases of their pages
 _TRUNCATED = "it is truncated; copy it again, or save it again from its program"
 _CORRUPT = "it is corrupt; copy it again, or save it again from its program"
 
@@ -313,18 +314,31 @@ class Container:
             segments.append(Segment(start, length, bytes.fromhex(str(digest)), alignment))
         return segments
 
-    def segment(self, number: int, what: str, *, verify: bool = True) -> memoryview:
-        """Segment ``number``'s bytes, its checksum verified on first use; ``what`` names it in errors."""
+    def segment(self, number: int, what: str, *, verify: bool = True, release: bool = False) -> memoryview:
+        """Segment ``number``'s bytes, its checksum verified on first use; ``what`` names it in errors.
+        ``release``: the caller will not read the bytes, so each page checked is let go (see
+        :meth:`release_pages`; only for a segment nothing writes)."""
         start, length, digest, _ = self.segments[number]
         view = self._view[start : start + length]
         if verify and not self._verified[number]:
-            if hashlib.sha256(view).digest() != digest:
+            found = self._digest_letting_go(start, length) if release else hashlib.sha256(view).digest()
+            if found != digest:
                 raise self._error(
                     f"checksum mismatch in segment {number} ({what}, {length} bytes at offset {start}): "
                     "the file is corrupt"
                 )
             self._verified[number] = True
         return view
+
+    def _digest_letting_go(self, start: int, length: int) -> bytes:
+        """The SHA-256 of ``[start, start + length)``, a chunk at a time, each chunk's pages released after."""
+        digest = hashlib.sha256()
+        for offset in range(start, start + length, _CHECK_CHUNK):
+            end = min(offset + _CHECK_CHUNK, start + length)
+            digest.update(self._view[offset:end])
+            if self._mapping is not None:
+                release_pages(self._mapping, offset, end - offset)
+        return digest.digest()
 
     def release_pages(self, number: int) -> None:
         """Let the OS drop the pages that lie wholly inside segment ``number`` from this process's

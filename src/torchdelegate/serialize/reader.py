@@ -138,10 +138,11 @@ class ProgramFile:
             raise FormatError(f"{self.path}: the partition report is {type(value).__name__}; expected an object")
         return value
 
-    def data(self, digest: str, what: str, *, verify: bool = True) -> memoryview:
-        """The bytes of the segment ``digest`` names, checked against it the first time (if ``verify``)."""
+    def data(self, digest: str, what: str, *, verify: bool = True, release: bool = False) -> memoryview:
+        """The bytes of the segment ``digest`` names, checked against it the first time (if ``verify``);
+        ``release``: as :meth:`Container.segment`'s."""
         container, number = self._location(digest, what)
-        return container.segment(number, what, verify=verify)
+        return container.segment(number, what, verify=verify, release=release)
 
     def release_pages(self, digest: str) -> None:
         """Let the OS drop the segment's pages from memory (see :meth:`Container.release_pages`)."""

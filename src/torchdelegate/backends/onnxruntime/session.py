@@ -115,7 +115,10 @@ class Model:
         prepared = None
         if pack_weights and settings.prepacking and cache_directory() is not None:
             prepared = find_entry(PREPARED, prepared_key(header, model, settings, named_data))
-        session = prepared_session(ort, prepared, settings) if prepared is not None else None
+        session = None
+        if prepared is not None:  # the entry stands in for the file's weights, which must still be sound
+            with named_data.reading(external_keys(initializer_table(header)), unread=True):
+                session = prepared_session(ort, prepared, settings)
         self._files: dict[str, memoryview] = {}
         parsed = None  # the model as confinement read it, when this process checked it
         if session is None:
