@@ -152,11 +152,11 @@ def test_partitions_of_one_computation_are_dropped_unless_allowed_counting_as_ex
         return _names(GroupBasedPartitioner(graph_module, support, **options).propose_partitions())  # type: ignore[arg-type]
 
     assert proposed() == [{"mul", "add_1"}]  # add + view is one computation: a view computes nothing
-    assert proposed(allows_single_node_partition=True) == [{"add", "view"}, {"mul", "add_1"}]
+    assert proposed(allows_single_node_partition=True) == [{"mul", "add_1"}, {"add", "view"}]  # latest first
     assert proposed(non_compute_ops=["torch.ops.aten.mul.Tensor"]) == []
     assert proposed(allowed_single_node_partition_ops=["torch.ops.aten.add.Tensor"]) == [
-        {"add", "view"},
         {"mul", "add_1"},
+        {"add", "view"},
     ]
 
 
@@ -208,7 +208,8 @@ def test_a_partitioner_ported_from_executorch_lowers_saves_and_runs_as_eager(tmp
     with td.load(tmp_path / "blocks.tdp") as program:  # type: ignore[operator]
         torch.testing.assert_close(program.run("forward", x), model(x))
     report = lowered.report
-    assert report is not None and [p.tag for p in report.methods["forward"].partitions] == ["block_0", "block_1"]
+    # the report lists partitions in graph order; ids number the proposed partitions latest first, as torch.fx's
+    assert report is not None and [p.tag for p in report.methods["forward"].partitions] == ["block_1", "block_0"]
 
 
 class _RandomGroups(Partitioner):
@@ -279,3 +280,101 @@ def test_a_group_holding_the_unsupported_node_in_the_way_says_to_split_it() -> N
     partitioner = GroupBasedPartitioner(program.graph_module, ADD_MUL, node_groups=[[add, sin, mul_1]])
     with pytest.raises(ValueError, match=r"through 'sin', which the operator support refuses .*split the group there$"):
         partitioner.propose_partitions()
+
+
+class _Linears(torch.nn.Module):
+    """Two linear layers whose sum (a supported ``add``) feeds a third, then an unsupported ``sin``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second, self.third = (torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.third(self.first(x) + self.second(x))
+        return out, torch.sin(out)
+
+
+def test_a_supported_node_between_a_group_and_itself_joins_the_groups_partition() -> None:
+    program = torch.export.export(_Linears(), (torch.randn(2, 4),))
+    linears = _nodes(program, "linear", "linear_1", "linear_2")
+    support = {aten.linear.default, aten.add.Tensor}
+    partitions = GroupBasedPartitioner(program.graph_module, support, node_groups=[linears]).propose_partitions()
+    assert _names(partitions) == [{"linear", "linear_1", "add", "linear_2"}]  # add is on the path linear -> linear_2
+
+
+def test_groups_each_waiting_for_the_other_through_supported_nodes_become_one_partition() -> None:
+    program = export(Crossed(), torch.randn(3), torch.randn(3))
+    add, mul, mul_1, add_1 = _nodes(program, "add", "mul", "mul_1", "add_1")
+    support = {*ADD_MUL, aten.sin.default, aten.cos.default}
+    partitioner = GroupBasedPartitioner(program.graph_module, support, node_groups=[[add, add_1], [mul, mul_1]])
+    assert _names(partitioner.propose_partitions()) == [{"add", "mul", "sin", "mul_1", "cos", "add_1"}]
+    assert [p.nodes for p in partitioner.plan().partitions] == [["add", "mul", "sin", "mul_1", "cos", "add_1"]]
+
+
+class _Convolutions(torch.nn.Module):
+    """Four convolutions (the third and fourth share weights), an add between the second and third, a max
+    pooling and a subtraction after them, then a relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2, self.conv3 = (torch.nn.Conv2d(2, 2, 1) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.conv1(x)
+        c = self.conv3(a + self.conv2(a))
+        d = self.conv3(c)
+        return (d.amax(dim=2) - c.amax(dim=2)).relu()
+
+
+class _AddOrDiv(OperatorSupportBase):
+    def is_node_supported(self, submodules: dict[str, torch.nn.Module], node: Node) -> bool:
+        return node.op == "call_function" and node.target in (aten.add.Tensor, aten.div.Tensor)
+
+
+def _listed_by_module(program: torch.export.ExportedProgram) -> list[list[Node]]:
+    """Each convolution and relu with the weight and bias placeholders it reads, the way an ExecuTorch
+    partitioner lists the nodes of the modules it runs."""
+    lists = []
+    for node in program.graph.nodes:
+        if node.target in (aten.convolution.default, aten.relu.default):
+            weights = [a for a in node.args if isinstance(a, Node) and a.op == "placeholder" and a.name != "x"]
+            lists.append([node, *weights])
+    return lists
+
+
+def test_listed_placeholders_and_those_the_support_accepts_are_in_the_partitions_latest_partition_first() -> None:
+    program = td.to_edge(export(_Convolutions(), torch.randn(1, 2, 4, 4))).exported_program()
+    partitions = generate_partitions_from_list_of_nodes(program.graph_module, _listed_by_module(program), _AddOrDiv())
+    convolutions = {"convolution", "convolution_1", "convolution_2", "convolution_3", "add"}
+    weights = {f"p_conv{i}_{kind}" for i in (1, 2, 3) for kind in ("weight", "bias")}
+    assert _names(partitions) == [{"relu"}, convolutions | weights]  # the later partition first, as torch.fx's
+    assert [p.id for p in partitions] == [0, 1]
+    first_two = _listed_by_module(program)[:2]  # (the later ones share conv3's weights: one group each)
+    grouped = generate_grouped_partitions_from_list_of_nodes(program.graph_module, first_two)
+    assert _names(grouped) == [{"convolution", "convolution_1", *(w for w in weights if "conv3" not in w)}]
+
+
+class _AddsAndInputs(OperatorSupportBase):
+    """Accepts ``add`` and every placeholder (user inputs included), as a torch.fx support may."""
+
+    def is_node_supported(self, submodules: dict[str, torch.nn.Module], node: Node) -> bool:
+        return node.op == "placeholder" or node.target is aten.add.Tensor
+
+
+class _ReadTwice(torch.nn.Module):
+    """A weight read by two adds that an unsupported ``sin`` keeps apart; a second input read by neither."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x + self.w).sin() + self.w + y.cos()
+
+
+def test_an_accepted_placeholder_goes_with_the_first_partition_reading_it_and_one_no_partition_reads_is_left_out() -> (
+    None
+):
+    program = export(_ReadTwice(), torch.randn(3), torch.randn(3))
+    partitions = generate_partitions_from_list_of_nodes(program.graph_module, op_support=_AddsAndInputs())
+    assert _names(partitions) == [{"add_1", "add_2"}, {"p_w", "x", "add"}]  # y feeds only cos, in no partition

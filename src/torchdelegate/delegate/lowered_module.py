@@ -30,6 +30,7 @@ from torch.fx.experimental.proxy_tensor import (
 )
 
 from torchdelegate.delegate.backend_details import get_backend
+from torchdelegate.delegate.delegate_meta import DelegateMeta
 from torchdelegate.delegate.instance import DelegateInstance
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
 from torchdelegate.delegate.specs import CompileSpec
@@ -74,7 +75,7 @@ class LoweredBackendModule(torch.nn.Module):
         self.compile_specs = list(compile_specs)
         self.original_module = original_module
         self.named_data_store_output = named_data_store_output
-        self.meta: dict[str, Any] = dict(meta or {})
+        self.meta = DelegateMeta(meta or {})
         self.name = name or backend_id
         # Named data visible at run time: the whole lowering's store (live while the lowering
         # runs its stages), so partitions and methods share data only one result added.
@@ -95,6 +96,16 @@ class LoweredBackendModule(torch.nn.Module):
             name=self.name,
             output_count=_user_output_count(self.original_module),
         )
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What lowering recorded: ``method``, ``tag``, ``debug_handle_map``, the backend's
+        ``delegate_info`` (also readable as ExecuTorch's ``_delegate_info_meta``: one value), ..."""
+        return self._meta
+
+    @meta.setter
+    def meta(self, value: dict[str, Any]) -> None:
+        self._meta = value if isinstance(value, DelegateMeta) else DelegateMeta(value)
 
     @property
     def named_data(self) -> NamedDataStoreOutput:

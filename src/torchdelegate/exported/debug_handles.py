@@ -8,14 +8,16 @@ numbered from 1 in graph order (a ``getitem`` of a tuple shares its producer's n
 those of its control-flow sub-graphs (by their attribute names), so equal programs get equal
 numbers. A pass that stands one node for several (a linear
 layer put back together from its decomposition) lists theirs in ``meta["debug_handles"]``.
+A delegate call that lowering puts in place of a partition is numbered as ExecuTorch numbers
+it, after the largest number in its program (:func:`number_after`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from torch.export import ExportedProgram
-from torch.fx import GraphModule, Node
+from torch.fx import Graph, GraphModule, Node
 
 from torchdelegate.exported.programs import is_tuple_item
 
@@ -41,6 +43,14 @@ def number_nodes(program: ExportedProgram) -> None:
                 continue
         node.meta[DEBUG_HANDLE] = following
         following += 1
+
+
+def number_after(nodes: Sequence[Node], graphs: Iterable[Graph]) -> None:
+    """Give ``nodes`` the numbers after the largest that any node of ``graphs`` holds or stands for,
+    one each, in order: a number no computation of those graphs has."""
+    largest = max((h for graph in graphs for node in graph.nodes for h in node_debug_handles(node)), default=0)
+    for following, node in enumerate(nodes, start=largest + 1):
+        node.meta[DEBUG_HANDLE] = following
 
 
 def node_debug_handles(node: Node) -> tuple[int, ...]:

@@ -62,6 +62,8 @@ class GraphPartitions:
     """Output positions (buffer mutations) that leave the owner for a delegate."""
     input_specs: dict[str, InputSpec]
     """The owner's input specs by placeholder name (empty for a sub-graph)."""
+    top_level: bool = True
+    """Whether the graph is the program's own (it has a signature), not a control-flow sub-graph."""
 
 
 def find_partitions(
@@ -132,7 +134,7 @@ def find_partitions(
     partitions = [u for u in order if isinstance(u, Partition)]
     owned_outputs = {i for p in partitions for i in p.mutations}
     dropped = _dropped(nodes, partitions, group_of, tagged_state, specs, signature, owned_outputs)
-    return GraphPartitions(partitions, order, dropped, owned_outputs, specs)
+    return GraphPartitions(partitions, order, dropped, owned_outputs, specs, signature is not None)
 
 
 def _check_no_copy(

@@ -4,6 +4,15 @@ One pass over the fused order copies every remaining node and emits, for each pa
 ``lowered_module_N`` (``get_attr``), one ``call_delegate`` node, and one ``getitem`` per
 output. A ``getitem`` takes the name and meta of the node whose value it now carries, so
 the printed graph reads like the original and the signature keeps its names.
+
+Each new ``call_delegate`` node gets a ``meta["debug_handle"]``, as ExecuTorch gives its
+delegate calls one: the number after the largest the program holds. ExecuTorch takes the
+largest of the graph that stays (the partition's nodes gone, the delegates already spliced
+counted), one partition at a time; here it is the largest of the whole program before lowering
+(the delegated nodes and control-flow sub-graphs included) and of the delegate calls kept from
+earlier lowerings, so a delegate call never shares a number with a computation, in its delegate
+or elsewhere. The program's graph is numbered once all its sub-graphs are spliced: its delegate
+calls in graph order, then its sub-graphs' by attribute name.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import GraphModule, Node
 
 from torchdelegate.delegate.lowered_module import LoweredBackendModule, call_delegate
+from torchdelegate.exported.debug_handles import DEBUG_HANDLE, number_after
 from torchdelegate.exported.structural_copy import copy_meta, copy_node, fetch_attr, graph_like, keep_name
 from torchdelegate.lowering.partitions import GraphPartitions, Partition
 
@@ -72,7 +82,27 @@ def splice(
         if node.op == "get_attr":
             target = str(node.target)
             attrs[target] = submodules[target] if target in submodules else fetch_attr(gm, target)
+    if found.top_level:
+        _number_delegate_calls(gm, graph, attrs)
     return graph, attrs, {old.name: new.name for old, new in env.items()}
+
+
+def _number_delegate_calls(gm: GraphModule, graph: torch.fx.Graph, attrs: Mapping[str, Any]) -> None:
+    """Number the delegate calls without a debug handle in the program's new graph and its sub-graphs,
+    after every handle of the program as it was (``gm``) and as it is."""
+    spliced = [graph]
+    for _, value in sorted(attrs.items()):
+        if isinstance(value, GraphModule):
+            spliced += [m.graph for _, m in sorted(value.named_modules()) if isinstance(m, GraphModule)]
+    calls = [
+        node
+        for each in spliced
+        for node in each.nodes
+        if node.target is call_delegate and not isinstance(node.meta.get(DEBUG_HANDLE), int)
+    ]
+    if calls:
+        original = [m.graph for _, m in gm.named_modules() if isinstance(m, GraphModule)]
+        number_after(calls, [*original, *spliced])
 
 
 def _emit_delegate(graph: torch.fx.Graph, name: str, partition: Partition, env: dict[Node, Node]) -> None:

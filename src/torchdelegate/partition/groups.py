@@ -6,10 +6,14 @@ pattern around a linear layer, an attention block) gives them as *node groups*. 
 supported nodes become one atom of :class:`~torchdelegate.partition.capability.UnitGraph`, never
 split; the engine then joins atoms and the other supported nodes into as few cycle-free
 partitions as it finds, exactly as :class:`~torchdelegate.partition.capability.CapabilityPartitioner`
-groups what a backend supports. A node in two groups is an error, and so is a group that cannot be
-one partition: one that a path through a node outside it joins (alone or together with another
-group) would make the graph depend on itself, and the error names that node, where ExecuTorch's
-would fail later, when the partitions are fused.
+groups what a backend supports. A supported node on a path that leaves a group and comes back
+into it (or that joins groups waiting for each other) is taken into the group's atom, as
+ExecuTorch's merges it into the partition (``partition/closure.py``). A node in two groups is an
+error, and so is a group that cannot be one partition, because an unsupported node stands on
+such a path: the error names that node, where ExecuTorch's would fail later, when the partitions
+are fused. Placeholders and ``get_attr`` nodes the support accepts (a convolution's weight, a
+constant) are in the partitions too, as torch.fx's partitioner puts them there, so that a
+partitioner tagging every node of a partition lowers them inside its delegate.
 
 The classes here work on a ``GraphModule`` and return ``torch.fx`` ``Partition`` objects, as
 ExecuTorch's do (they are called inside a ``Partitioner.partition``), and say why through
@@ -19,7 +23,7 @@ ExecuTorch's do (they are called inside a ``Partitioner.partition``), and say wh
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import _get_qualified_name
@@ -31,14 +35,16 @@ from torchdelegate.partition.capability import (
     CapabilityPartitioner,
     OperatorSupport,
     UnitGraph,
-    atoms_on_a_cycle,
     why_unsupported,
 )
+from torchdelegate.partition.closure import Entangled, widen_groups
 from torchdelegate.partition.contract import is_tuple_item
 from torchdelegate.partition.plan import PartitionPlan
 
 GROUP = "group"  # the label a plan's reasons and partitions carry: these partitions have no backend yet
 NOT_LISTED = "in no list of nodes"
+NOT_A_COMPUTATION = "not a computation (an OperatorSupport is asked about computations only)"
+_INPUTS = ("placeholder", "get_attr")
 _NON_COMPUTE = ("torch.ops.aten.view", "torch.ops.aten.view.default", "_operator.getitem")
 
 
@@ -48,9 +54,10 @@ class GroupBasedPartitioner:
     ``operator_support`` says which nodes may be partitioned: a torch.fx ``OperatorSupportBase``
     (its ``is_node_supported(submodules, node)``) or an
     :data:`~torchdelegate.partition.capability.OperatorSupport` (a set of ops, or a callable on a
-    node). A group's unsupported nodes are left out of it. Unless ``allows_single_node_partition``,
-    partitions with at most one computation are dropped, not counting ``non_compute_ops``
-    (qualified names; ``view`` and ``getitem`` always) and counting
+    node). A torch.fx support is asked about every node, placeholders included, as torch.fx asks
+    it; ours about computations only. A group's unsupported nodes are left out of it. Unless
+    ``allows_single_node_partition``, partitions with at most one computation are dropped, not
+    counting ``non_compute_ops`` (qualified names; ``view`` and ``getitem`` always) and counting
     ``allowed_single_node_partition_ops`` twice, as ExecuTorch does.
     """
 
@@ -77,19 +84,32 @@ class GroupBasedPartitioner:
         """Where each computation goes and why, before single-node partitions are dropped (the
         partitions are labelled ``group_N``)."""
         graph = self.graph_module.graph
-        supported = self.support
-        groups = [[n for n in group if n.op == "call_function" and supported(n) is None] for group in self.node_groups]
-        kept = [group for group in groups if group]
-        _check_acyclic(graph, kept, [self.node_groups[i] for i, group in enumerate(groups) if group])
-        return plan_with_atoms(graph, kept, self.support)
+        return plan_with_atoms(graph, self._atoms(), self.support)
 
     def propose_partitions(self) -> list[Partition]:
-        """The partitions, as torch.fx ``Partition`` objects numbered in graph order."""
-        nodes = {node.name: node for node in self.graph_module.graph.nodes}
+        """The partitions as torch.fx ``Partition`` objects, latest first (by their last node, as
+        torch.fx's walk from the graph's end returns them) and numbered in that order; each
+        partition's nodes in graph order, the placeholders and attributes it takes first."""
+        graph = self.graph_module.graph
+        nodes = {node.name: node for node in graph.nodes}
         found = [[nodes[name] for name in planned.nodes] for planned in self.plan().partitions]
         if not self.allows_single_node_partition:
             found = [members for members in found if self._computations(members) > 1]
+        found = with_inputs(graph, found, self.support, self.node_groups)
+        position = {node: index for index, node in enumerate(graph.nodes)}
+        found.sort(key=lambda members: position[members[-1]], reverse=True)
         return [Partition(id=number, nodes=members) for number, members in enumerate(found)]
+
+    def _atoms(self) -> list[list[Node]]:
+        """Each group's supported computations, widened over the supported nodes that paths between
+        them go through; a ``ValueError`` when an unsupported node stands in the way."""
+        supported = self.support
+        groups = [[n for n in group if n.op == "call_function" and supported(n) is None] for group in self.node_groups]
+        kept = [group for group in groups if group]
+        widened = widen_groups(self.graph_module.graph, kept, lambda node: supported(node) is None)
+        if isinstance(widened, Entangled):
+            _refuse(widened, [self.node_groups[i] for i, group in enumerate(groups) if group])
+        return widened
 
     def _computations(self, members: list[Node]) -> int:
         """ExecuTorch's count: a call that is not a non-compute op counts once, an allowed single op once more."""
@@ -109,11 +129,12 @@ def generate_partitions_from_list_of_nodes(
     op_support: Any = None,
 ) -> list[Partition]:
     """The largest cycle-free partitions of the nodes listed in ``pattern_list`` and those
-    ``op_support`` accepts, single nodes included; the lists are not kept whole (see
+    ``op_support`` accepts (placeholders included), single nodes included, latest first as
+    :meth:`GroupBasedPartitioner.propose_partitions` gives them; the lists are not kept whole (see
     :func:`generate_grouped_partitions_from_list_of_nodes` for that)."""
     listed = {node for nodes in pattern_list or () for node in nodes}
     return GroupBasedPartitioner(
-        graph_module, _listed_or(listed, op_support, graph_module), allows_single_node_partition=True
+        graph_module, _ListedOr(listed, op_support, graph_module), allows_single_node_partition=True
     ).propose_partitions()
 
 
@@ -127,7 +148,7 @@ def generate_grouped_partitions_from_list_of_nodes(
     listed = {node for nodes in groups for node in nodes}
     return GroupBasedPartitioner(
         graph_module,
-        _listed_or(listed, op_support, graph_module),
+        _ListedOr(listed, op_support, graph_module),
         allows_single_node_partition=True,
         node_groups=groups,
     ).propose_partitions()
@@ -144,6 +165,8 @@ def _as_support(operator_support: Any, graph_module: GraphModule) -> Callable[[N
     """``node -> None`` (supported) ``| why not``, from a torch.fx operator support or one of ours."""
     if operator_support is None:
         raise ValueError("give an operator support (or a list of nodes) to partition with")
+    if isinstance(operator_support, _ListedOr):
+        return operator_support.why_not
     if hasattr(operator_support, "is_node_supported"):
         submodules = dict(graph_module.named_modules())
 
@@ -153,21 +176,55 @@ def _as_support(operator_support: Any, graph_module: GraphModule) -> Callable[[N
             return f"{type(operator_support).__name__} does not support it"
 
         return fx_support
-    return lambda node: why_unsupported(operator_support, node)
-
-
-def _listed_or(listed: set[Node], op_support: Any, graph_module: GraphModule) -> Callable[[Node], str | None]:
-    """Supported if listed or if ``op_support`` (optional) accepts it."""
-    if not listed and op_support is None:
-        raise ValueError("give a list of nodes or an operator support to partition with")
-    other = _as_support(op_support, graph_module) if op_support is not None else None
 
     def support(node: Node) -> str | None:
-        if node in listed:
-            return None
-        return NOT_LISTED if other is None else other(node)
+        return why_unsupported(operator_support, node) if node.op == "call_function" else NOT_A_COMPUTATION
 
     return support
+
+
+def with_inputs(
+    graph: Graph, partitions: list[list[Node]], support: Callable[[Node], str | None], groups: Sequence[Sequence[Node]]
+) -> list[list[Node]]:
+    """``partitions`` (graph order) with the placeholders and ``get_attr`` nodes ``support`` accepts.
+
+    Each joins the partition of a node group it is listed in, else the partition of its first user
+    (in graph order) that has one, even when a node outside reads it too: lowering shares such
+    state between the program and every partition that reads it (torch.fx's partitioner leaves it
+    out then, a partition of its own). One that no partition reads is left out.
+    """
+    position = {node: index for index, node in enumerate(graph.nodes)}
+    home = {node: index for index, members in enumerate(partitions) for node in members}
+    group_home: dict[Node, int] = {}
+    for group in groups:
+        held = [home[node] for node in group if node in home]
+        if held:
+            group_home.update(dict.fromkeys(group, held[0]))
+    taken: list[list[Node]] = [[] for _ in partitions]
+    for node in graph.nodes:
+        if node.op not in _INPUTS or support(node) is not None:
+            continue
+        readers = sorted((user for user in node.users if user in home), key=position.__getitem__)
+        found = group_home.get(node, home[readers[0]] if readers else None)
+        if found is not None:
+            taken[found].append(node)
+    return [[*inputs, *members] for inputs, members in zip(taken, partitions, strict=True)]
+
+
+class _ListedOr:
+    """Supported if listed or if ``op_support`` (optional) accepts it: asked about every node, placeholders
+    included, as torch.fx asks the support ExecuTorch's helpers build from the lists."""
+
+    def __init__(self, listed: set[Node], op_support: Any, graph_module: GraphModule) -> None:
+        if not listed and op_support is None:
+            raise ValueError("give a list of nodes or an operator support to partition with")
+        self.listed = listed
+        self.other = _as_support(op_support, graph_module) if op_support is not None else None
+
+    def why_not(self, node: Node) -> str | None:
+        if node in self.listed:
+            return None
+        return NOT_LISTED if self.other is None else self.other(node)
 
 
 def _check_membership(graph: Graph, groups: list[list[Node]]) -> None:
@@ -184,24 +241,20 @@ def _check_membership(graph: Graph, groups: list[list[Node]]) -> None:
                 raise ValueError(f"node {node.name!r} is in node groups {first} and {index}; give each node one group")
 
 
-def _check_acyclic(graph: Graph, kept: list[list[Node]], given: list[list[Node]]) -> None:
-    """Refuse groups that cannot each be one partition, naming the groups and a node on the path."""
-    cycle = atoms_on_a_cycle(graph, kept)
-    if cycle is None:
-        return
-    names = [_listed(given[index]) for index in cycle.atoms[:2]]
-    if len(cycle.atoms) > 1:
-        through = f" (through {cycle.through[0].name!r})" if cycle.through else ""
+def _refuse(entangled: Entangled, given: list[list[Node]]) -> NoReturn:
+    """The ``ValueError`` for groups no partition can keep whole, naming the groups and the node in the way."""
+    names = [_listed(given[index]) for index in entangled.groups[:2]]
+    via = entangled.via.name
+    if len(entangled.groups) > 1:
         raise ValueError(
-            f"the node groups of {names[0]} and of {names[1]} {CYCLE} together{through}: each depends on "
-            "the other; merge them into one group or split one"
+            f"the node groups of {names[0]} and of {names[1]} {CYCLE} together (through {via!r}, which the "
+            "operator support refuses): each depends on the other; split one of them there"
         )
-    via = cycle.through[0].name  # an atom alone is on a cycle only through a node outside it
-    in_a_group = any(node.name == via for index in cycle.atoms for node in given[index])
+    in_a_group = any(node is entangled.via for group in given for node in group)
     why = (
         f"{via!r}, which the operator support refuses (a group keeps only supported nodes); split the group there"
         if in_a_group
-        else f"{via!r}, which is not in it; split the group there, or add that node to it"
+        else f"{via!r}, which is not in it and which the operator support refuses; split the group there"
     )
     raise ValueError(f"the node group of {names[0]} {CYCLE}: a path leaves it and comes back through {why}")
 
