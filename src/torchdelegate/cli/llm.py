@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from torchdelegate.cli.command import (
     EXIT_OK,
@@ -23,12 +22,13 @@ from torchdelegate.cli.command import (
     add_file_options,
     add_imports,
     add_verbose,
-    backend_options,
     loaded,
     output_file,
-    refuse_directory,
     require_torch,
 )
+from torchdelegate.cli.generated_text import WITHOUT_CHAT, TextOut, language_model, read_as_text, sampling_of
+from torchdelegate.cli.llm_chat import llm_chat_command
+from torchdelegate.cli.llm_serve import llm_serve_command
 from torchdelegate.cli.lower import add_lowering_options
 
 HELP = "a transformers checkpoint to one program file, and text generated from it"
@@ -234,16 +234,16 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
-    sampling = _sampling(args)
-    with loaded(args.file, args.external_data, args.trust, args.backend_options) as program, _read_as_text():
-        model = _language_model(program)
+    sampling = sampling_of(args)
+    with loaded(args.file, args.external_data, args.trust, args.backend_options) as program, read_as_text():
+        model = language_model(program)
         if args.chat:
-            prompt = model.chat_prompt([{"role": "user", "content": args.prompt}], _WITHOUT_CHAT)
+            prompt = model.chat_prompt([{"role": "user", "content": args.prompt}], WITHOUT_CHAT)
         else:
             prompt = model.encode(args.prompt)
         model.refuse_unfitting(prompt)
         generator = model.generator()
-        generation = generator.generate(prompt, args.max_new_tokens, sampling, on_token=_Stream(model, out))
+        generation = generator.generate(prompt, args.max_new_tokens, sampling, on_token=TextOut(model, out))
     print("", file=out)
     if args.ids:
         print(f"token ids: {generation.tokens}", file=out)
@@ -257,201 +257,6 @@ def llm_generate_command(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def llm_chat_command(args: argparse.Namespace, out: TextIO) -> int:
-    """Read a user's messages line by line (a terminal, or any stdin), answer each in turn.
-
-    The conversation so far stays in the KV cache: each turn reads only the tokens the cache does
-    not hold yet. When the conversation outgrows the cache, the earlier turns are dropped."""
-    sampling = _sampling(args)
-    interactive = sys.stdin.isatty()
-    with loaded(args.file, args.external_data, args.trust, args.backend_options) as program, _read_as_text():
-        model = _language_model(program)
-        conversation = _Conversation(model, args.system)
-        reply_tokens = args.max_new_tokens or _chat_reply_tokens(model.max_cache)
-        print(
-            f"chatting with {args.file.name} ({model.max_cache} positions of context, replies of at most "
-            f"{reply_tokens} tokens); /reset starts over, /exit or end of input ends",
-            file=out,
-        )
-        while (message := _next_message(interactive, out)) is not None:
-            if message == "/exit":
-                break
-            if message == "/reset":
-                conversation.reset()
-                print("(a new conversation)", file=out)
-            elif message:
-                try:
-                    generation = conversation.reply(message, reply_tokens, sampling, out)
-                except (CommandError, ValueError) as error:  # this message is refused; the conversation goes on
-                    print(f"torchdelegate: error: {error}", file=sys.stderr)
-                    continue
-                stats = generation.stats
-                ids = f"; token ids: {generation.tokens}" if args.ids else ""
-                cut = "; cut short: the cache is full" if generation.finish == "cache full" else ""
-                print(
-                    f"\n({stats.new_tokens} tokens{cut}, first after {stats.time_to_first_token * 1e3:.0f} ms, "
-                    f"{stats.decode_tokens_per_second:.1f} tokens/s{ids})",
-                    file=out,
-                )
-    return EXIT_OK
-
-
-def llm_serve_command(args: argparse.Namespace, out: TextIO) -> int:
-    """Serve the file until SIGTERM or Ctrl-C; the weights are prepared first (in a process of its
-    own) so that every worker maps the same packed copy."""
-    try:
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as e:
-        raise CommandError(
-            f"llm serve needs the serve extra ({e.name} is missing): pip install 'torchdelegate[serve]'"
-        ) from e
-    if args.workers < 1:
-        raise UsageError(f"--workers {args.workers}: give 1 or more")
-    if args.queue < 0:
-        raise UsageError(f"--queue {args.queue}: give 0 or more")
-    if not 0 <= args.port < 65536:
-        raise UsageError(f"--port {args.port}: give 0 to 65535")
-    from torchdelegate.llm.serving.http_app import listening_socket, serve
-    from torchdelegate.llm.serving.worker_pool import WorkerPool, prepared_in_child
-    from torchdelegate.llm.serving.worker_process import FileLoad
-
-    refuse_directory(args.file)  # before the port: the mistake to name is the file, not a busy port
-    try:
-        listening = listening_socket(args.host, args.port)
-    except OSError as e:
-        raise CommandError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
-    _trusted_by_workers(args.trust)
-    with (
-        listening,
-        loaded(args.file, args.external_data, args.trust, args.backend_options) as program,
-        _read_as_text(),
-    ):
-        model = _language_model(program)
-        options = _per_worker_threads(backend_options(args.backend_options), program, args.workers)
-        external = None if args.external_data is None else str(args.external_data)
-        file = FileLoad(str(args.file), external, options, tuple(args.imports))
-        for line in prepared_in_child(file):
-            print(line, file=out, flush=True)
-        pool = WorkerPool(file, args.workers, args.queue, lambda line: print(line, file=out, flush=True))
-        try:
-            serve(model, pool, listening, args.api_key or os.environ.get("TORCHDELEGATE_API_KEY") or None, out)
-        except RuntimeError as e:
-            raise CommandError(str(e)) from e
-    return EXIT_OK
-
-
-def _trusted_by_workers(trust: list[str]) -> None:
-    """--trust given to the workers too: they load the file in processes of their own, which trust
-    what ``TORCHDELEGATE_TRUSTED_BACKENDS`` names (this process's environment, which they inherit)."""
-    from torchdelegate.delegate.trust import TRUSTED_BACKENDS_VARIABLE
-
-    given = [name.strip() for name in os.environ.get(TRUSTED_BACKENDS_VARIABLE, "").split(",") if name.strip()]
-    if trust:
-        os.environ[TRUSTED_BACKENDS_VARIABLE] = ",".join(dict.fromkeys([*given, *trust]))
-
-
-def _per_worker_threads(options: dict[str, dict[str, str]], program: Any, workers: int) -> dict[str, dict[str, str]]:
-    """``options`` with ONNX Runtime's threads shared out among the workers (the cores over the
-    workers, at least one each) unless given, here or in ``TORCHDELEGATE_BACKEND_OPTIONS``: workers that
-    each took every core would fight."""
-    from torchdelegate.runtime.backend_options import environment_options
-
-    if not any(d.backend_id == "onnxruntime" for d in program.delegates):
-        return options
-    onnxruntime = dict(options.get("onnxruntime", {}))
-    if "intra_op_num_threads" not in environment_options(["onnxruntime"]).get("onnxruntime", {}):
-        onnxruntime.setdefault("intra_op_num_threads", str(max(1, (os.cpu_count() or 1) // workers)))
-    return {**options, "onnxruntime": onnxruntime}
-
-
-def _next_message(interactive: bool, out: TextIO) -> str | None:
-    """The user's next line, stripped; None at the end of input."""
-    if interactive:
-        try:
-            return input("> ").strip()
-        except EOFError:
-            print("", file=out)
-            return None
-    line = sys.stdin.readline()
-    if not line:
-        return None
-    print(f"> {line.strip()}", file=out)  # a transcript of piped input reads as the terminal's does
-    return line.strip()
-
-
-def _chat_reply_tokens(max_cache: int) -> int:
-    """A reply's default length: a quarter of the cache (at most 256), so that a conversation holds
-    several turns before its earliest are forgotten."""
-    return max(1, min(256, max_cache // 4))
-
-
-def _sampling(args: argparse.Namespace) -> Any:
-    from torchdelegate.llm import Sampling
-
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: give 1 or more")
-    try:
-        return Sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-
-
-class _Conversation:
-    """The messages so far, and the tokens the KV cache holds at positions 0, 1, ..."""
-
-    def __init__(self, model: Any, system: str | None) -> None:
-        self.model, self.generator = model, model.generator()
-        model.chat_template(_WITHOUT_CHAT)  # no template: refused before the first message
-        self.opening = [{"role": "system", "content": system}] if system else []
-        self.reset()
-
-    def reset(self) -> None:
-        from torchdelegate.llm.language_model import HeldTokens
-
-        self.messages = list(self.opening)
-        self.held = HeldTokens()
-
-    def reply(self, message: str, max_new_tokens: int, sampling: Any, out: TextIO) -> Any:
-        """Answer ``message``, streaming the reply to ``out``; a message that does not fit the cache even
-        alone is refused (ValueError) and leaves the conversation as it was."""
-        turn = {"role": "user", "content": message}
-        self.model.refuse_unfitting(self.model.chat_prompt([*self.opening, turn]))
-        prompt = self._fitting(turn, max_new_tokens, out)
-        self.messages.append(turn)
-        stream = _Stream(self.model, out)
-        cached = self.held.reusable(prompt)
-        generation = self.generator.generate(prompt, max_new_tokens, sampling, on_token=stream, cached=cached)
-        self.held.after(prompt, generation.tokens)
-        self.messages.append({"role": "assistant", "content": self.model.decode(generation.tokens)})
-        return generation
-
-    def _fitting(self, turn: dict[str, str], max_new_tokens: int, out: TextIO) -> list[int]:
-        """The conversation's prompt with ``turn``, its earliest exchanges (a message and its reply)
-        forgotten, oldest first, until a reply of ``max_new_tokens`` fits the cache after it, or none is
-        left to forget. How many were forgotten is said on ``out``."""
-        past = self.messages[len(self.opening) :]
-        prompt = self.model.chat_prompt([*self.opening, *past, turn])
-        forgotten = 0
-        while past and len(prompt) + max_new_tokens > self.model.max_cache:
-            past, forgotten = past[2:], forgotten + 1
-            prompt = self.model.chat_prompt([*self.opening, *past, turn])
-        if forgotten:
-            exchanges = "exchange is" if forgotten == 1 else f"{forgotten} exchanges are"
-            print(f"(the conversation outgrew the cache: its earliest {exchanges} forgotten)", file=out)
-            self.messages = [*self.opening, *past]
-        return prompt
-
-
-_WITHOUT_CHAT = "use llm generate without --chat"
-
-
-def _language_model(program: Any) -> Any:
-    from torchdelegate.llm.language_model import LanguageModel
-
-    return LanguageModel(program)
-
-
 @contextlib.contextmanager
 def _without_standard_input() -> Iterator[None]:
     """Standard input empty while a checkpoint is read: a question asked there (transformers asks
@@ -462,29 +267,3 @@ def _without_standard_input() -> Iterator[None]:
         yield
     finally:
         sys.stdin = given
-
-
-@contextlib.contextmanager
-def _read_as_text() -> Any:
-    """What the file carries (tokenizer, chat template) and the prompt's fit, refused as a command error."""
-    from torchdelegate.errors import CheckpointError
-
-    try:
-        yield
-    except (CheckpointError, ValueError) as error:
-        raise CommandError(str(error)) from error
-
-
-class _Stream:
-    """Prints each token's text as it comes."""
-
-    def __init__(self, model: Any, out: TextIO) -> None:
-        from torchdelegate.llm.language_model import TextStream
-
-        self.text, self.out = TextStream(model), out
-
-    def __call__(self, token: int) -> None:
-        gained = self.text.add(token)
-        if gained:
-            self.out.write(gained)
-            self.out.flush()
