@@ -171,6 +171,8 @@ def test_partitions_from_lists_of_nodes_merge_the_lists_unless_told_to_keep_each
     assert {"add", "add_1"} in _names(grouped) and all(names != {"add"} for names in _names(grouped))
     with pytest.raises(ValueError, match="give a list of nodes or an operator support"):
         generate_partitions_from_list_of_nodes(program.graph_module)
+    assert generate_partitions_from_list_of_nodes(program.graph_module, []) == []  # a pattern that matched nothing
+    assert generate_grouped_partitions_from_list_of_nodes(program.graph_module, []) == []
     assert not any("match" in node.meta for node in program.graph.nodes)  # the caller's graph is left as it was
     del mul_1
 

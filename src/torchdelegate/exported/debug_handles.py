@@ -6,7 +6,8 @@ which node each number is, so a profile of the blob can name the graph's nodes. 
 the number in ``node.meta["debug_handle"]``, and so do we: the computations of each method are
 numbered from 1 in graph order (a ``getitem`` of a tuple shares its producer's number), then
 those of its control-flow sub-graphs (by their attribute names), so equal programs get equal
-numbers. A pass that stands one node for several (a linear
+numbers; attribute reads (a control-flow sub-graph, a delegate) are numbered after them. A pass that
+stands one node for several (a linear
 layer put back together from its decomposition) lists theirs in ``meta["debug_handles"]``.
 A delegate call that lowering puts in place of a partition is numbered as ExecuTorch numbers
 it, after the largest number in its program (:func:`number_after`).
@@ -28,7 +29,8 @@ DEBUG_HANDLES = "debug_handles"
 def number_nodes(program: ExportedProgram) -> None:
     """Give each computation of ``program`` (one of our own making) without a handle the next number
     after the largest it holds (an item of a computation's tuple takes that computation's); ones
-    already numbered keep theirs."""
+    already numbered keep theirs. Then its attribute reads (``get_attr``: a sub-graph, a delegate),
+    as ExecuTorch numbers every node but the inputs and the output, after all of those."""
     graphs = [gm.graph for gm in _graph_modules(program.graph_module)]
     nodes = [node for graph in graphs for node in graph.nodes if node.op == "call_function"]
     handles = [node.meta.get(DEBUG_HANDLE) for node in nodes]
@@ -43,6 +45,8 @@ def number_nodes(program: ExportedProgram) -> None:
                 continue
         node.meta[DEBUG_HANDLE] = following
         following += 1
+    attributes = [node for graph in graphs for node in graph.nodes if node.op == "get_attr"]
+    number_after([node for node in attributes if not isinstance(node.meta.get(DEBUG_HANDLE), int)], graphs)
 
 
 def number_after(nodes: Sequence[Node], graphs: Iterable[Graph]) -> None:

@@ -132,6 +132,7 @@ def generate_partitions_from_list_of_nodes(
     ``op_support`` accepts (placeholders included), single nodes included, latest first as
     :meth:`GroupBasedPartitioner.propose_partitions` gives them; the lists are not kept whole (see
     :func:`generate_grouped_partitions_from_list_of_nodes` for that)."""
+    _require_nodes_or_support(pattern_list, op_support)
     listed = {node for nodes in pattern_list or () for node in nodes}
     return GroupBasedPartitioner(
         graph_module, _ListedOr(listed, op_support, graph_module), allows_single_node_partition=True
@@ -144,6 +145,7 @@ def generate_grouped_partitions_from_list_of_nodes(
     op_support: Any = None,
 ) -> list[Partition]:
     """As :func:`generate_partitions_from_list_of_nodes`, each list kept whole in one partition."""
+    _require_nodes_or_support(pattern_list, op_support)
     groups = [list(nodes) for nodes in pattern_list or ()]
     listed = {node for nodes in groups for node in nodes}
     return GroupBasedPartitioner(
@@ -211,13 +213,17 @@ def with_inputs(
     return [[*inputs, *members] for inputs, members in zip(taken, partitions, strict=True)]
 
 
+def _require_nodes_or_support(pattern_list: Any, op_support: Any) -> None:
+    """Neither given is a mistake; an empty list (a pattern that matched nothing) gives no partitions."""
+    if pattern_list is None and op_support is None:
+        raise ValueError("give a list of nodes or an operator support to partition with")
+
+
 class _ListedOr:
     """Supported if listed or if ``op_support`` (optional) accepts it: asked about every node, placeholders
     included, as torch.fx asks the support ExecuTorch's helpers build from the lists."""
 
     def __init__(self, listed: set[Node], op_support: Any, graph_module: GraphModule) -> None:
-        if not listed and op_support is None:
-            raise ValueError("give a list of nodes or an operator support to partition with")
         self.listed = listed
         self.other = _as_support(op_support, graph_module) if op_support is not None else None
 
