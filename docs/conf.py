@@ -78,9 +78,9 @@ nitpick_ignore = [
         "torchdelegate.compile.compiler.UnitCompiler",
         "torchdelegate.partition.plan.PlannedPartition",
         "torchdelegate.partition.plan.NodeDecision",
-        "torchdelegate.runtime.program.BoundMethod",
-        "torchdelegate.lowering.lowering_report.ReportedProgram",
-        "torchdelegate.lowering.lowering_report.Boundary",
+        "torchdelegate.runtime.bound_method.BoundMethod",
+        "torchdelegate.lowering.method_report.ReportedProgram",
+        "torchdelegate.lowering.method_report.Boundary",
     )
 ] + [("py:data", "torchdelegate.partition.capability.OperatorSupport")]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import shutil
 import threading
 import warnings
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from workloads import weight_bytes
 
 import torchdelegate as td
 from torchdelegate import CompileSpec
+from torchdelegate.serialize.container import Container
 
 pytest.importorskip("onnxruntime")
 from torchdelegate.backends import onnxruntime as ort_backend  # noqa: E402
@@ -193,18 +195,37 @@ def test_a_file_with_other_weights_under_the_same_keys_never_shares_a_prepared_m
 
 
 @pytest.mark.usefixtures("cache_directory")
-def test_a_damaged_file_is_refused_though_its_prepared_model_is_warm(tmp_path: Path) -> None:
-    """The prepared model stands in for the file's weights, so none is read to run it; they are still
-    checked (while the entry loads), and a flipped byte is refused as it is with no cache."""
-    _, inputs, _ = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
+def test_a_damaged_file_is_refused_though_its_prepared_model_is_warm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prepared model stands in for the file's weights, so none is read to run it. ``prepare`` checked
+    every byte of the file it prepared, so loads of that file as it was skip the check; a copy (another
+    file) is checked while the entry loads, and a byte flipped in place (the file changed) is refused."""
+    model, inputs, _ = _linear_stack_methods(tmp_path / "m.tdp", layers=2)
     with td.load(tmp_path / "m.tdp") as program:
         assert "optimized and packed for this machine" in program.prepare()[0]
+    hashed: list[int] = []
+    letting_go = Container._digest_letting_go
+
+    def counted(self: Container, start: int, length: int) -> bytes:
+        hashed.append(length)
+        return letting_go(self, start, length)
+
+    monkeypatch.setattr(Container, "_digest_letting_go", counted)
+    outputs, _ = _first_calls(tmp_path / "m.tdp", inputs)
+    assert hashed == []  # the file prepare checked, unchanged
+    shutil.copyfile(tmp_path / "m.tdp", tmp_path / "copy.tdp")
+    _first_calls(tmp_path / "copy.tdp", inputs)
+    assert sum(hashed) > 2 * 2048 * 2048  # another file: its weights checked, though the entry answered
     damaged = with_a_segment_byte_flipped(
         (tmp_path / "m.tdp").read_bytes(), lambda segments: max(segments, key=lambda s: s["length"]), at=3
     )
-    (tmp_path / "damaged.tdp").write_bytes(damaged)
-    with td.load(tmp_path / "damaged.tdp") as program, pytest.raises(td.FormatError, match="checksum mismatch"):
+    with open(tmp_path / "m.tdp", "r+b") as file:  # in place: the same inode, changed
+        file.write(damaged)
+    with td.load(tmp_path / "m.tdp") as program, pytest.raises(td.FormatError, match="checksum mismatch"):
         program.run("decode", inputs["decode"])
+    with torch.no_grad():
+        torch.testing.assert_close(outputs["decode"], model(inputs["decode"]), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.usefixtures("cache_directory")

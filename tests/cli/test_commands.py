@@ -250,7 +250,10 @@ def test_every_command_treats_an_output_path_by_one_rule(exported: Path) -> None
         assert (exported / written).is_file()
     refused = [
         (_command(*lower, "-o", "model.pt2/m.tdp", cwd=exported), "-o model.pt2: model.pt2 is a file, not a directory"),
-        (_command(*lower, "-o", "new", cwd=exported), "-o new is a directory: give the file to write, e.g. new/model.tdp"),
+        (
+            _command(*lower, "-o", "new", cwd=exported),
+            "-o new is a directory: give the file to write, e.g. new/model.tdp",
+        ),
         (
             _command("inspect", "new/a/m.tdp", "--html", "x.npy/r.html", cwd=exported),
             "--html x.npy: x.npy is a file, not a directory",

@@ -23,7 +23,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from torchdelegate.cache.entry_signature import signer_for
-from torchdelegate.cache.store import STALE_SECONDS, FileParts, Store, max_bytes_setting
+from torchdelegate.cache.eviction import STALE_SECONDS
+from torchdelegate.cache.store import FileParts, Store
+from torchdelegate.cache.store_settings import max_bytes_setting
 from torchdelegate.serialize.bounded_json import bounded_json
 
 if TYPE_CHECKING:  # its module imports torch, which `cache info` and `cache clear` need not

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from torchdelegate.cache.entry_signature import UNSIGNED
-from torchdelegate.delegate.backend_details import PreprocessResult, delegate_info_problem, json_data_problem
 from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.preprocess_checks import delegate_info_problem, json_data_problem
+from torchdelegate.delegate.preprocess_result import PreprocessResult
 from torchdelegate.exported.mapped_pages import hash_releasing, sha256_releasing
 from torchdelegate.serialize.container import FramePayload, canonical_json, span_of, unframed
 from torchdelegate.serialize.manifest import from_pairs

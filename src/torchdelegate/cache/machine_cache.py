@@ -42,7 +42,8 @@ from typing import Any
 
 from torchdelegate.cache.entry_files import EntryFiles
 from torchdelegate.cache.entry_signature import EntrySigner, signer_for
-from torchdelegate.cache.store import CACHE_VARIABLE, Store, StoreError, cache_location, max_bytes_setting, read_cap
+from torchdelegate.cache.store import Store, StoreError
+from torchdelegate.cache.store_settings import CACHE_VARIABLE, cache_location, max_bytes_setting, read_cap
 from torchdelegate.serialize.bounded_json import bounded_json
 from torchdelegate.serialize.container import canonical_json
 
@@ -144,6 +145,27 @@ def find_entry(kind: str, key: str, verify: bool = False, quiet: bool = False) -
     if why is None:
         found.touch(kind, key)
     return None if why is not None else place
+
+
+CHECKED_FILE = "checked-file"
+"""Entries that say a program file, as it is on this machine (its identity), had every segment checked."""
+
+
+def _checked_file_key(identity: list[Any]) -> str:
+    return entry_key(CHECKED_FILE, {"files": identity})
+
+
+def file_checked(identity: list[Any]) -> bool:
+    """Whether ``prepare`` checked every byte of the file(s) of this identity (``ProgramFile.identity``):
+    the same device and inode, unchanged since (size, modification and change times), the same header."""
+    return find_entry(CHECKED_FILE, _checked_file_key(identity), quiet=True) is not None
+
+
+def remember_checked(identity: list[Any]) -> None:
+    """Record that every segment of the file(s) of ``identity`` matched its checksum just now."""
+    key = _checked_file_key(identity)
+    with entry_lock(CHECKED_FILE, key), new_entry(CHECKED_FILE, key) as scratch:
+        (scratch / "files.json").write_text(json.dumps(identity))
 
 
 class EntryCheck:

@@ -1,9 +1,7 @@
 """The one store both caches keep their entries in: content-addressed, published whole, bounded.
 
-Where it is: ``TORCHDELEGATE_CACHE``, when set, names a directory (a relative path is taken from the
-current directory) or an fsspec URL (``s3://bucket/cache``); ``off``, ``0``, ``no``, ``false`` or
-``none`` turn every cache off; unset, it is ``$XDG_CACHE_HOME/torchdelegate``, else
-``~/.cache/torchdelegate``.
+Where it is (a directory or an fsspec URL) and its bound come from ``store_settings.py``; listing,
+eviction and clearing are ``eviction.py``'s, the base class of :class:`Store`.
 
 An entry is a folder ``<kind>/<key>/`` of files and a manifest of their sizes and SHA-256
 digests, written last: an entry without a whole manifest, or whose files do not match it, does not
@@ -24,81 +22,17 @@ import hashlib
 import os
 import secrets
 import shutil
-import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchdelegate.cache.entry_files import MANIFEST, UNFOLLOWED, EntryFiles, file_digest, manifest_bytes
+from torchdelegate.cache.eviction import ABSENT, StoreHousekeeping
+from torchdelegate.cache.store_settings import CACHE_VARIABLE, normalized, read_cap
 from torchdelegate.errors import TorchDelegateError
 from torchdelegate.exported.mapped_pages import hash_releasing, sha256_releasing, write_releasing
 
-CACHE_VARIABLE = "TORCHDELEGATE_CACHE"
-MAX_BYTES_VARIABLE = "TORCHDELEGATE_CACHE_MAX_BYTES"
-DEFAULT_MAX_BYTES = 16 << 30
-_OFF = ("off", "0", "none", "false", "no")
-ABSENT = "it is absent or has no manifest"
-STALE_SECONDS = 3600.0  # a scratch folder or a half-written entry older than this was left by a crash
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | UNFOLLOWED
-
-
-def turned_off(value: str) -> bool:
-    """Whether a cache setting (``TORCHDELEGATE_CACHE``, ``--cache``) turns the caches off."""
-    return value.strip().lower() in _OFF
-
-
-def default_location() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.abspath(base), "torchdelegate")
-
-
-def cache_location() -> str | None:
-    """Where ``TORCHDELEGATE_CACHE`` puts the store (absolute, or a URL), or None when it turns it off."""
-    chosen = os.environ.get(CACHE_VARIABLE, "").strip()
-    if turned_off(chosen):
-        return None
-    return normalized(chosen) if chosen else default_location()
-
-
-def normalized(location: str) -> str:
-    """A local path made absolute (``~`` expanded); a URL as it is."""
-    return location if "://" in location else os.path.abspath(os.path.expanduser(location))
-
-
-def max_bytes_setting() -> int:
-    """The store's bound: ``TORCHDELEGATE_CACHE_MAX_BYTES`` if set, else 16 GiB."""
-    value = os.environ.get(MAX_BYTES_VARIABLE, "").strip()
-    if not value:
-        return DEFAULT_MAX_BYTES
-    try:
-        bound = int(value)
-    except ValueError:
-        bound = -1
-    if bound < 0:
-        raise ValueError(f"{MAX_BYTES_VARIABLE}={value!r}: give a number of bytes >= 0")
-    return bound
-
-
-def read_cap() -> int:
-    """The most one file of an entry may hold to be read: twice the store's bound (an entry holds the
-    weights beside their packed form), the default bound's if the setting is not a number."""
-    try:
-        return 2 * max_bytes_setting()
-    except ValueError:
-        return 2 * DEFAULT_MAX_BYTES
-
-
-@dataclass(frozen=True)
-class EntryInfo:
-    kind: str
-    key: str
-    size: int  # bytes of its files
-    used: float  # when it was last written or read, seconds since the epoch
-    whole: bool  # False: a scratch folder or an entry without a whole manifest (left by a crash)
-    place: str  # its folder
-    damage: str | None = None  # why an entry in place (not a scratch folder) with a manifest cannot be used
 
 
 class StoreError(TorchDelegateError, ValueError):
@@ -110,7 +44,7 @@ class StoreError(TorchDelegateError, ValueError):
         self.reason = reason or message
 
 
-class Store:
+class Store(StoreHousekeeping):
     """Entries by kind and key at ``location``: a local directory or an fsspec URL."""
 
     def __init__(self, location: str | os.PathLike[str], name: str = "cache") -> None:
@@ -308,116 +242,6 @@ class Store:
             records[name] = {"size": size, "sha256": digest.hexdigest()}
         self._fs.pipe_file(f"{place}/{MANIFEST}", manifest_bytes(records))
 
-    # ------------------------------------------------------------------ housekeeping
-    def entries(self, kind: str | None = None) -> list[EntryInfo]:
-        """Every entry (of ``kind``, or of every kind), whole or left by a crash, in a stable order."""
-        found: list[EntryInfo] = []
-        for entry_kind in [kind] if kind is not None else self.kinds():
-            for place in self._list(f"{self._root}/{entry_kind}", links=True):
-                found.append(self._info(entry_kind, place))
-        return sorted(found, key=lambda e: (e.kind, e.key))
-
-    def kinds(self) -> list[str]:
-        return sorted(p.rsplit("/", 1)[-1] for p in self._list(self._root) if not p.rsplit("/", 1)[-1].startswith("."))
-
-    def evict(self, max_bytes: int) -> int:
-        """Remove damaged entries (a warning names each), what a crash left (older than an hour), then the
-        least recently used entries until the rest take at most ``max_bytes``; the bytes freed. The entry
-        used last always stays."""
-        listed = self.entries()
-        now = time.time()
-        freed = 0
-        for entry in listed:
-            if entry.damage is not None:
-                self.warn_damaged(entry, "removed")
-                freed += self._remove(entry)
-            elif not entry.whole and now - entry.used > STALE_SECONDS:
-                freed += self._remove(entry)
-        whole = sorted((e for e in listed if e.whole), key=lambda e: (e.used, e.kind, e.key))
-        total = sum(e.size for e in whole)
-        for entry in whole[:-1]:
-            if total <= max_bytes:
-                break
-            removed = self._remove(entry)
-            total -= removed
-            freed += removed
-        return freed
-
-    def clear(self, kind: str | None = None) -> int:
-        """Remove every entry (of ``kind``), damaged ones included (a warning names each); the bytes freed."""
-        listed = self.entries(kind)
-        for entry in listed:
-            if entry.damage is not None:
-                self.warn_damaged(entry, "removed")
-        return sum(self._remove(entry) for entry in listed)
-
-    def warn_damaged(self, entry: EntryInfo, outcome: str) -> None:
-        """The one warning about a damaged entry: where it is, what is wrong, what became of it."""
-        warnings.warn(f"the {self.name} entry {entry.place} is damaged ({entry.damage}); {outcome}", stacklevel=3)
-
-    def _info(self, kind: str, place: str) -> EntryInfo:
-        name = place.rsplit("/", 1)[-1]
-        key = name.lstrip(".").split(".", 1)[0]
-        sizes, times = [], []
-        for path in self._list(place, files=True):
-            size, used = self._stat(path)
-            sizes.append(size)
-            times.append(used)
-        problem = None if name.startswith(".") else self.problem(kind, key, verify=False)
-        whole = not name.startswith(".") and problem is None
-        if whole:
-            used = self._stat(place)[1] if self.local else self._stat(f"{place}/{MANIFEST}")[1]
-        else:  # a scratch folder: when it was last written to
-            used = max(times, default=0.0) or self._stat(place)[1]
-        damage = problem if problem not in (None, ABSENT) else None  # without a manifest: maybe being written
-        return EntryInfo(kind, key, sum(sizes), used, whole, place, damage)
-
-    def _remove(self, entry: EntryInfo) -> int:
-        try:
-            if self.local and os.path.islink(entry.place):
-                os.unlink(entry.place)  # a link in an entry's place: the link goes, never what it names
-            elif self.local:
-                shutil.rmtree(entry.place)
-            else:
-                self._fs.rm(entry.place, recursive=True)
-        except OSError:
-            return 0
-        return entry.size
-
-    def _list(self, path: str, files: bool = False, links: bool = False) -> list[str]:
-        """The folders in ``path`` (with ``links``, links too), or its files; never through a link: what a
-        link names is not the store's to list, count or remove."""
-        if self.local:
-            if os.path.islink(path):
-                return []
-            try:
-                with os.scandir(path) as scan:
-                    return sorted(e.path for e in scan if _listed(e, files, links) and not e.name.endswith(".lock"))
-            except OSError:
-                return []
-        try:
-            listed = self._fs.ls(path, detail=True)
-        except OSError:
-            return []
-        wanted = "file" if files else "directory"
-        return sorted(str(i["name"]).rstrip("/") for i in listed if i.get("type") == wanted)
-
-    def _stat(self, path: str) -> tuple[int, float]:
-        try:
-            if self.local:
-                status = os.lstat(path)
-                return status.st_size, status.st_mtime
-            info = self._fs.info(path)
-        except OSError:
-            return 0, 0.0
-        return int(info.get("size") or 0), _seconds(info.get("mtime") or info.get("LastModified") or 0)
-
-
-def _listed(found: os.DirEntry[str], files: bool, links: bool) -> bool:
-    if files:
-        return not found.is_dir(follow_symlinks=False)
-    return found.is_dir(follow_symlinks=False) or (links and found.is_symlink())
-
 
 def _flush(path: Path) -> None:
     """Have a file's (or a directory's) contents reach the disk before the entry is renamed into place."""
@@ -427,15 +251,6 @@ def _flush(path: Path) -> None:
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
-
-
-def _seconds(value: Any) -> float:
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
 
 
 FileParts = bytes | memoryview | Sequence[bytes | memoryview]

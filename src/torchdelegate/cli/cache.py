@@ -26,7 +26,8 @@ def define(parser: argparse.ArgumentParser) -> None:
 
 def cache_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.cache.compile_cache import BINDINGS, ENTRIES
-    from torchdelegate.cache.store import CACHE_VARIABLE, Store, StoreError, cache_location, max_bytes_setting
+    from torchdelegate.cache.store import Store, StoreError
+    from torchdelegate.cache.store_settings import CACHE_VARIABLE, cache_location, max_bytes_setting
     from torchdelegate.report.terminal import human_bytes
 
     location = cache_location()

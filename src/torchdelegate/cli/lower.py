@@ -231,7 +231,7 @@ def _compile_cache(option: str | None) -> CompileCache | bool:
     """The compile cache ``--cache`` names, else ``TORCHDELEGATE_CACHE``'s (False: none); an error
     naming whichever of the two named what cannot be a cache, and what to give instead."""
     from torchdelegate.cache.compile_cache import CompileCache
-    from torchdelegate.cache.store import CACHE_VARIABLE, turned_off
+    from torchdelegate.cache.store_settings import CACHE_VARIABLE, turned_off
     from torchdelegate.compile.options import environment_cache
 
     fix = "a directory you can write, an fsspec URL, or off"

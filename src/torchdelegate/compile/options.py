@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from torchdelegate.cache.compile_cache import CompileCache
-from torchdelegate.cache.store import cache_location
+from torchdelegate.cache.store_settings import cache_location
 from torchdelegate.compile.compiler import UnitCompiler
 from torchdelegate.compile.worker import warm_up
 from torchdelegate.delegate.compile_units import compiling_with

@@ -1,7 +1,9 @@
 """The backend contract, named data, trust, a delegate on its backend, LoweredBackendModule and call_delegate.
 
 Bottom to top: ``specs`` (CompileSpec, DelegationSpec), ``named_data`` (NamedDataStore, NamedDataMap),
-``backend_details`` (BackendDetails, the registry), ``trust`` (which backends may run native code),
+``preprocess_result`` (PreprocessResult) and ``preprocess_checks`` (a result checked), ``compile_units``
+(partitions compiled as units), ``backend_details`` (BackendDetails, the registry; it re-exports
+``preprocess_result``'s names), ``trust`` (which backends may run native code),
 ``instance`` (a delegate's blob on its backend at run time), ``lowered_module`` (LoweredBackendModule
 and its call in a graph).
 """

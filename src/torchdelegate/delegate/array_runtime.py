@@ -26,7 +26,7 @@ from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import BackendNotFoundError
 
 ARRAY_RUNTIME_GROUP = "torchdelegate.array_runtimes"
-_SHIPPED = {"onnxruntime": "torchdelegate.backends.onnxruntime.array_runtime:OnnxRuntimeArrays"}
+_SHIPPED = {"onnxruntime": "torchdelegate.backends.onnxruntime.array_hooks:OnnxRuntimeArrays"}
 _REGISTRY: dict[str, type[ArrayRuntime]] = {}
 
 

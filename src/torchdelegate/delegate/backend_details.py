@@ -9,17 +9,18 @@ Every concrete subclass registers itself under its ``backend_id`` when it is def
 installed packages add backends through the entry-point group ``torchdelegate.backends``
 (name = backend id, value = ``module:Class``), so a program loads without importing its
 backends by hand.
+
+This is the documented home of the names backend authors import: what ``preprocess`` returns
+(:class:`PreprocessResult`, :func:`with_named_data`, :func:`shared_named_data`) lives in
+``preprocess_result.py`` and is re-exported here.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
-import math
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import InitVar, dataclass, replace
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any, ClassVar
 
@@ -27,7 +28,11 @@ import torch
 from torch.export import ExportedProgram
 
 from torchdelegate.delegate.compile_units import compile_partitions, current_partition
-from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore, NamedDataStoreOutput
+from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
+from torchdelegate.delegate.preprocess_checks import checked_result
+from torchdelegate.delegate.preprocess_result import PreprocessResult as PreprocessResult
+from torchdelegate.delegate.preprocess_result import shared_named_data as shared_named_data
+from torchdelegate.delegate.preprocess_result import with_named_data as with_named_data
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import (
     BackendNotFoundError,
@@ -37,94 +42,6 @@ from torchdelegate.errors import (
 )
 
 ENTRY_POINT_GROUP = "torchdelegate.backends"
-
-
-@dataclass
-class PreprocessResult:
-    """What ``preprocess`` returns for one partition.
-
-    ``processed_bytes`` is the blob the runtime hands back to ``init``;
-    ``debug_handle_map`` maps what the blob runs (an identifier: an ONNX node name, a kernel number) to
-    the debug handles of the graph nodes it computes (``DelegateMappingBuilder`` makes it);
-    ``data_store_output`` carries named data (typically weights) stored beside the blob;
-    ``delegate_info`` is the backend's own description of this delegate (what it fused, which
-    kernels it chose...) as any JSON value: str, int, float (finite), bool, lists, and dicts with
-    str keys of those (None: nothing to say). Lowering checks it, keeps it in the delegate's
-    ``meta["delegate_info"]`` and saves it in the file, where a loaded program's ``delegates`` and
-    ``torchdelegate inspect`` show it. ExecuTorch's spelling, ``_delegate_info_meta=``, is accepted
-    as a keyword and an attribute: it is the same field.
-    """
-
-    processed_bytes: bytes = b""
-    debug_handle_map: dict[Any, Any] | None = None
-    data_store_output: NamedDataStoreOutput | None = None
-    delegate_info: Any = None
-    _delegate_info_meta: InitVar[Any] = None
-
-    def __post_init__(self, _delegate_info_meta: Any) -> None:
-        if self.delegate_info is None:  # given both (``dataclasses.replace`` passes both), delegate_info wins
-            self.delegate_info = _delegate_info_meta
-
-
-def _delegate_info_meta(result: PreprocessResult) -> Any:
-    return result.delegate_info
-
-
-def _set_delegate_info_meta(result: PreprocessResult, info: Any) -> None:
-    result.delegate_info = info
-
-
-# ExecuTorch's attribute, read and written as ``delegate_info`` (set after the dataclass took its default).
-PreprocessResult._delegate_info_meta = property(_delegate_info_meta, _set_delegate_info_meta)  # type: ignore[attr-defined]
-
-
-def json_data_problem(value: Any, path: str = "") -> str | None:
-    """Why ``value`` is not JSON data (dicts with str keys, lists, str, finite numbers, bool, None), or None.
-
-    ``path`` names where ``value`` sits (``['kernels'][0]``) in the answer.
-    """
-    if value is None or isinstance(value, (str, bool, int)):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path or 'the value'} is {value}, which JSON cannot hold"
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            problem = json_data_problem(item, f"{path}[{index}]")
-            if problem:
-                return problem
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path or 'the dict'} has the key {key!r}, which is not a str"
-            problem = json_data_problem(item, f"{path}[{key!r}]")
-            if problem:
-                return problem
-        return None
-    return f"{path or 'the value'} is a {type(value).__name__}"
-
-
-def delegate_info_problem(info: Any) -> str | None:
-    """Why ``info`` cannot be a delegate's info (JSON data), or None."""
-    return json_data_problem(info)
-
-
-def checked_delegate_info(result: PreprocessResult, backend_id: str, where: str) -> Any:
-    """``result.delegate_info`` checked to be JSON data, as a copy the backend can no longer change.
-
-    ``where`` names the partition (``partition 'tag' of method 'forward'``) in the error.
-    """
-    info = result.delegate_info
-    if info is None:
-        return None
-    problem = delegate_info_problem(info)
-    if problem:
-        raise PreprocessError(
-            f"backend {backend_id!r} returned a delegate_info for {where} that is not JSON data: {problem}; "
-            "return str, int, float, bool, None, lists of them, or dicts with str keys of them"
-        )
-    return json.loads(json.dumps(info, allow_nan=False))
-
 
 _REGISTRY: dict[str, type[BackendDetails]] = {}
 _COMPILE_HOOKS = ("preprocess", "preprocess_multimethod", "link_results", "preprocess_partition", "compile_partition")
@@ -361,58 +278,6 @@ class BackendDetails(ABC):
     def destroy(cls, handle: Any) -> None:
         """Release a handle returned by ``init``; the default keeps nothing to release."""
         del handle
-
-
-def shared_named_data(
-    results: list[PreprocessResult], rewrite: Callable[[list[bytes], NamedDataStore], list[bytes]] | None = None
-) -> list[PreprocessResult]:
-    """Every result's named data merged, in order, into one store that all the results then hold,
-    so a weight several partitions or methods use is stored once: a ``link_results`` for backends
-    whose blobs keep their weights in named data. ``rewrite(blobs, store)`` may then change the
-    blobs knowing that store (ONNX Runtime's makes partitions that share weights one model)."""
-    store = NamedDataStore()
-    for result in results:
-        if result.data_store_output is not None:
-            store.merge(result.data_store_output)
-    blobs = [result.processed_bytes for result in results]
-    if rewrite is not None:
-        blobs = rewrite(blobs, store)
-    output = store.get_named_data_store_output()
-    # one store: the lowering merges it once
-    return [
-        replace(result, processed_bytes=blob, data_store_output=output)
-        for result, blob in zip(results, blobs, strict=True)
-    ]
-
-
-def with_named_data(compile: Callable[[NamedDataStore], bytes | PreprocessResult]) -> PreprocessResult:
-    """The blob ``compile(store)`` returns (or its result: a debug handle map, an info), with the named
-    data it put in ``store``: a ``preprocess`` whose partition keeps its weights in named data (joined
-    across partitions by :func:`~torchdelegate.shared_named_data`)."""
-    store = NamedDataStore()
-    made = compile(store)
-    result = made if isinstance(made, PreprocessResult) else PreprocessResult(made)
-    return replace(result, data_store_output=store.get_named_data_store_output())
-
-
-def checked_result(result: Any, backend_id: str, method: str) -> PreprocessResult:
-    """``result`` if it is a ``PreprocessResult`` of bytes and named data; else a ``PreprocessError`` saying why."""
-    if not isinstance(result, PreprocessResult):
-        raise PreprocessError(
-            f"backend {backend_id!r} returned {type(result).__name__} for method {method!r}; "
-            "expected a PreprocessResult"
-        )
-    if not isinstance(result.processed_bytes, bytes):
-        raise PreprocessError(
-            f"backend {backend_id!r}: PreprocessResult.processed_bytes for method {method!r} is a "
-            f"{type(result.processed_bytes).__name__}; expected bytes"
-        )
-    if result.data_store_output is not None and not isinstance(result.data_store_output, NamedDataStoreOutput):
-        raise PreprocessError(
-            f"backend {backend_id!r}: PreprocessResult.data_store_output for method {method!r} is a "
-            f"{type(result.data_store_output).__name__}; use NamedDataStore.get_named_data_store_output()"
-        )
-    return result
 
 
 class SharedDataBackend(BackendDetails):

@@ -7,6 +7,10 @@ the current :class:`PartitionCompiler`: the one lowering chose for the call (a
 ``compile/``), else :func:`compile_serially` here. Whoever compiles, the results come back in the
 units' order, so the saved file does not depend on the path they took. While a unit compiles,
 :func:`current_partition` names it, for the backend's own messages and warnings.
+
+``BackendDetails.preprocess_multimethod`` calls into this module, so it does not import the
+contract back: what compiling a unit asks of a backend class is :class:`UnitBackend`, which every
+``BackendDetails`` subclass is.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from torch.export import ExportedProgram
 
@@ -23,8 +27,19 @@ from torchdelegate.delegate.progress import partition_compiled
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import PreprocessError
 
-if TYPE_CHECKING:
-    from torchdelegate.delegate.backend_details import BackendDetails
+
+class UnitBackend(Protocol):
+    """A backend class as its units compile: its id and its ``preprocess`` (or the deprecated
+    ``preprocess_partition`` a subclass still overrides). Every ``BackendDetails`` subclass is one."""
+
+    backend_id: str
+    _calls_preprocess_partition: bool
+
+    def preprocess(self, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> Any: ...
+
+    def preprocess_partition(
+        self, edge_program: ExportedProgram, compile_specs: list[CompileSpec], where: str
+    ) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -51,8 +66,10 @@ class CompiledUnit:
 
 
 class PartitionCompiler(Protocol):
-    def compile(self, backend: type[BackendDetails], units: Sequence[CompileUnit]) -> list[CompiledUnit]:
-        """Every unit compiled by ``backend``, in order; each completion reported to ``progress``."""
+    def compile(self, backend: Any, units: Sequence[CompileUnit]) -> list[CompiledUnit]:
+        """Every unit compiled by ``backend`` (a ``BackendDetails`` subclass: a compiler asks it for more
+        than :class:`UnitBackend` says, its cache identity, its checks), in order; each completion
+        reported to ``progress``."""
         ...
 
 
@@ -104,7 +121,7 @@ def current_partition() -> str:
 
 
 @contextmanager
-def failures_named(backend: type[BackendDetails], where: str) -> Iterator[None]:
+def failures_named(backend: UnitBackend, where: str) -> Iterator[None]:
     """A backend's exception inside the block re-raised as a ``PreprocessError`` naming the backend and
     ``where`` (the partition), chained; a ``PreprocessError`` that names it already passes as it is."""
     try:
@@ -122,7 +139,7 @@ def failures_named(backend: type[BackendDetails], where: str) -> Iterator[None]:
 
 
 def preprocess_unit(
-    backend: type[BackendDetails], program: ExportedProgram, compile_specs: list[CompileSpec], where: str
+    backend: UnitBackend, program: ExportedProgram, compile_specs: list[CompileSpec], where: str
 ) -> Any:
     """One unit's ``backend.preprocess``, with :func:`current_partition` naming it: the one call a
     partition's compile makes, here or on a worker. A backend still overriding the deprecated
@@ -136,13 +153,13 @@ def preprocess_unit(
         _partition.reset(token)
 
 
-def compile_in_process(backend: type[BackendDetails], unit: CompileUnit) -> Any:
+def compile_in_process(backend: UnitBackend, unit: CompileUnit) -> Any:
     """The unit's ``preprocess`` here, its failure named by the partition."""
     with failures_named(backend, unit.where):
         return preprocess_unit(backend, unit.program, list(unit.compile_specs), unit.where)
 
 
-def compile_serially(backend: type[BackendDetails], units: Sequence[CompileUnit]) -> list[CompiledUnit]:
+def compile_serially(backend: UnitBackend, units: Sequence[CompileUnit]) -> list[CompiledUnit]:
     """Each unit in turn, in this process, with no cache."""
     compiled = []
     for unit in units:
@@ -152,7 +169,7 @@ def compile_serially(backend: type[BackendDetails], units: Sequence[CompileUnit]
 
 
 def compile_partitions(
-    backend: type[BackendDetails],
+    backend: UnitBackend,
     edge_programs: Mapping[str, Sequence[ExportedProgram]],
     compile_specs: Mapping[str, Sequence[Sequence[CompileSpec]]],
 ) -> list[tuple[str, Any]]:

@@ -2,51 +2,38 @@
 
 A program is a set of methods (``forward``; or ``prefill`` and ``decode``) exported from one
 model. ``to_edge`` decomposes each to core ATen (functionalizing in-place updates of
-buffers) and makes methods that hold equal state share one tensor. The manager is
-immutable: every step returns a new manager and leaves the old one as it was.
+buffers; ``decomposition.py``) and makes methods that hold equal state share one tensor. The
+manager is immutable: every step returns a new manager and leaves the old one as it was; what it
+does is done by the modules it calls (``transform_passes.py``, ``batch.py``, the writer).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
 from torch.export import ExportedProgram
-from torch.fx import GraphModule, Node
-from torch.fx import traceback as fx_traceback
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
+from torch.fx import GraphModule
 
 from torchdelegate.delegate.lowered_module import LoweredBackendModule, delegates_held_by, delegates_named_data
 from torchdelegate.delegate.named_data import NamedDataStore, NamedDataStoreOutput, NamedDataSummary
 from torchdelegate.delegate.specs import DelegationSpec
-from torchdelegate.errors import PartitionError, first_line
+from torchdelegate.errors import PartitionError
 from torchdelegate.exported.debug_handles import number_nodes
-from torchdelegate.exported.structural_copy import (
-    MutableStateCopies,
-    copy_program,
-    rebuilt,
-    with_identifier_state_names,
-    with_state,
-    with_state_names,
-)
-from torchdelegate.exported.torch_warnings import torch_internal_warnings_silenced
+from torchdelegate.exported.structural_copy import MutableStateCopies, with_state
 from torchdelegate.lowering.batch import lower
+from torchdelegate.lowering.decomposition import KeepFilters, any_accepts, asked_overloads, decompose, wanted_whole
 from torchdelegate.lowering.equal_programs import once_per_program
 from torchdelegate.lowering.lowering_report import DeferredReport, LoweringReport, attached_report
-from torchdelegate.lowering.metadata_checks import drop_proven_checks
 from torchdelegate.lowering.run_partitioner import PartitionerLike
-from torchdelegate.partition.contract import Partitioner, overloads_of
+from torchdelegate.lowering.transform_passes import Pass, run_passes
+from torchdelegate.partition.contract import Partitioner
 from torchdelegate.serialize.writer import save_program
-
-Pass = Callable[[ExportedProgram], ExportedProgram | None] | PassBase
-"""A transform: a callable on an ExportedProgram (returning a new one, or None after editing
-the one given, which is always a private copy), or a torch.fx PassBase run on its graph."""
 
 PartitionerChoice = PartitionerLike | Sequence[PartitionerLike]
 
@@ -65,79 +52,6 @@ def _methods(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> dict[
         if not isinstance(program, ExportedProgram):
             raise TypeError(f"method {name!r} must be a torch.export.ExportedProgram, got {type(program).__name__}")
     return dict(programs)
-
-
-NodeFilter = Callable[[Node], bool]
-KEEP_WHOLE = "torchdelegate_keep_whole"
-"""Set in the meta of a node (of a private copy) that decomposition must leave whole."""
-
-
-def _decompose(
-    method: str, program: ExportedProgram, keep: Collection[OpOverload] = (), node_filter: NodeFilter | None = None
-) -> ExportedProgram:
-    """Core ATen, functional; the ops in ``keep`` are left whole, on the nodes ``node_filter`` accepts (all if None).
-
-    As ExecuTorch does, the ops are first kept on every node, those that only another op's
-    decomposition makes included (an LSTM's ``linear``); then the filter sees the nodes of that
-    program, and those it refuses are decomposed by a second pass, which only they need.
-
-    torch decomposes through Python code that reads each parameter and buffer as an attribute,
-    which fails for names that are not identifiers (a parameter registered as ``lambda``), so
-    such state is decomposed under a stand-in name and gets its own name back. Metadata checks
-    the traced values prove are dropped (``metadata_checks``). An error of torch's
-    decomposition is raised as it is, with a note naming the method.
-    """
-    table = torch.export.default_decompositions()
-    for op in keep:
-        table.pop(op, None)
-    program, stand_ins = with_identifier_state_names(program)
-    decomposed = _run_decompositions(method, program, table)
-    accepted, refused = _filtered(decomposed, set(keep), node_filter) if node_filter is not None else ([], False)
-    if refused:
-        table = torch.export.default_decompositions()
-        for op in keep:
-            if op in table:
-                table[op] = _unless_kept(table[op])
-        for node in accepted:
-            node.meta[KEEP_WHOLE] = True  # read while the second pass retraces it; not copied to its nodes
-        decomposed = _run_decompositions(method, decomposed, table)
-    drop_proven_checks(decomposed)  # a program of our own making: its checks no backend runs
-    return with_state_names(decomposed, {v: k for k, v in stand_ins.items()}) if stand_ins else decomposed
-
-
-def _run_decompositions(method: str, program: ExportedProgram, table: dict[Any, Any]) -> ExportedProgram:
-    try:
-        with torch_internal_warnings_silenced():
-            return program.run_decompositions(table)
-    except Exception as error:
-        error.add_note(f"method {method!r}: torch's run_decompositions failed on the exported program")
-        raise
-
-
-def _filtered(program: ExportedProgram, ops: set[OpOverload], node_filter: NodeFilter) -> tuple[list[Node], bool]:
-    """The nodes of ``ops`` that ``node_filter`` accepts, sub-graphs included; and whether it refused any."""
-    accepted, refused = [], False
-    for gm in program.graph_module.modules():
-        if not isinstance(gm, GraphModule):
-            continue
-        for node in gm.graph.nodes:
-            if node.op == "call_function" and node.target in ops:
-                if node_filter(node):
-                    accepted.append(node)
-                else:
-                    refused = True
-    return accepted, refused
-
-
-def _unless_kept(decomposition: Callable[..., Any]) -> Callable[..., Any]:
-    """``decomposition``, except on a node marked to keep: there it answers NotImplemented, which keeps the op."""
-
-    def decompose(*args: Any, **kwargs: Any) -> Any:
-        if fx_traceback.get_current_meta().get(KEEP_WHOLE):
-            return NotImplemented
-        return decomposition(*args, **kwargs)
-
-    return decompose
 
 
 def _numbered(programs: dict[str, ExportedProgram]) -> dict[str, ExportedProgram]:
@@ -180,7 +94,7 @@ def _same_tensor_value(a: torch.Tensor, b: torch.Tensor) -> bool:
 def to_edge(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> EdgeProgramManager:
     """Decompose every method to core ATen (functional) and wrap them in a manager."""
     methods = _methods(programs)
-    manager = EdgeProgramManager(_numbered(_own_state(once_per_program(methods, _decompose))))
+    manager = EdgeProgramManager(_numbered(_own_state(once_per_program(methods, decompose))))
     return manager._reported(_reports_of(methods))
 
 
@@ -241,7 +155,7 @@ class EdgeProgramManager:
         per_method = self._per_method(passes, "transform")
         programs = dict(self._programs)
         for method, method_passes in per_method.items():
-            programs[method] = _run_passes(method, programs[method], method_passes)
+            programs[method] = run_passes(method, programs[method], method_passes)
             number_nodes(programs[method])  # what the passes made gets numbers after the others
         return EdgeProgramManager(programs, self._named_data)._reported(self._report)
 
@@ -345,44 +259,6 @@ def _as_list(method: str, choice: Any) -> list[PartitionerLike]:
     return items
 
 
-def _run_passes(method: str, program: ExportedProgram, passes: Sequence[Pass]) -> ExportedProgram:
-    current = copy_program(program)
-    for transform in passes:
-        name = getattr(transform, "__name__", type(transform).__name__)
-        if isinstance(transform, type) and issubclass(transform, PassBase):
-            raise TypeError(f"transform: got the class {name}; pass an instance: {name}()")
-        if isinstance(transform, PassBase):
-            result = transform(current.graph_module)
-            graph_module = result.graph_module if isinstance(result, PassResult) else current.graph_module
-            current = _rebuilt_after(name, method, current, graph_module)
-            continue
-        if not callable(transform):
-            raise TypeError(f"transform: {name} is not callable; a pass takes an ExportedProgram")
-        returned = cast(Callable[[ExportedProgram], Any], transform)(current)
-        if returned is None or returned is current:
-            current = _rebuilt_after(name, method, current, current.graph_module)
-        elif isinstance(returned, ExportedProgram):
-            current = copy_program(returned) if returned is program else returned
-        else:
-            raise TypeError(
-                f"transform: pass {name} returned {type(returned).__name__} for method {method!r}; "
-                "return an ExportedProgram, or None after editing the one given"
-            )
-    return current
-
-
-def _rebuilt_after(name: str, method: str, program: ExportedProgram, graph_module: GraphModule) -> ExportedProgram:
-    """The program a pass edited in place, verified again; a pass that broke it is named."""
-    try:
-        graph_module.recompile()
-        return rebuilt(program, graph_module)
-    except Exception as e:
-        raise ValueError(
-            f"transform: pass {name} made method {method!r} an invalid program ({type(e).__name__}: {first_line(e)}); "
-            "a pass must leave a graph torch.export accepts"
-        ) from e
-
-
 def to_edge_transform_and_lower(
     programs: ExportedProgram | Mapping[str, ExportedProgram],
     partitioner: PartitionerChoice | Mapping[str, PartitionerChoice] | None = None,
@@ -415,43 +291,16 @@ def edge_keeping(
         for method, choice in stage.items():
             if isinstance(choice, Partitioner):
                 asked, node_filter = choice.ops_to_not_decompose(methods[method])
-                ops = {op for op in _overloads(asked) if op in default_table}
+                ops = {op for op in asked_overloads(asked) if op in default_table}
                 keep[method] |= ops
                 filters[method].append((ops, node_filter))
     kept = KeptWhole(keep, filters)
     # Equal programs decompose alike where the same partitioners kept the same ops in them.
     kept_by = {m: (tuple(sorted(map(str, keep[m]))), tuple(id(stage.get(m)) for stage in stages)) for m in methods}
     edge = once_per_program(
-        methods, lambda m, p: _decompose(m, p, kept.keep[m], _any_accepts(kept.filters[m])), also=kept_by
+        methods, lambda m, p: decompose(m, p, kept.keep[m], any_accepts(kept.filters[m])), also=kept_by
     )
     return EdgeProgramManager(_numbered(_own_state(edge))), kept
-
-
-KeepFilters = list[tuple[set[OpOverload], NodeFilter | None]]
-"""Each partitioner's ``ops_to_not_decompose``: the ops it asked to keep, and its node filter."""
-
-
-def _wanted_whole(node: Node, filters: KeepFilters) -> bool:
-    """Whether a partitioner that asked to keep ``node``'s op whole accepts this node."""
-    return any(node.target in ops and (f is None or f(node)) for ops, f in filters)
-
-
-def _any_accepts(filters: KeepFilters) -> NodeFilter | None:
-    """:func:`_wanted_whole` as a node filter; None when every partitioner keeps all nodes of its ops."""
-    if all(f is None for _, f in filters):
-        return None
-    return functools.partial(_wanted_whole, filters=filters)
-
-
-def _overloads(ops: Iterable[Any]) -> list[OpOverload]:
-    """The overloads ``ops_to_not_decompose`` named."""
-    found: list[OpOverload] = []
-    for op in ops:
-        overloads = overloads_of(op)
-        if overloads is None:
-            raise TypeError(f"ops_to_not_decompose returned {op!r}; expected torch ops (e.g. aten.linear.default)")
-        found.extend(overloads)
-    return found
 
 
 @dataclass(frozen=True)
@@ -475,12 +324,12 @@ class KeptWhole:
             ]
             if not left:
                 continue
-            wanted = sorted({str(node.target) for node in left if _wanted_whole(node, self.filters[method])})
+            wanted = sorted({str(node.target) for node in left if wanted_whole(node, self.filters[method])})
             if wanted:
                 warnings.warn(
                     f"method {method!r}: {', '.join(wanted)} kept whole for a backend that did not claim "
                     "them; decomposing them now",
                     stacklevel=3,
                 )
-            programs[method] = _decompose(method, program)
+            programs[method] = decompose(method, program)
         return EdgeProgramManager(programs, manager.named_data)._reported(manager._report)

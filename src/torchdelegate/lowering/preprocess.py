@@ -16,13 +16,7 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from torchdelegate.delegate.backend_details import (
-    BackendDetails,
-    PreprocessResult,
-    checked_delegate_info,
-    checked_result,
-    get_backend,
-)
+from torchdelegate.delegate.backend_details import BackendDetails, get_backend
 from torchdelegate.delegate.compile_units import (
     CompileRun,
     PartitionCompiler,
@@ -31,6 +25,8 @@ from torchdelegate.delegate.compile_units import (
 )
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.named_data import NamedDataStore
+from torchdelegate.delegate.preprocess_checks import checked_delegate_info, checked_result
+from torchdelegate.delegate.preprocess_result import PreprocessResult
 from torchdelegate.delegate.progress import expect_partitions, partitions_compiled_until, steps_done
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import BackendNotFoundError, NamedDataConflictError, PreprocessError

@@ -8,9 +8,10 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from torchdelegate.delegate.backend_details import checked_result, get_backend
+from torchdelegate.delegate.backend_details import get_backend
 from torchdelegate.delegate.compile_units import CompileUnit, compile_in_process
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
+from torchdelegate.delegate.preprocess_checks import checked_result
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.lowering.batch import Lowering, checked_program, lower

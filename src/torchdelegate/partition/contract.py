@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch._ops import OpOverload, OpOverloadPacket
 from torch.export import ExportedProgram
@@ -14,9 +14,7 @@ from torch.fx import Node
 from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.exported.programs import DELEGATION_TAG as DELEGATION_TAG  # where partitioners find it
 from torchdelegate.exported.programs import is_tuple_item as is_tuple_item  # the rule lives with the programs
-
-if TYPE_CHECKING:
-    from torchdelegate.partition.plan import PartitionPlan
+from torchdelegate.partition.plan import PartitionPlan
 
 """The ``node.meta`` key a partitioner sets to put a node in a partition."""
 

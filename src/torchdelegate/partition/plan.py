@@ -17,8 +17,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from torchdelegate.delegate.specs import DelegationSpec
-from torchdelegate.exported.programs import DELEGATION_TAG
-from torchdelegate.partition.contract import is_tuple_item
+from torchdelegate.exported.programs import DELEGATION_TAG, is_tuple_item
 
 
 @dataclass(frozen=True)

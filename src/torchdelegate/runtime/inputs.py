@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 
 from torchdelegate.errors import FormatError, ProgramInputError
 from torchdelegate.runtime.arguments import Dim, bound_arguments, check_sizes, dim_of, sizes_text
-from torchdelegate.serialize.residual_graph import ConstantValue, ResidualGraph, SymbolicValue, TensorValue
+from torchdelegate.serialize.runnable_graph import ConstantValue, ResidualGraph, SymbolicValue, TensorValue
 
 
 @dataclass(frozen=True)

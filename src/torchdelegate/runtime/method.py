@@ -26,7 +26,7 @@ from torchdelegate.runtime.inputs import MethodInputs
 from torchdelegate.serialize.allow_list import allowed_call_target, passed_operator_allowed
 from torchdelegate.serialize.call_delegate import SIZE, TENSOR, saved_call_nodes
 from torchdelegate.serialize.node_checks import node_target
-from torchdelegate.serialize.residual_graph import ResidualGraph, TensorValue
+from torchdelegate.serialize.runnable_graph import ResidualGraph, TensorValue
 
 
 def _compile_graph(

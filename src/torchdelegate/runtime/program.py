@@ -10,33 +10,29 @@ lock, so calls of stateful methods are serialized and each sees the state the pr
 left. Methods without mutable state run concurrently; a backend's ``execute`` is serialized
 per delegate unless the backend declares ``thread_safe_execute``. ``close()`` waits for the
 calls in progress, then destroys every delegate handle exactly once; later calls raise
-:class:`~torchdelegate.errors.ProgramClosedError`.
+:class:`~torchdelegate.errors.ProgramClosedError`. A call's path (the gate, the state lock) is
+``bound_method.py``; named data over the file, ``file_named_data.py``; a delegate on its backend,
+``file_delegates.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from torchdelegate.cache.machine_cache import required_cache_directory
-from torchdelegate.delegate.instance import DelegateInstance
-from torchdelegate.delegate.named_data import NamedDataMap
+from torchdelegate.cache.machine_cache import remember_checked, required_cache_directory
 from torchdelegate.delegate.trust import trusted_backends as trusted_backends_of
-from torchdelegate.errors import (
-    BackendNotFoundError,
-    BackendUnavailableError,
-    FormatError,
-    ProgramClosedError,
-    TorchRequiredError,
-)
+from torchdelegate.errors import FormatError, ProgramClosedError, TorchRequiredError
 from torchdelegate.runtime.array_method import ArrayMethod
-from torchdelegate.runtime.backend_options import BackendOptions, checked_backend_options, with_load_options
+from torchdelegate.runtime.backend_options import BackendOptions, checked_backend_options
+from torchdelegate.runtime.bound_method import BoundMethod, CallGate
 from torchdelegate.runtime.engine import ENGINES, array_plans, require_torch
+from torchdelegate.runtime.file_delegates import file_delegate
+from torchdelegate.runtime.file_named_data import FileNamedDataMap
 from torchdelegate.serialize.arrays import array_from_bytes, numpy_dtype, zeros_array
 from torchdelegate.serialize.call_plan import CallPlan
 from torchdelegate.serialize.manifest import DelegateRecord
@@ -45,150 +41,6 @@ from torchdelegate.serialize.tree_specs import output_type_name
 
 if TYPE_CHECKING:
     from torchdelegate.runtime.method import Method
-
-
-class FileNamedDataMap(NamedDataMap):
-    """Named data read from a program file: zero-copy views of the mapping, checked on first use."""
-
-    def __init__(self, file: ProgramFile) -> None:
-        super().__init__()
-        self._file = file
-        self._digests = {record.key: record.data for record in file.named_data}
-        self._state_segments = frozenset(record.data for record in file.state if record.data is not None)
-
-    def get_data(self, key: str) -> memoryview:
-        return self._file.data(self.digest(key), f"named data {key!r}").toreadonly()
-
-    def digest(self, key: str) -> str:
-        digest = self._digests.get(key)
-        if digest is None:
-            raise KeyError(f"no named data {key!r} in {self._file.path} ({len(self._digests)} keys are stored)")
-        return digest
-
-    @contextlib.contextmanager
-    def reading(self, keys: Iterable[str], *, unread: bool = False) -> Iterator[dict[str, memoryview]]:
-        keys = list(keys)
-        views = {key: self._file.data(self.digest(key), f"named data {key!r}", verify=False) for key in keys}
-        failed: list[BaseException] = []
-
-        def check() -> None:
-            try:
-                for key in keys:
-                    digest = self.digest(key)
-                    release = unread and digest not in self._state_segments  # state tensors may be written
-                    self._file.data(digest, f"named data {key!r}", release=release)
-            except BaseException as e:  # whatever stops the check stops the block: no unchecked bytes run
-                failed.append(e)
-
-        checking = threading.Thread(target=check, name="torchdelegate-checksums", daemon=True)
-        checking.start()
-        try:
-            yield {key: view.toreadonly() for key, view in views.items()}
-        finally:
-            checking.join()
-            if failed:
-                raise failed[0]
-
-    def release_pages(self, key: str) -> None:
-        digest = self._digests.get(key)
-        if digest is not None and digest not in self._state_segments:  # state tensors may be written
-            self._file.release_pages(digest)
-
-    def keys(self) -> Iterator[str]:
-        return iter(sorted(self._digests))
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._digests
-
-    def __len__(self) -> int:
-        return len(self._digests)
-
-
-class _Gate:
-    """Counts calls in progress so that ``close`` can wait for them, and refuses calls after it."""
-
-    def __init__(self, path: str) -> None:
-        self._condition = threading.Condition(threading.Lock())  # never re-entered: a plain lock is cheaper
-        self._active = 0
-        self._path = path
-        self.closed = False
-
-    def enter(self, method: str) -> None:
-        with self._condition:
-            if self.closed:
-                raise ProgramClosedError(f"cannot run {method!r}: the program {self._path} is closed; load it again")
-            self._active += 1
-
-    def leave(self) -> None:
-        with self._condition:
-            self._active -= 1
-            if not self._active:
-                self._condition.notify_all()
-
-    def close(self) -> bool:
-        """Mark closed and wait for running calls; False if it was already closed."""
-        with self._condition:
-            if self.closed:
-                return False
-            self.closed = True
-            while self._active:
-                self._condition.wait()
-            return True
-
-
-class BoundMethod:
-    """``Program.method(name)``: a callable with the method's calling convention."""
-
-    def __init__(self, program: Program, method: Method | ArrayMethod) -> None:
-        self._gate = program._gate
-        self._method = method
-        self.output_type = program._output_types[method.name]
-        self._state_lock = program._state_lock if method.uses_mutable_state else None
-        self._verify = program._verify_state
-        self.name = method.name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self._gate.enter(self.name)
-        try:
-            self._verify(self._method)
-            if self._state_lock is None:
-                return self._method.call(args, kwargs)
-            with self._state_lock:
-                return self._method.call(args, kwargs)
-        finally:
-            self._gate.leave()
-
-    def signature(self) -> list[str]:
-        """The user inputs as ``name: dtype[sizes]``, in the order a call passes them."""
-        return self._method.inputs.parameters()
-
-    def size_ranges(self) -> dict[str, tuple[int | None, int | None]]:
-        """Each size the export let vary (its symbol, ``s0``, as :meth:`signature` shows it) with the
-        smallest and largest value a call may give (None: unbounded)."""
-        ranges = {
-            dim.symbol: (dim.lower, dim.upper)
-            for leaf in self._method.inputs.leaves
-            if leaf.kind == "tensor"
-            for dim in leaf.dims
-            if dim.symbol is not None
-        }
-        return dict(sorted(ranges.items(), key=lambda item: (len(item[0]), item[0])))  # s2 before s10
-
-    def input_shape(self, name: str) -> tuple[int | None, ...]:
-        """The sizes of tensor input ``name``: each fixed size, or None where the export let it vary."""
-        for leaf in self._method.inputs.leaves:
-            if leaf.name == name and leaf.kind == "tensor":
-                return tuple(d.value for d in leaf.dims)
-        tensors = [leaf.name for leaf in self._method.inputs.leaves if leaf.kind == "tensor"]
-        raise KeyError(f"method {self.name!r} has no tensor input {name!r}; its tensor inputs are {tensors}")
-
-    output_type: str | None
-    """The container type the file says the outputs come in (``builtins.tuple``,
-    ``transformers.modeling_outputs.CausalLMOutputWithPast``), None for a single value. If this
-    process has not registered it, the outputs come back plain: see :attr:`Program.plain_types`."""
-
-    def __repr__(self) -> str:
-        return f"<method {self._method.inputs.describe()}>"
 
 
 class Program:
@@ -206,13 +58,17 @@ class Program:
         self._plans = plans
         self._trust = trust
         self._backend_options = backend_options or {}
-        self._gate = _Gate(str(file.path))
+        self._gate = CallGate(str(file.path))
         self._state_lock = threading.Lock()
         self._verify_lock = threading.Lock()
         self.named_data = FileNamedDataMap(file)
         self._state = self._load_state()
         self._mutable = frozenset(r.name for r in file.state if r.mutable)
-        self._delegates = [self._delegate(record) for record in file.delegates]
+        arrays = plans is not None
+        self._delegates = [
+            file_delegate(file, record, self.named_data, trust, self._backend_options, arrays=arrays)
+            for record in file.delegates
+        ]
         self._methods: dict[str, Method | ArrayMethod] = {}
         self._bound: dict[str, BoundMethod] = {}
         self._unverified: dict[str, list[tuple[str, str]]] = {}  # method: (name, digest) of its read-only state
@@ -226,7 +82,7 @@ class Program:
                     record.name, lambda r=record: self._array_method(r.name, plans[r.name], r.delegates)
                 )
                 self._methods[record.name] = method
-                self._bound[record.name] = BoundMethod(self, method)
+                self._bound[record.name] = self._bound_method(method)
             self._keep_shared_inputs()
             return
         from torchdelegate.exported.generated_source import GeneratedSource
@@ -236,11 +92,15 @@ class Program:
             with self._source.recording():
                 for record in file.methods:
                     self._methods[record.name] = method = self._method(record.name, record.graph, record.delegates)
-                    self._bound[record.name] = BoundMethod(self, method)
+                    self._bound[record.name] = self._bound_method(method)
         except BaseException:
             self._source.forget()
             raise
         self._keep_shared_inputs()
+
+    def _bound_method(self, method: Method | ArrayMethod) -> BoundMethod:
+        output_type = self._output_types[method.name]
+        return BoundMethod(method, self._gate, output_type, self._state_lock, self._verify_state)
 
     def _keep_shared_inputs(self) -> None:
         """A delegate that several methods list takes no input's memory: one method's donated buffer may
@@ -367,6 +227,9 @@ class Program:
                 line = delegate.prepare()
                 if line is not None and line not in lines:
                     lines.append(line)
+            if lines:  # what was prepared stands in for bytes later loads need not read: check them all once
+                self.verify()
+                remember_checked(self._file.identity())
             return lines
         finally:
             self._gate.leave()
@@ -429,43 +292,6 @@ class Program:
             for fqn, digest in pending:
                 self._file.data(digest, f"state {fqn!r} of method {method.name!r}")
             del self._unverified[method.name]
-
-    def _delegate(self, record: DelegateRecord) -> DelegateInstance:
-        where = f"{self._file.path}: delegate {record.name!r} of method {record.method!r}"
-        try:
-            backend = self._backend(record.backend_id)
-        except BackendNotFoundError as e:
-            raise BackendNotFoundError(f"{where} needs backend {record.backend_id!r}: {e}") from e
-        try:
-            available = backend.is_available()
-        except Exception as e:
-            raise BackendUnavailableError(f"{where}: backend {record.backend_id!r} is_available() failed: {e}") from e
-        if not available:
-            raise BackendUnavailableError(
-                f"{where}: backend {record.backend_id!r} is not available on this machine "
-                "(its is_available() returned False); install what it needs, or lower for another backend"
-            )
-        file, digest, label = self._file, record.blob, f"the blob of delegate {record.name!r}"
-        named = self.named_data
-        return DelegateInstance(
-            backend,
-            lambda: file.data(digest, label),
-            with_load_options(record.compile_specs, self._backend_options.get(record.backend_id, {})),
-            lambda: named,
-            name=record.name,
-            output_count=record.output_count,
-            trust=self._trust,
-        )
-
-    def _backend(self, backend_id: str) -> Any:
-        """The class that runs ``backend_id``'s delegates: its array runtime, or its ``BackendDetails``."""
-        if self._plans is not None:
-            from torchdelegate.delegate.array_runtime import array_runtime
-
-            return array_runtime(backend_id)
-        from torchdelegate.delegate.backend_details import get_backend
-
-        return get_backend(backend_id)
 
     def _array_method(self, name: str, plan: CallPlan, indices: list[int]) -> ArrayMethod:
         digests = {r.name: r.data for r in self._file.state}

@@ -227,7 +227,8 @@ class Container:
         self.kind = kind
         try:
             with open(self.path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
+                stat = os.fstat(handle.fileno())
+                size = stat.st_size
                 header = handle.read(HEADER.size)
                 self.manifest, data_offset = self._read_manifest(handle, header, size, magic)
                 self._mapping: mmap.mmap | None = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -238,6 +239,9 @@ class Container:
                 raise
             raise FormatError(f"{self.path}: cannot read the {kind} file: {e}") from e
         self._view = memoryview(self._mapping)
+        self.identity = [stat.st_dev, stat.st_ino, size, stat.st_mtime_ns, stat.st_ctime_ns, header.hex()]
+        """The file as this process opened it: which file (device, inode), unchanged since when (any write
+        moves its change time, which no user may set back), and its header (the manifest's checksum)."""
         self._data_offset = data_offset
         self.segments = self._check_segments(size - data_offset)
         self._verified = [False] * len(self.segments)

@@ -27,7 +27,7 @@ from torchdelegate.errors import FormatError, SerializationError
 from torchdelegate.exported.torch_warnings import loggers_quieted, torch_internal_warnings_silenced
 from torchdelegate.serialize import call_delegate as _call_delegate  # noqa: F401 - registers the operator graphs call
 from torchdelegate.serialize.allow_list import walk
-from torchdelegate.serialize.residual_graph import checked_document, state_names
+from torchdelegate.serialize.graph_document import checked_document, state_names
 
 # Node metadata that only helps a person debugging: stack traces and module paths are most of
 # a graph's JSON (a few hundred bytes per node), so files carry them only when asked.
@@ -87,7 +87,7 @@ def program_from_json(
 
 
 def deserialized(document: Any, tensors: Mapping[str, torch.Tensor], where: str) -> ExportedProgram:
-    """:func:`program_from_json` of a document ``residual_graph.checked_document`` has checked already."""
+    """:func:`program_from_json` of a document ``graph_document.checked_document`` has checked already."""
     names = state_names(document)
     state_dict: dict[str, torch.Tensor] = {}
     constants: dict[str, torch.Tensor] = {}

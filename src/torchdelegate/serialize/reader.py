@@ -149,6 +149,11 @@ class ProgramFile:
         container, number = self._location(digest, "released data")
         container.release_pages(number)
 
+    def identity(self) -> list[list[object]]:
+        """The identities of the files the program was read from (its data file's too): see
+        :attr:`Container.identity`."""
+        return [self.container.identity] + ([self.external.identity] if self.external is not None else [])
+
     def close(self) -> None:
         self.container.close()
         if self.external is not None:

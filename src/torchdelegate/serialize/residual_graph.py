@@ -1,13 +1,13 @@
-"""A saved graph read into what a loaded program runs: a torch.fx graph, its inputs and outputs,
-and the calling convention, without rebuilding an ExportedProgram.
+"""A saved graph read into what a loaded program runs (``runnable_graph.ResidualGraph``: a torch.fx
+graph, its inputs and outputs, and the calling convention), without rebuilding an ExportedProgram.
 
 torch.export's deserializer makes fake tensors and a shape environment for every value, and
 importing it imports ``torch._dynamo``: most of a process's start when all it does is run a
 file. The graphs lowering leaves are registered operators, size arithmetic and delegate calls;
-:func:`residual_graph` builds those straight from the document. Any other graph (control flow,
-constant inputs, a document written by an older torch) is read by torch's deserializer
-(``graph.program_from_json``) and described the same way, so the runtime has one kind of input.
-Both paths first check the document as ``graph.checked_document`` does.
+:func:`residual_graph` builds those straight from the document, node by node. Any other graph (control
+flow, constant inputs, a document written by an older torch) is read by torch's deserializer
+(``graph.deserialized``) and described the same way (``runnable_graph.described``), so the runtime has
+one kind of input. Both paths first check the document with ``graph_document.checked_document``.
 """
 
 from __future__ import annotations
@@ -17,21 +17,24 @@ import math
 import operator
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch._ops import OpOverload
 from torch.fx import Graph, GraphModule, Node
 
-from torchdelegate.errors import FormatError, OperatorNotFoundError
+from torchdelegate.errors import FormatError
 from torchdelegate.serialize import call_delegate as _call_delegate  # noqa: F401 - registers the operator graphs call
-from torchdelegate.serialize.allow_list import check_graph_document, namespace_of, unregistered_operators
-from torchdelegate.serialize.tree_specs import with_plain_containers
-
-if TYPE_CHECKING:
-    from torch.export import ExportedProgram
+from torchdelegate.serialize.graph_document import STATE_FIELDS, checked_document
+from torchdelegate.serialize.runnable_graph import (
+    GraphInput,
+    GraphOutput,
+    ResidualGraph,
+    SymbolicValue,
+    TensorValue,
+    described,
+)
 
 # torch.export's serialized enums (its schema's ScalarType, Layout and MemoryFormat), by value.
 _DTYPES: dict[int, torch.dtype] = {
@@ -50,103 +53,11 @@ _MEMORY_FORMATS: dict[int, torch.memory_format] = {
 }  # fmt: skip
 _BUILTIN_MODULES: dict[str, Any] = {"_operator": operator, "torch": torch, "math": math}
 _SYMBOL = re.compile(r"(?:Symbol\(')?([a-z]+\d+)(?:'(?:,[^)]*)?\))?")
-_STATE_FIELDS = {"parameter": "parameter_name", "buffer": "buffer_name", "tensor_constant": "tensor_constant_name"}
 _OUTPUT_FIELDS = {"user_output": None, "buffer_mutation": "buffer_name", "user_input_mutation": "user_input_name"}
-
-
-@dataclass(frozen=True)
-class TensorValue:
-    """What a tensor input is: its dtype, device and sizes (an int, a symbol's name, or None for a
-    size derived from symbols)."""
-
-    dtype: torch.dtype
-    device: torch.device
-    sizes: tuple[int | str | None, ...]
-
-
-@dataclass(frozen=True)
-class SymbolicValue:
-    kind: str  # "int", "float" or "bool"
-
-
-@dataclass(frozen=True)
-class ConstantValue:
-    value: Any  # the value an input was specialized to when exported
-
-
-@dataclass(frozen=True)
-class GraphInput:
-    """One placeholder: a user input, or the state entry (``target``) it reads."""
-
-    kind: str  # "user_input", "parameter", "buffer" or "tensor_constant"
-    name: str
-    target: str | None
-    value: TensorValue | SymbolicValue | ConstantValue
-
-
-@dataclass(frozen=True)
-class GraphOutput:
-    """One value the graph returns: a user output, or what it writes into a buffer or a user input."""
-
-    kind: str  # "user_output", "buffer_mutation" or "user_input_mutation"
-    target: str | None
-
-
-@dataclass(frozen=True)
-class ResidualGraph:
-    """A method's graph as it runs. A delegate call node carries ``meta["output_count"]``."""
-
-    graph_module: GraphModule
-    inputs: list[GraphInput]
-    outputs: list[GraphOutput]
-    ranges: dict[str, tuple[int | None, int | None]]  # a symbol's bounds, None when unbounded
-    in_spec: pytree.TreeSpec
-    out_spec: pytree.TreeSpec
-    arg_names: list[str]
-
-    @property
-    def buffers_to_mutate(self) -> list[str]:
-        return [o.target for o in self.outputs if o.kind == "buffer_mutation" and o.target is not None]
 
 
 class _Unsupported(Exception):
     """The document holds something only torch's deserializer reads."""
-
-
-def checked_document(
-    document: Any, tensors: Mapping[str, torch.Tensor], where: str, plain_types: dict[str, str] | None
-) -> Any:
-    """``document`` with unregistered container types made plain, after refusing what a graph may not
-    hold, operators this process lacks, and state the file does not store."""
-    missing_operators = unregistered_operators(check_graph_document(document, where))
-    if missing_operators:
-        namespaces = sorted({namespace_of(target) for target in missing_operators})
-        raise OperatorNotFoundError(
-            f"{where}: the graph calls {', '.join(missing_operators)}, which this process has not registered "
-            f"(the file itself is sound); import the library that defines the "
-            f"{', '.join(map(repr, namespaces))} operators before loading"
-        )
-    document = with_plain_containers(document, where, {} if plain_types is None else plain_types)
-    missing = sorted(set(state_names(document)) - set(tensors))
-    if missing:
-        raise FormatError(f"{where}: the graph reads {', '.join(map(repr, missing))}, which are not stored")
-    return document
-
-
-def state_names(document: Any) -> dict[str, str]:
-    """Each parameter, buffer and constant a serialized program reads, with its kind: "parameter",
-    "buffer" (persistent) or "constant" (tensor constants and non-persistent buffers)."""
-    module = document.get("graph_module") if isinstance(document, dict) else None
-    signature = module.get("signature") if isinstance(module, dict) else None
-    specs = signature.get("input_specs") if isinstance(signature, dict) else None
-    names: dict[str, str] = {}
-    for spec in specs if isinstance(specs, list) else []:
-        for kind, field in _STATE_FIELDS.items():
-            entry = spec.get(kind) if isinstance(spec, dict) else None
-            if isinstance(entry, dict) and isinstance(entry.get(field), str):
-                persistent = kind != "buffer" or entry.get("persistent") is not False
-                names[entry[field]] = kind if kind != "tensor_constant" and persistent else "constant"
-    return names
 
 
 def residual_graph(
@@ -216,12 +127,12 @@ def _inputs(
             name, value = argument["as_sym_bool"]["as_name"], SymbolicValue("bool")
         else:
             raise _Unsupported
-        if kind != "user_input" and kind not in _STATE_FIELDS:
+        if kind != "user_input" and kind not in STATE_FIELDS:
             raise _Unsupported
         placeholder = graph.placeholder(name)
         placeholder.name = name  # exactly the saved name, as torch's reader keeps it
         env[name] = placeholder
-        target = entry[_STATE_FIELDS[kind]] if kind in _STATE_FIELDS else None
+        target = entry[STATE_FIELDS[kind]] if kind in STATE_FIELDS else None
         inputs.append(GraphInput(kind, name, target, value))
     return inputs
 
@@ -370,69 +281,3 @@ def _symbolic(value: dict[str, Any], env: dict[str, Node]) -> Any:
 
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def described(program: ExportedProgram, where: str) -> ResidualGraph:
-    """A program torch's deserializer read, described as :func:`residual_graph` describes a document."""
-    import sympy
-
-    from torchdelegate.serialize.call_delegate import saved_call_nodes
-
-    ranges = {
-        str(symbol): (_finite(bounds.lower), _finite(bounds.upper))
-        for symbol, bounds in program.range_constraints.items()
-    }
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    inputs = [
-        GraphInput(
-            spec.kind.name.lower() if spec.kind.name != "CONSTANT_TENSOR" else "tensor_constant",
-            spec.arg.name,
-            spec.target,
-            _value_of(placeholders[spec.arg.name].meta.get("val"), sympy),
-        )
-        for spec in program.graph_signature.input_specs
-    ]
-    outputs = [GraphOutput(spec.kind.name.lower(), spec.target) for spec in program.graph_signature.output_specs]
-    for _, node in saved_call_nodes(program.graph_module):
-        values = node.meta.get("val")
-        node.meta["output_count"] = len(values) if isinstance(values, (list, tuple)) else None
-    for entry in program.module_call_graph:
-        signature = entry.signature
-        if entry.fqn == "" and signature is not None and signature.in_spec is not None and signature.out_spec:
-            return ResidualGraph(
-                program.graph_module,
-                inputs,
-                outputs,
-                ranges,
-                signature.in_spec,
-                signature.out_spec,
-                list(signature.forward_arg_names or []),
-            )
-    raise FormatError(f"{where}: the graph has no calling convention (a root module call signature)")
-
-
-def _finite(bound: Any) -> int | None:
-    from torch.utils._sympy.numbers import int_oo
-
-    return None if bound in (int_oo, -int_oo) or not getattr(bound, "is_finite", True) else int(bound)
-
-
-def _value_of(value: Any, sympy: Any) -> TensorValue | SymbolicValue | ConstantValue:
-    if isinstance(value, torch.Tensor):
-        return TensorValue(value.dtype, value.device, tuple(_size(s, sympy) for s in value.shape))
-    if isinstance(value, torch.SymBool):
-        return SymbolicValue("bool")
-    if isinstance(value, torch.SymInt):
-        return SymbolicValue("int")
-    if isinstance(value, torch.SymFloat):
-        return SymbolicValue("float")
-    return ConstantValue(value)
-
-
-def _size(size: Any, sympy: Any) -> int | str | None:
-    if isinstance(size, int):
-        return size
-    expr = size.node.expr
-    if isinstance(expr, sympy.Integer):
-        return int(expr)
-    return str(expr) if isinstance(expr, sympy.Symbol) else None

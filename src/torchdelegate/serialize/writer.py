@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from torchdelegate.delegate.backend_details import delegate_info_problem, get_backend
+from torchdelegate.delegate.backend_details import get_backend
 from torchdelegate.delegate.lowered_module import LoweredBackendModule
 from torchdelegate.delegate.named_data import NamedDataStoreOutput, tensor_bytes
+from torchdelegate.delegate.preprocess_checks import delegate_info_problem
 from torchdelegate.errors import FormatError, SerializationError, first_line
 from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.serialize.allow_list import check_graph_document

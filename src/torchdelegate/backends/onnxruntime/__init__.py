@@ -31,15 +31,17 @@ in the blob's header.
 Needs ``pip install torchdelegate[onnxruntime]``.
 
 The package's modules, in the order a blob meets them: ``settings`` (compile specs, the blob
-version, the optional dependencies), ``partitioner``, ``cache_writes`` (a KV cache's writes where
-it lies), ``attention`` (attention over that cache on ``GroupQueryAttention``), ``onnx_export``
-(a partition's model),
+version, the optional dependencies), ``backend_id`` (the id its delegates are filed under),
+``partitioner``, ``cache_writes`` (a KV cache's writes where it lies), ``attention`` (attention over
+that cache on ``GroupQueryAttention``), ``onnx_export`` (a partition's model: ``blockwise_translation``
+exports quantized layers as private nodes, ``initializers`` keeps the weights out of what the optimizer
+computes, ``blockwise`` and ``nbits_packing`` put the private nodes on the integer kernels),
 ``linking`` and ``branches`` (partitions joined into one model), ``blob_header`` (what a blob
 names, checked), ``confinement`` (what a model may reach), ``in_place`` (the outputs a session
 writes into its inputs' memory), ``kept_binding`` (those calls' IO binding), ``session`` (a
 delegate's session),
 ``prepared`` (the machine cache's entries) and ``packing_memory`` (the pages and heap packing
-leaves behind); ``array_runtime`` joins the run-time ones behind :class:`OnnxRuntimeArrays` (numpy arrays,
+leaves behind); ``array_hooks`` joins the run-time ones behind :class:`OnnxRuntimeArrays` (numpy arrays,
 no torch) and ``backend`` all of them behind :class:`OnnxRuntimeBackend`.
 """
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from torchdelegate.backends.onnxruntime.partitioner import OnnxRuntimePartitioner
 
 # Imported when asked for: the backend's class and partitioner import torch, which a process running a
-# file on ``array_runtime`` (numpy arrays) never does.
+# file on ``array_hooks`` (numpy arrays) never does.
 _LAZY = {
     "OnnxRuntimeBackend": "torchdelegate.backends.onnxruntime.backend",
     "OnnxRuntimePartitioner": "torchdelegate.backends.onnxruntime.partitioner",

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdelegate.backends.onnxruntime.array_runtime import OnnxRuntimeArrays
+from torchdelegate.backends.onnxruntime.array_hooks import OnnxRuntimeArrays
+from torchdelegate.backends.onnxruntime.backend_id import BACKEND_ID
 from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys, unpacked
 from torchdelegate.backends.onnxruntime.branches import branch_name
 from torchdelegate.backends.onnxruntime.session import branch_seconds, check_blob, delegate_handle, prepare_model
@@ -34,7 +35,7 @@ def _version(distribution: str) -> str:
 class OnnxRuntimeBackend(BackendDetails):
     """Runs partitions with ONNX Runtime (CPU provider); weights are shared named data."""
 
-    backend_id = "onnxruntime"
+    backend_id = BACKEND_ID
     thread_safe_execute = True  # InferenceSession.run may be called from several threads
     compile_cache_version = (
         f"blob {BLOB_VERSION}, weights lifted, GroupQueryAttention, quantized layers joined, info, float32 scales, "
@@ -54,7 +55,7 @@ class OnnxRuntimeBackend(BackendDetails):
         return OnnxRuntimeArrays.is_available()
 
     needs = "install its runtime with pip install 'torchdelegate[onnxruntime]'"
-    array_runtime = "torchdelegate.backends.onnxruntime.array_runtime:OnnxRuntimeArrays"
+    array_runtime = "torchdelegate.backends.onnxruntime.array_hooks:OnnxRuntimeArrays"
 
     @classmethod
     def partitioner(cls, compile_specs: list[CompileSpec] | None = None) -> OnnxRuntimePartitioner:

@@ -14,30 +14,31 @@ float (``accuracy_level`` 1). Weight-only int8 layers run on the int8 arithmetic
 no float arithmetic for 8 bits, and dequantizes the whole weight at every call instead (0.3 s for a
 49152 x 576 head against 4 ms). Scales are stored as float32, as the kernel packs them: a narrower
 copy would need a float32 one made at load, which ONNX Runtime keeps beside the packed weights.
+
+This module says which layers and embeddings the kernels hold (``runs_on_kernel``,
+``lookup_runs_on_kernel``: the partitioner asks) and rewrites the private nodes into the kernels
+(``kernel_products``); the private nodes and their schemas are ``blockwise_translation``'s, the
+integers packed as the kernels read them ``nbits_packing``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 
+from torchdelegate.backends.onnxruntime.blockwise_translation import DOMAIN, LINEAR_NODE, LOOKUP_NODE
 from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
-from torchdelegate.backends.onnxruntime.settings import require
+from torchdelegate.backends.onnxruntime.nbits_packing import kernel_bits, packed_integers, packed_points
 from torchdelegate.exported.mapped_pages import release_buffer
 from torchdelegate.exported.spilled_tensors import SpilledTensors
-from torchdelegate.quantization.embedding import QuantizedEmbedding, embedding_blockwise
-from torchdelegate.quantization.linear import QuantizedLinear, linear_blockwise
+from torchdelegate.quantization.embedding import QuantizedEmbedding
+from torchdelegate.quantization.linear import QuantizedLinear
 
-DOMAIN = "torchdelegate"
-_NODE = "LinearBlockwise"
-_LOOKUP = "EmbeddingBlockwise"
 _KERNEL_DOMAIN = "com.microsoft"
-_ROWS_PER_STEP = 4096  # rows packed at a time: the temporaries stay a slice of a weight
 LARGEST_PACKED = 64 * 1024 * 1024
 """Bytes of packed integers one ``MatMulNBits`` holds at most: a larger weight runs as blocks of rows."""
 
@@ -76,81 +77,6 @@ def runs_on_kernel(layer: QuantizedLinear) -> bool:
     return block_size(layer.group_size, layer.in_features) is not None
 
 
-@cache
-def translations() -> dict[Any, Any]:
-    """The exporter's translation of ``linear_blockwise``: one private node, rewritten later."""
-    onnx = require("onnx")
-    values = require("onnxscript.values")
-    schema = onnx.defs.OpSchema
-    optional = schema.FormalParameterOption.Optional
-    onnx.defs.register_schema(
-        schema(
-            _NODE,
-            DOMAIN,
-            1,
-            doc="torchdelegate's quantized linear layer, rewritten to MatMulNBits before a model is stored",
-            inputs=[
-                schema.FormalParameter("x", "T"),
-                schema.FormalParameter("qdata", "Q"),
-                schema.FormalParameter("scale", "T"),
-                schema.FormalParameter("zero_point", "Z", param_option=optional),
-                schema.FormalParameter("bias", "T", param_option=optional),
-            ],
-            outputs=[schema.FormalParameter("y", "T")],
-            type_constraints=[
-                ("T", ["tensor(float)"], "float activations, scales and bias"),
-                ("Q", ["tensor(int8)"], "the integers, one per int8"),
-                ("Z", ["tensor(int8)", "tensor(int16)", "tensor(int32)", "tensor(int64)"], "integer zero points"),
-            ],
-            attributes=[
-                schema.Attribute("group_size", schema.AttrType.INT, "values per scale along a row"),
-                schema.Attribute("dynamic_int8_activation", schema.AttrType.INT, "1: activations quantized to int8"),
-            ],
-        )
-    )
-    onnx.defs.register_schema(
-        schema(
-            _LOOKUP,
-            DOMAIN,
-            1,
-            doc="torchdelegate's quantized embedding, rewritten to GatherBlockQuantized before a model is stored",
-            inputs=[
-                schema.FormalParameter("indices", "I"),
-                schema.FormalParameter("qdata", "Q"),
-                schema.FormalParameter("scale", "T"),
-                schema.FormalParameter("zero_point", "Z", param_option=optional),
-            ],
-            outputs=[schema.FormalParameter("y", "T")],
-            type_constraints=[
-                ("I", ["tensor(int32)", "tensor(int64)"], "the rows read"),
-                ("T", ["tensor(float)"], "float scales and rows"),
-                ("Q", ["tensor(int8)"], "the integers, one per int8"),
-                ("Z", ["tensor(int8)", "tensor(int16)", "tensor(int32)", "tensor(int64)"], "integer zero points"),
-            ],
-            attributes=[schema.Attribute("group_size", schema.AttrType.INT, "values per scale along a row")],
-        )
-    )
-    node = values.Op(values.Opset(DOMAIN, 1), _NODE)
-    lookup = values.Op(values.Opset(DOMAIN, 1), _LOOKUP)
-
-    def translate_lookup(indices: Any, qdata: Any, scale: Any, zero_point: Any = None, group_size: int = 32) -> Any:
-        return lookup(indices, qdata, scale, zero_point, group_size=group_size)
-
-    def translate(
-        x: Any,
-        qdata: Any,
-        scale: Any,
-        zero_point: Any = None,
-        bias: Any = None,
-        group_size: int = 32,
-        dynamic_int8_activation: bool = False,
-    ) -> Any:
-        activation = int(dynamic_int8_activation)
-        return node(x, qdata, scale, zero_point, bias, group_size=group_size, dynamic_int8_activation=activation)
-
-    return {linear_blockwise(): translate, embedding_blockwise(): translate_lookup}
-
-
 def kernel_products(ir: ModuleType, model: Any) -> dict[str, int]:
     """Rewrite every ``LinearBlockwise`` node of ``model`` (weights as initializers) into
     ``MatMulNBits`` and every ``EmbeddingBlockwise`` into ``GatherBlockQuantized``; how many of each
@@ -159,9 +85,9 @@ def kernel_products(ir: ModuleType, model: Any) -> dict[str, int]:
     readers: dict[Any, list[Any]] = {}
     lookups = []
     for node in list(model.graph):
-        if node.op_type == _NODE and node.domain == DOMAIN:
+        if node.op_type == LINEAR_NODE and node.domain == DOMAIN:
             readers.setdefault(node.inputs[0], []).append(node)
-        elif node.op_type == _LOOKUP and node.domain == DOMAIN:
+        elif node.op_type == LOOKUP_NODE and node.domain == DOMAIN:
             lookups.append(node)
     count = 0
     for layers in readers.values():
@@ -191,7 +117,7 @@ def _alike(layers: list[Any]) -> list[tuple[int | None, list[Any]]]:
     for node in layers:
         _, qdata, _, zero_point, bias = [*node.inputs, None, None][:5]
         points = None if zero_point is None or zero_point.const_value is None else _constant(zero_point, "points")
-        bits = None if qdata.const_value is None else _bits(_constant(qdata, "integers"), points)
+        bits = None if qdata.const_value is None else kernel_bits(_constant(qdata, "integers"), points)
         group, activation = node.attributes["group_size"].as_int(), node.attributes["dynamic_int8_activation"].as_int()
         groups.setdefault((bits, group, activation, bias is None), []).append(node)
     return [(key[0], members) for key, members in groups.items()]
@@ -212,10 +138,10 @@ class _Rewrite:
         return _initializer(self.ir, self.model, name, array if spilled else self.spilled.array(array))
 
     def _packed(self, integers: np.ndarray, block: int, bits: int) -> np.ndarray:
-        """:func:`_packed` into a spilled array: a weight's packed form is never whole in memory."""
+        """:func:`packed_integers` into a spilled array: a weight's packed form is never whole in memory."""
         rows, columns = integers.shape
         shape = (rows, -(-columns // block), block * bits // 8)
-        return _packed(integers, block, bits, self.spilled.empty(shape, torch.uint8).numpy())
+        return packed_integers(integers, block, bits, self.spilled.empty(shape, torch.uint8).numpy())
 
     def layer(self, node: Any, bits: int | None) -> None:
         """``node`` as one ``MatMulNBits`` (or blocks of rows) of ``bits`` as ``_alike`` found them (None
@@ -239,7 +165,7 @@ class _Rewrite:
         inputs.append(self._scales(node, scale, rows, blocks, block != group))
         if points is not None and points.any():
             repeated = points if block == group else np.repeat(points.reshape(rows, 1), blocks, axis=1)
-            inputs.append(self._made(f"{zero_point.name}/{key}", "zero_points", lambda: _packed_points(repeated, bits)))
+            inputs.append(self._made(f"{zero_point.name}/{key}", "zero_points", lambda: packed_points(repeated, bits)))
         elif bias is not None:
             inputs.append(None)
         if bias is not None:
@@ -265,7 +191,7 @@ class _Rewrite:
                 "power of two >= 16 that divide a row; quantize it with such a group size, or keep it in float"
             )
         points = np.zeros((rows, columns // group), np.int8) if zero_point is None else _constant(zero_point, "points")
-        bits = _bits(integers, points)
+        bits = kernel_bits(integers, points)
         blocks = columns // block
         packed = self._packed(integers, block, bits).reshape(rows, blocks * block * bits // 8)
         release_buffer(integers)
@@ -277,7 +203,7 @@ class _Rewrite:
             self._initializer(f"{qdata.name}/{block}/{bits}.rows", packed, spilled=True),
             indices,
             self._initializer(f"{scale.name}/{block}.row_scales", np.ascontiguousarray(scales, dtype=np.float32)),
-            self._initializer(f"{qdata.name}/{block}/{bits}.row_points", _packed_points(points, bits)),
+            self._initializer(f"{qdata.name}/{block}/{bits}.row_points", packed_points(points, bits)),
         ]
         attributes = {"gather_axis": 0, "quantize_axis": 1, "block_size": block, "bits": bits}
         gather = self.ir.node("GatherBlockQuantized", inputs, attributes, domain=_KERNEL_DOMAIN)
@@ -316,7 +242,7 @@ class _Rewrite:
         packed = self.spilled.empty((total, columns // block, block * bits // 8), torch.uint8).numpy()
         start = 0
         for integers, scales, _, _ in parts:
-            _packed(integers, block, bits, packed[start : start + integers.shape[0]])
+            packed_integers(integers, block, bits, packed[start : start + integers.shape[0]])
             start += integers.shape[0]
             release_buffer(scales)
         inputs = [first.inputs[0], self._initializer(f"{name}/{block}/{bits}.packed", packed, spilled=True)]
@@ -324,7 +250,7 @@ class _Rewrite:
         inputs.append(self._initializer(f"{name}.scales", scales))
         if any(points is not None for _, _, points, _ in parts):
             stacked = np.concatenate([np.zeros(s.shape, np.int8) if p is None else p for _, s, p, _ in parts])
-            inputs.append(self._initializer(f"{name}/{bits}.zero_points", _packed_points(stacked, bits)))
+            inputs.append(self._initializer(f"{name}/{bits}.zero_points", packed_points(stacked, bits)))
         elif not unbiased:
             inputs.append(None)
         if not unbiased:
@@ -400,17 +326,6 @@ class _Rewrite:
         return made
 
 
-def _bits(integers: np.ndarray, points: np.ndarray | None) -> int:
-    """4 when the integers and zero points fit int4, else 8; a ``ValueError`` if zero points do not fit int8."""
-    if points is not None and (points.min(initial=0) < -128 or points.max(initial=0) > 127):
-        raise ValueError(
-            "zero points outside [-128, 127], which MatMulNBits cannot hold; quantize with int8 zero points "
-            "(torchao's defaults), or keep this layer in float"
-        )
-    narrow = all(-8 <= a.min(initial=0) and a.max(initial=0) <= 7 for a in (integers, points) if a is not None)
-    return 4 if narrow else 8
-
-
 def _constant(value: Any, what: str) -> np.ndarray:
     tensor = None if value is None else value.const_value
     if tensor is None:
@@ -423,35 +338,3 @@ def _initializer(ir: ModuleType, model: Any, name: str, array: np.ndarray) -> An
     value.const_value = ir.Tensor(array, name=name)
     model.graph.register_initializer(value)
     return value
-
-
-def _packed(integers: np.ndarray, block: int, bits: int, out: np.ndarray | None = None) -> np.ndarray:
-    """``[N, blocks, block * bits / 8]`` uint8: each value plus half the range (so int4's -8 is 0),
-    two per byte low nibble first at 4 bits; a row's last block padded with zeros of the layer.
-    Written into ``out`` (spilled) when given, the pages of each step's integers and output let go."""
-    rows, columns = integers.shape
-    blocks = -(-columns // block)
-    offset = 1 << (bits - 1)
-    packed = np.empty((rows, blocks, block * bits // 8), dtype=np.uint8) if out is None else out
-    for start in range(0, rows, _ROWS_PER_STEP):
-        stop = min(rows, start + _ROWS_PER_STEP)
-        unsigned = np.full((stop - start, blocks * block), offset, dtype=np.uint8)
-        np.add(integers[start:stop].view(np.uint8), offset, out=unsigned[:, :columns], casting="unsafe")
-        if bits == 4:
-            unsigned &= 0x0F
-            unsigned = unsigned[:, 0::2] | (unsigned[:, 1::2] << 4)
-        packed[start:stop] = unsigned.reshape(stop - start, blocks, -1)
-        release_buffer(integers[start:stop])
-        release_buffer(packed[start:stop])
-    return packed
-
-
-def _packed_points(points: np.ndarray, bits: int) -> np.ndarray:
-    """Zero points as the kernel reads them: ``[N, ceil(blocks * bits / 8)]`` uint8, offset as the values are."""
-    offset = 1 << (bits - 1)
-    unsigned = (points.astype(np.int16) + offset).astype(np.uint8)
-    if bits == 8:
-        return unsigned
-    if unsigned.shape[1] % 2:
-        unsigned = np.concatenate([unsigned, np.full((unsigned.shape[0], 1), offset, np.uint8)], axis=1)
-    return (unsigned[:, 0::2] & 0x0F) | (unsigned[:, 1::2] << 4)

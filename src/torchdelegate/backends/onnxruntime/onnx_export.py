@@ -1,6 +1,10 @@
 """A partition as an ONNX model: torch's exporter, weights read in place, onnxscript's fusions for
 ONNX Runtime (undone when they fail), initializers moved out into named data, and the model
 checked by loading it into ONNX Runtime before its weights are stored.
+
+What becomes of the model's initializers while it is optimized (weights lifted, read in place, zeros
+made at load) is ``initializers``'; the quantized layers' private nodes and their kernels are
+``blockwise_translation``'s and ``blockwise``'s.
 """
 
 from __future__ import annotations
@@ -15,15 +19,21 @@ from typing import Any
 import numpy as np
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
 
 from torchdelegate.backends.blob import WEIGHT_ALIGNMENT, pack
 from torchdelegate.backends.linear_recomposition import recompose_linear
-from torchdelegate.backends.onnxruntime import blockwise
 from torchdelegate.backends.onnxruntime.attention import fused_attention
 from torchdelegate.backends.onnxruntime.blob_header import initializer_location, unpacked
+from torchdelegate.backends.onnxruntime.blockwise import kernel_products
+from torchdelegate.backends.onnxruntime.blockwise_translation import translations as blockwise_translations
 from torchdelegate.backends.onnxruntime.cache_writes import cache_writes_in_place
-from torchdelegate.backends.onnxruntime.ir_edits import replace_node, take_place
+from torchdelegate.backends.onnxruntime.initializers import (
+    lift_weights,
+    read_weights_in_place,
+    restore_weights,
+    state_by_size,
+    zeros_made_at_load,
+)
 from torchdelegate.backends.onnxruntime.node_sources import onnx_node_handles
 from torchdelegate.backends.onnxruntime.packed_attention import packed_attention_inputs
 from torchdelegate.backends.onnxruntime.row_blocks import row_block_products
@@ -34,7 +44,6 @@ from torchdelegate.delegate.backend_details import PreprocessResult
 from torchdelegate.delegate.named_data import NamedDataMap, NamedDataStore
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import PreprocessError, first_line
-from torchdelegate.exported.programs import TENSOR_STATE_KINDS, state_value
 from torchdelegate.exported.structural_copy import with_identifier_state_names
 from torchdelegate.exported.torch_warnings import loggers_quieted
 from torchdelegate.quantization.embedding import with_blockwise_embeddings
@@ -138,12 +147,12 @@ def _exported_blob(
     try:
         with quiet_exporter():
             exportable, _ = with_identifier_state_names(program)  # initializers are keyed by content, not name
-            translations = blockwise.translations() if quantized else None
+            translations = blockwise_translations() if quantized else None
             onnx_program = onnx_program_of(exportable, translations)
             assert onnx_program is not None
             model = onnx_program.model
-            _read_weights_in_place(ir, model)
-            lifted = _lift_weights(model, _state_by_size(exportable))
+            read_weights_in_place(ir, model)
+            lifted = lift_weights(model, state_by_size(exportable))
             _optimize(model)
     except Exception as e:
         raise PreprocessError(f"onnxruntime: {where}: torch's ONNX exporter failed: {_root_cause(e)}") from e
@@ -151,12 +160,12 @@ def _exported_blob(
         attention, unfused = fused_attention(ir, model) if fuse else (0, [])
         fusions = fuse_for_ort(model) if fuse else {}
     finally:
-        _restore_weights(model, lifted)
+        restore_weights(model, lifted)
     if attention:
         fusions = dict(sorted({**fusions, "GroupQueryAttention": attention}.items()))
     before = set(model.graph.initializers)
     try:
-        products = blockwise.kernel_products(ir, model)
+        products = kernel_products(ir, model)
     except ValueError as e:
         raise PreprocessError(f"onnxruntime: {where}: {e}") from e
     packed = packed_attention_inputs(model) if attention else 0
@@ -168,7 +177,7 @@ def _exported_blob(
     fusions = dict(sorted({**fusions, **products}.items()))
     initializers = {}
     shared = {value.name for value, _ in lifted} | set(blocks)
-    _zeros_made_at_load(ir, model, shared | (set(model.graph.initializers) - before))  # weights are not read
+    zeros_made_at_load(ir, model, shared | (set(model.graph.initializers) - before))  # weights are not read
     weight_keys: dict[str, str] = {}  # each blocked weight's key, stored (and hashed) once
     for name, value in sorted(model.graph.initializers.items()):
         tensor = value.const_value
@@ -218,103 +227,6 @@ def _stored(ir: ModuleType, tensor: Any, store: NamedDataStore) -> str:
         array = array.view(np.uint16)
     viewable = array.size and array.dtype.kind in "biuf" and array.dtype.itemsize in (1, 2, 4, 8)
     return store.add_by_content(torch.from_numpy(array) if viewable else array.tobytes(), alignment=WEIGHT_ALIGNMENT)
-
-
-def _zeros_made_at_load(ir: ModuleType, model: Any, weights: set[str]) -> None:
-    """Initializers of zeros the model computes (not ``weights``), of 1 KiB or more, become
-    ``ConstantOfShape`` nodes: the file holds no zeros (a static KV cache's first values, masks),
-    and ONNX Runtime makes them once when it loads the model."""
-    for name, value in sorted(model.graph.initializers.items()):
-        tensor = value.const_value
-        if name in weights or tensor is None or tensor.nbytes < SMALLEST_SHARED or value in model.graph.outputs:
-            continue
-        array = tensor.numpy()
-        if array.dtype.kind not in "biuf" or array.any():
-            continue
-        shape = ir.Value(name=f"{name}.shape", const_value=ir.tensor(np.array(array.shape, dtype=np.int64)))
-        model.graph.register_initializer(shape)
-        zeros = ir.node("ConstantOfShape", [shape], {"value": ir.tensor(np.zeros(1, dtype=array.dtype))})
-        model.graph.insert_before(model.graph[0], zeros)
-        model.graph.initializers.pop(name)
-        take_place(model, value, zeros.outputs[0])
-
-
-def _read_weights_in_place(ir: ModuleType, model: Any) -> None:
-    """Each product with a transposed float weight, ``MatMul(x, Transpose(w))``, becomes
-    ``FusedMatMul(x, w, transB=1)``: the optimizer would fold the transpose into a transposed
-    copy of ``w`` (ONNX Runtime too, at every session), where ONNX Runtime's kernel reads ``w``
-    as it is.
-    """
-    for node in list(model.graph):
-        transpose = _weight_transpose(ir, node)
-        if transpose is None:
-            continue
-        attributes = {"transA": 0, "transB": 1, "alpha": 1.0}
-        product = ir.node("FusedMatMul", [node.inputs[0], transpose.inputs[0]], attributes, domain="com.microsoft")
-        replace_node(model, node, product)
-        if not transpose.outputs[0].uses():
-            model.graph.remove(transpose, safe=True)
-        model.opset_imports.setdefault("com.microsoft", 1)
-
-
-def _state_by_size(program: ExportedProgram) -> dict[str, int]:
-    """Each state tensor's name, with the smallest size at which it becomes named data: any size
-    for the float parameters and persistent buffers a checkpoint holds (so that a fine-tuned
-    variant compiles to the same model), 1 KiB for what the architecture computes."""
-    sizes = {}
-    for spec in program.graph_signature.input_specs:
-        if spec.target is None or spec.kind not in TENSOR_STATE_KINDS:
-            continue
-        checkpoint = spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent)
-        floating = state_value(program, spec.target).is_floating_point()
-        sizes[spec.target] = 0 if checkpoint and floating else SMALLEST_SHARED
-    return sizes
-
-
-def _lift_weights(model: Any, state: dict[str, int]) -> list[tuple[Any, Any]]:
-    """The weights that will be named data (``state``: each one's smallest size), made graph inputs
-    while the optimizer and fusions run, so that nothing they produce depends on a weight's
-    values: the blob names each weight and holds nothing computed from one
-    (``weights_by_reference``; ONNX Runtime folds what it can when it loads the model). Returns
-    what :func:`_restore_weights` puts back."""
-    lifted = []
-    for name, smallest in sorted(state.items()):
-        value = model.graph.initializers.get(name)
-        tensor = None if value is None else value.const_value
-        if tensor is None or tensor.nbytes < smallest:
-            continue
-        model.graph.initializers.pop(name)
-        value.const_value = None
-        model.graph.inputs.append(value)
-        lifted.append((value, tensor))
-    return lifted
-
-
-def _restore_weights(model: Any, lifted: list[tuple[Any, Any]]) -> None:
-    """The lifted weights initializers again (those the optimizer left in use)."""
-    for value, tensor in lifted:
-        model.graph.inputs.remove(value)
-        if value.uses() or value in model.graph.outputs:
-            value.const_value = tensor
-            model.graph.register_initializer(value)
-
-
-def _weight_transpose(ir: ModuleType, node: Any) -> Any:
-    """The ``Transpose`` of a 2-D float weight (an initializer of 1 KiB or more) whose result
-    ``node``, a ``MatMul``, multiplies by; None if it is not such a product."""
-    standard = ("", "ai.onnx")
-    if node.op_type != "MatMul" or node.domain not in standard or len(node.inputs) != 2 or node.inputs[1] is None:
-        return None
-    transpose = node.inputs[1].producer()
-    if transpose is None or transpose.op_type != "Transpose" or transpose.domain not in standard:
-        return None
-    weight, perm = transpose.inputs[0], transpose.attributes.get("perm")
-    tensor = weight.const_value if weight is not None and weight.is_initializer() else None
-    if tensor is None or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
-        return None
-    if tensor.nbytes < SMALLEST_SHARED or (perm is not None and list(perm.as_ints()) != [1, 0]):
-        return None
-    return transpose
 
 
 def _optimize(model: Any) -> None:

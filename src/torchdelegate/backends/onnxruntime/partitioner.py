@@ -13,7 +13,7 @@ from torch._ops import OpOverload
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from torchdelegate.backends.onnxruntime.backend import OnnxRuntimeBackend
+from torchdelegate.backends.onnxruntime.backend_id import BACKEND_ID
 from torchdelegate.backends.onnxruntime.blockwise import lookup_runs_on_kernel, runs_on_kernel
 from torchdelegate.backends.onnxruntime.settings import require
 from torchdelegate.backends.onnxruntime.translation import onnx_registry
@@ -55,7 +55,7 @@ class OnnxRuntimePartitioner(CapabilityPartitioner):
 
     def __init__(self, compile_specs: list[CompileSpec] | None = None, *, min_partition_size: int = 1) -> None:
         require("onnxruntime")
-        spec = DelegationSpec(OnnxRuntimeBackend.backend_id, list(compile_specs or []))
+        spec = DelegationSpec(BACKEND_ID, list(compile_specs or []))
         super().__init__(self.operator_support, spec, min_partition_size=min_partition_size)
 
     def ops_to_not_decompose(

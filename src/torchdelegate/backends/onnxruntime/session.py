@@ -34,7 +34,7 @@ from torchdelegate.backends.onnxruntime.packing_memory import pages_released_whi
 from torchdelegate.backends.onnxruntime.prepared import PREPARED, prepared_key, prepared_session, save_prepared
 from torchdelegate.backends.onnxruntime.settings import ONNX_TYPES, Options, require
 from torchdelegate.cache.machine_cache import cache_directory, entry_lock, entry_path, entry_size, find_entry, new_entry
-from torchdelegate.cache.store import MAX_BYTES_VARIABLE, max_bytes_setting
+from torchdelegate.cache.store_settings import MAX_BYTES_VARIABLE, max_bytes_setting
 from torchdelegate.delegate.named_data import NamedDataMap
 from torchdelegate.delegate.specs import CompileSpec
 from torchdelegate.errors import FormatError
