@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("torchao")
+
+from language_models import tiny_llama  # noqa: E402
+from test_llm_command import _checkpoint  # noqa: E402
 
 NOISE = ("Failed to load", "_C_mxfp8", "register_constant", "_pytree", "treespec", "Warning:")
 MODULES = [
@@ -41,27 +43,6 @@ def _noise(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if any(marker in line for marker in NOISE)]
 
 
-def _checkpoint(directory: Path) -> Path:
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-        max_position_embeddings=32,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
-
-
 def test_importing_our_llm_and_quantization_modules_does_not_import_torchao() -> None:
     script = f"import importlib, sys\nfor m in {MODULES!r}: importlib.import_module(m)\nprint('torchao' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
@@ -72,10 +53,13 @@ def test_importing_our_llm_and_quantization_modules_does_not_import_torchao() ->
 def test_llm_commands_print_no_third_party_noise(tmp_path: Path) -> None:
     """``llm export --quantize`` (torchao imported by transformers, then by quantizing) and ``llm
     generate`` on its file (which quantizes nothing) print their own lines only."""
-    checkpoint, program = _checkpoint(tmp_path / "checkpoint"), tmp_path / "m.tdp"
+    checkpoint, program = (
+        _checkpoint(tmp_path / "checkpoint", tiny_llama(hidden_size=32, vocab_size=512)),
+        tmp_path / "m.tdp",
+    )
     exported = _command("llm", "export", str(checkpoint), "-o", str(program), "--max-cache", "16", "--quantize")
     assert "quantized with 8da4w-asym" in exported.stdout
     assert _noise(exported.stderr) == []
-    generated = _command("llm", "generate", str(program), "-p", "w1 w2", "--max-new-tokens", "2")
+    generated = _command("llm", "generate", str(program), "-p", "It was", "--max-new-tokens", "2")
     assert _noise(generated.stderr) == []
     assert "tokens/s" in generated.stdout
