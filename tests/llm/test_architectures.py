@@ -33,7 +33,10 @@ REFUSED = {  # what the one line begins with
 PROMPT = [5, 9, 17, 33, 2, 70, 101, 64, 12, 3]  # read by one prefill of dynamic length
 
 
-MIXTURES: dict[str, Callable[[], torch.nn.Module]] = {"qwen2-moe": tiny_qwen2_moe, "mixtral": tiny_mixtral}
+MIXTURES: dict[str, tuple[Callable[[], torch.nn.Module], list[str]]] = {  # and how each is exported
+    "qwen2-moe": (tiny_qwen2_moe, []),
+    "mixtral": (tiny_mixtral, ["--prefill-chunk", "4"]),  # decode exported on its own
+}
 
 
 def _checkpoint(directory: Path, architecture: str) -> tuple[torch.nn.Module, Path]:
@@ -111,9 +114,30 @@ def _generated_in_a_fresh_process(program: Path) -> list[int]:
 def test_a_mixture_of_experts_generates_transformers_greedy_tokens_in_a_fresh_process(
     tmp_path: Path, architecture: str
 ) -> None:
-    """The experts are exported as core ATen: the file calls no operator transformers registers."""
-    model, checkpoint = _saved(MIXTURES[architecture](), tmp_path / "checkpoint")
+    """The experts are exported as core ATen, prefill and decode alike: the file calls no operator
+    transformers registers."""
+    made, flags = MIXTURES[architecture]
+    model, checkpoint = _saved(made(), tmp_path / "checkpoint")
     program = tmp_path / "m.tdp"
-    assert main(["llm", "export", str(checkpoint), "-o", str(program), "--max-cache", "24"]) == 0
+    assert main(["llm", "export", str(checkpoint), "-o", str(program), "--max-cache", "24", *flags]) == 0
     assert _generated_in_a_fresh_process(program) == transformers_greedy(model, PROMPT, 8)
     assert model.get_experts_implementation()[""] == "grouped_mm"  # the model's own choice, given back
+
+
+def test_an_export_that_calls_another_librarys_operator_writes_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Experts left on transformers' own path call an operator transformers registers: the file could not
+    run in a fresh process, so none is written and the one line names the operator."""
+    import contextlib
+
+    from torchdelegate.llm import checkpoint as checkpoint_module
+
+    monkeypatch.setattr(checkpoint_module, "exportable_experts", lambda model: contextlib.nullcontext())
+    _, checkpoint = _saved(tiny_qwen2_moe(), tmp_path / "checkpoint")
+    program = tmp_path / "m.tdp"
+    assert main(["llm", "export", str(checkpoint), "-o", str(program), "--max-cache", "24"]) == 1
+    error = capsys.readouterr().err.splitlines()[-1]  # (building the model here imported torchao, which logs)
+    assert error.startswith("torchdelegate: error: Qwen2MoeForCausalLM's exported prefill calls "), error
+    assert "transformers.grouped_mm_fallback.default, which another library registers" in error
+    assert not program.exists()

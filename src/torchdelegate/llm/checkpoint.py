@@ -25,6 +25,7 @@ from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.exported.torch_warnings import IMPORT_NOISE, import_noise_quieted, loggers_quieted
 from torchdelegate.llm.assets import read_chat_template, read_tokenizer
 from torchdelegate.llm.checkpoint_code import allowed, checkpoint_code
+from torchdelegate.serialize.operator_list import TORCH_NAMESPACES
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -190,18 +191,43 @@ def export_methods(
         quiet = loggers_quieted(["torch._subclasses.fake_tensor", "torch._dynamo", "torch.export"], logging.CRITICAL)
         with torch.no_grad(), warnings.catch_warnings(), quiet:
             warnings.simplefilter("ignore")  # dynamo's notes on transformers' own side effects
-            with _last_logits_only(model, prefill_logits == "last"), exportable_experts(model):
-                prefill = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
+            with exportable_experts(model):
+                with _last_logits_only(model, prefill_logits == "last"):
+                    prefill = torch.export.export(module, (), prompt, dynamic_shapes=dynamic, strict=True)
                 if chunk is None:  # a graph of its own, the tensors shared: lowering one never touches the other
                     decode = copy_program(prefill)
-            if chunk is not None:
-                decode = torch.export.export(module, (), token, strict=True)
-            return {"prefill": prefill, "decode": decode}
+                else:
+                    decode = torch.export.export(module, (), token, strict=True)
     except Exception as e:
         raise CheckpointError(
             f"{type(model).__name__} does not export with a static cache ({type(e).__name__}: {first_line(e)}); "
             "this architecture is not supported by transformers' exportable wrapper"
         ) from e
+    methods = {"prefill": prefill, "decode": decode}
+    _refuse_library_operators(type(model).__name__, methods)
+    return methods
+
+
+def _refuse_library_operators(architecture: str, methods: dict[str, ExportedProgram]) -> None:
+    """A ``CheckpointError`` when an exported method calls an operator another library registers (one
+    transformers defines for its own kernels): a file calling it would run only where that library is
+    imported, and ``llm generate`` in a fresh process could not run it."""
+    for method, program in methods.items():
+        foreign = sorted(
+            {
+                str(node.target)
+                for module in program.graph_module.modules()
+                if isinstance(module, torch.fx.GraphModule)
+                for node in module.graph.nodes
+                if isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in TORCH_NAMESPACES
+            }
+        )
+        if foreign:
+            raise CheckpointError(
+                f"{architecture}'s exported {method} calls {', '.join(foreign)}, which another library registers: "
+                "a file calling it would run only where that library is imported; this architecture's export is "
+                "not supported yet"
+            )
 
 
 @contextlib.contextmanager
