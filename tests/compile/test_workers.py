@@ -63,6 +63,28 @@ def test_a_quantized_program_compiles_on_workers_that_never_quantized(tmp_path: 
     assert lowered(tmp_path / "jobs.tdp", jobs=1, cache=False) == lowered(tmp_path / "here.tdp", cache=False)
 
 
+class TwoSized(torch.nn.Module):
+    """Two inputs whose sizes export ties together: its program carries guard code."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nextafter(x, y.t()) + 1
+
+
+def test_a_program_with_guard_code_compiles_on_workers_to_the_same_bytes(tmp_path: Path) -> None:
+    """A sub-program read back on a worker has lost export's guard code; its blob is written without it here too."""
+    n = torch.export.Dim("n", min=2, max=64)
+    inputs = (torch.randn(4, 8), torch.randn(8, 4))
+    program = torch.export.export(TwoSized(), inputs, dynamic_shapes=({0: n}, {1: n}))
+    assert program._guards_code, "the export this test needs has guard code"
+
+    def lowered(path: Path, **options: object) -> bytes:
+        with td.preprocessing(**options):
+            td.to_edge_transform_and_lower(program, partitioner=[ReferencePartitioner()]).save(path)
+        return path.read_bytes()
+
+    assert lowered(tmp_path / "jobs.tdp", jobs=1, cache=False) == lowered(tmp_path / "here.tdp", cache=False)
+
+
 def _dying(how: str) -> CapabilityPartitioner:
     spec = DelegationSpec(DyingReference.backend_id, [CompileSpec("die", how.encode())])
     return CapabilityPartitioner([(lambda node: True, spec)])
