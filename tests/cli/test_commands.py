@@ -235,8 +235,8 @@ def test_a_torch_save_file_is_told_apart_from_a_torch_export_one(exported: Path)
 
 
 def test_every_command_treats_an_output_path_by_one_rule(exported: Path) -> None:
-    """Missing directories are made and said so, before any work; a path under a file, or a directory
-    given as the file, is a usage error naming the flag, and nothing is written."""
+    """Missing directories are made and said so as the file is written, and only then; a path under a file,
+    or a directory given as the file, is a usage error naming the flag before any work, and nothing is written."""
     lower = ("lower", "forward=model.pt2", "-b", "reference")
     made = _command(*lower, "-o", "new/a/m.tdp", "--html", "new/b/r.html", cwd=exported)
     assert made.returncode == 0, made.stderr
@@ -266,6 +266,8 @@ def test_every_command_treats_an_output_path_by_one_rule(exported: Path) -> None
     for finished, message in refused:
         assert finished.returncode == 2 and message in finished.stderr, finished.stderr
         assert "Traceback" not in finished.stderr and finished.stdout == ""
+    failed = _command("lower", "forward=x.npy", "-b", "reference", "-o", "never/m.tdp", cwd=exported)
+    assert failed.returncode == 1 and not (exported / "never").exists()  # a command that fails makes nothing
 
 
 @pytest.fixture(scope="module")

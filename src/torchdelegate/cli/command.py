@@ -156,24 +156,39 @@ def backend_options(given: Sequence[str]) -> dict[str, dict[str, str]]:
     return options
 
 
-def output_file(path: Path | None, flag: str, out: TextIO, example: str) -> None:
-    """The one rule for a file a command writes, applied before the command does any work: its missing
-    directories are made, and said so on ``out``; a path that is a directory, or lies under a file, is a
-    ``UsageError`` naming the flag. A directory that cannot be made is a ``CommandError``."""
+def output_file(path: Path | None, flag: str, example: str) -> None:
+    """The one rule for a file a command writes, checked before the command does any work: a path that is
+    a directory, or lies under a file, is a ``UsageError`` naming the flag, and so is one whose nearest
+    existing directory cannot be written. Nothing is made yet (:func:`directory_for` makes what is
+    missing when the file is written), so a command that fails leaves nothing behind."""
     if path is None:
         return
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a directory: give the file to write, e.g. {path / example}")
-    output_directory(path.parent, flag, out)
+    output_directory(path.parent, flag)
 
 
-def output_directory(directory: Path | None, flag: str, out: TextIO) -> None:
-    """``output_file``'s rule for a directory a command writes into (made with its parents, said so)."""
+def output_directory(directory: Path | None, flag: str) -> None:
+    """``output_file``'s check for a directory a command writes into."""
     if directory is None or directory.is_dir():
+        if directory is not None and not os.access(directory, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {directory}: the directory cannot be written; give one you can write")
         return
     existing = next(parent for parent in (directory, *directory.parents) if parent.exists() or parent == parent.parent)
     if existing.exists() and not existing.is_dir():
         raise UsageError(f"{flag} {directory}: {existing} is a file, not a directory; give a path in a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {directory}: {existing} cannot be written, so {directory} cannot be made there")
+
+
+def directory_for(path: Path | None, flag: str, out: TextIO, *, is_directory: bool = False) -> None:
+    """The missing directories of the file ``path`` (or of the directory itself) made, as the command
+    writes it, and said so on ``out``; a ``CommandError`` if they cannot be."""
+    if path is None:
+        return
+    directory = path if is_directory else path.parent
+    if directory.is_dir():
+        return
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:

@@ -12,6 +12,7 @@ from torchdelegate.cli.command import (
     CommandError,
     UsageError,
     add_verbose,
+    directory_for,
     output_directory,
     require_torch,
 )
@@ -49,7 +50,8 @@ def demo_command(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--tokens must be at least 1, got {args.tokens}")
     if args.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
-    output_directory(args.output_dir, "--output-dir", out)
+    output_directory(args.output_dir, "--output-dir")
+    directory_for(args.output_dir, "--output-dir", out, is_directory=True)
     result = run_demo(tokens=args.tokens, output_dir=args.output_dir, rounds=args.rounds, out=out)
     return EXIT_OK if result.matches else EXIT_FAILED
 

@@ -18,6 +18,7 @@ from torchdelegate.cli.command import (
     add_imports,
     add_verbose,
     backend_runtime,
+    directory_for,
     file_backend_ids,
     loaded,
     output_file,
@@ -97,7 +98,7 @@ def inspect_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.cli.outputs import named_output_type
     from torchdelegate.serialize.container import FORMAT_VERSION
 
-    output_file(args.html, "--html", out, "report.html")
+    output_file(args.html, "--html", "report.html")
     if (args.open or args.port is not None) and args.model_explorer is None:
         raise UsageError("--open and --port go with --model-explorer DIR")
     if args.port is not None and not args.open:
@@ -190,6 +191,7 @@ def _print_report(saved: dict[str, Any] | None, args: argparse.Namespace, out: T
         for method in report.methods.values():
             print(coverage_line(method), file=out)
     if args.html:
+        directory_for(args.html, "--html", out)
         args.html.write_text(render_html(report, title=f"torchdelegate: {args.file.name}"), encoding="utf-8")
         print(f"report: {args.html}", file=out)
     if args.model_explorer:

@@ -22,6 +22,7 @@ from torchdelegate.cli.command import (
     add_file_options,
     add_imports,
     add_verbose,
+    directory_for,
     loaded,
     output_file,
     require_torch,
@@ -181,7 +182,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
             "any length (the position ids are a range over the prompt's length); give --prefill-chunk 16, say, "
             "or lower with the onnxruntime backend"
         )
-    output_file(args.output, "-o", out, "model.tdp")
+    output_file(args.output, "-o", "model.tdp")
     partitioners = chosen_partitioners(args, args.backends or ["onnxruntime", "reference"], {})
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -220,6 +221,7 @@ def llm_export_command(args: argparse.Namespace, out: TextIO) -> int:
             )
         lowered = lowered_programs(programs, partitioners, args, out)
     assets = {**checkpoint.assets, SETTINGS: settings_asset(cache, chunk, checkpoint.stop_tokens, logits)}
+    directory_for(args.output, "-o", out)
     lowered.save(args.output, assets=assets)  # written whole: a failure leaves no partial file
     seconds = time.perf_counter() - started
     from torchdelegate.report.terminal import human_bytes

@@ -20,6 +20,7 @@ from torchdelegate.cli.command import (
     UsageError,
     add_imports,
     add_verbose,
+    directory_for,
     output_file,
     require_torch,
 )
@@ -117,9 +118,9 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
     from torchdelegate.report import render_html, render_text
 
     methods = _method_files(args.methods)
-    output_file(args.output, "-o", out, "model.tdp")
-    output_file(args.html, "--html", out, "report.html")
-    output_file(args.external_data, "--external-data", out, "model.data")
+    output_file(args.output, "-o", "model.tdp")
+    output_file(args.html, "--html", "report.html")
+    output_file(args.external_data, "--external-data", "model.data")
     partitioners = chosen_partitioners(args, args.backends, _compile_specs(args.compile_spec))
     with contextlib.ExitStack() as stack:
         start_preprocessing(args, stack)  # worker processes start while the programs load
@@ -128,6 +129,8 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
         lowered = lowered_programs(programs, partitioners, args, out, args.min_partition_size)
         seconds = time.perf_counter() - started
     report = lowered.report
+    directory_for(args.output, "-o", out)
+    directory_for(args.external_data, "--external-data", out)
     lowered.save(args.output, external_data_path=args.external_data)
     print(render_text(report), file=out)
     print("", file=out)
@@ -135,6 +138,7 @@ def lower_command(args: argparse.Namespace, out: TextIO) -> int:
     print(f"lowered in {seconds:.1f} s; wrote {args.output}: {human_bytes(size)}", file=out)
     print(_sharing_line(report), file=out)
     if args.html:
+        directory_for(args.html, "--html", out)
         args.html.write_text(render_html(report, title=f"torchdelegate: {args.output.name}"), encoding="utf-8")
         print(f"report: {args.html}", file=out)
     return EXIT_OK

@@ -21,6 +21,7 @@ from torchdelegate.cli.command import (
     add_imports,
     add_verbose,
     backend_runtime,
+    directory_for,
     file_backend_ids,
     loaded,
     output_file,
@@ -63,7 +64,7 @@ def run_command(args: argparse.Namespace, out: TextIO) -> int:
 
     args_in, kwargs_in = _inputs(args.inputs)
     if args.save:
-        output_file(args.save, "--save", out, "outputs.npz")
+        output_file(args.save, "--save", "outputs.npz")
     options = [*args.backend_options, *(_profiling(args.file, args.external_data) if args.profile else [])]
     with loaded(args.file, args.external_data, args.trust, options) as program:
         method = args.method or _default_method(program.method_names)
@@ -84,6 +85,7 @@ def run_command(args: argparse.Namespace, out: TextIO) -> int:
         print(line, file=out)
     if args.save:
         arrays = {f"output_{i}": as_array(v) for i, (_, v) in enumerate(flat)}
+        directory_for(args.save, "--save", out)
         np.savez(args.save, **arrays)  # type: ignore[arg-type]
         print(f"saved {args.save}", file=out)
     return EXIT_OK
