@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from crafted import with_a_segment_byte_flipped
 
 import torchdelegate as td
 from torchdelegate.cache.entry_signature import KEY_VARIABLE
@@ -109,3 +110,35 @@ def test_unsigned_entries_are_refused_with_one_warning_where_a_key_is_set_or_oth
     cache_directory.chmod(0o777)
     with pytest.warns(UserWarning, match=r"can be written by its group or by others \(mode drwxrwxrwx\)"):
         torch.testing.assert_close(_run(tmp_path / "1.tdp"), models[1](X), atol=1e-4, rtol=1e-4)
+
+
+def test_a_record_that_prepare_checked_a_file_moved_to_a_damaged_file_is_refused(
+    tmp_path: Path, cache_directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prepare`` records that it checked the very file it prepared, so that loads of it skip the check.
+    A writer of the cache without the key who damages the file and moves that signed record to the
+    damaged file's identity gains nothing: the record names the file it was made for, and the damaged
+    file is checked and refused."""
+    from torchdelegate.cache.machine_cache import CHECKED_FILE, _checked_file_key, entry_path
+    from torchdelegate.serialize.reader import ProgramFile
+
+    def record_of(path: Path) -> Path:
+        file = ProgramFile(path)
+        try:
+            return entry_path(CHECKED_FILE, _checked_file_key(file.identity()))
+        finally:
+            file.close()
+
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+    _saved(tmp_path / "m.tdp", 0)
+    _prepared(tmp_path / "m.tdp")
+    checked = record_of(tmp_path / "m.tdp")
+    assert checked.is_dir()
+    damaged = with_a_segment_byte_flipped(
+        (tmp_path / "m.tdp").read_bytes(), lambda segments: max(segments, key=lambda s: s["length"]), at=3
+    )
+    with open(tmp_path / "m.tdp", "r+b") as file:  # in place: the same inode, changed
+        file.write(damaged)
+    shutil.copytree(checked, record_of(tmp_path / "m.tdp"))
+    with td.load(tmp_path / "m.tdp") as program, pytest.raises(td.FormatError, match="checksum mismatch"):
+        program.run("forward", X)
