@@ -170,15 +170,13 @@ def output_file(path: Path | None, flag: str, example: str) -> None:
 
 def output_directory(directory: Path | None, flag: str) -> None:
     """``output_file``'s check for a directory a command writes into."""
-    if directory is None or directory.is_dir():
-        if directory is not None and not os.access(directory, os.W_OK | os.X_OK):
-            raise UsageError(f"{flag} {directory}: the directory cannot be written; give one you can write")
+    if directory is None:
         return
     existing = next(parent for parent in (directory, *directory.parents) if parent.exists() or parent == parent.parent)
-    if existing.exists() and not existing.is_dir():
+    if not existing.is_dir():
         raise UsageError(f"{flag} {directory}: {existing} is a file, not a directory; give a path in a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {directory}: {existing} cannot be written, so {directory} cannot be made there")
+        raise UsageError(f"{flag} {directory}: {existing} cannot be written; give a directory you can write")
 
 
 def directory_for(path: Path | None, flag: str, out: TextIO, *, is_directory: bool = False) -> None:

@@ -53,7 +53,7 @@ def request(backend: type[BackendDetails], unit: CompileUnit, form: UnitForm, do
         "where": unit.where,
         "document": document,
         "debug_handles": handle_table(unit.program),
-        "libraries": library_namespaces(unit.program.graph),
+        "libraries": library_namespaces(unit.program.graph_module),
         "tensors": tensors,
         "digests": form.digests,
     }

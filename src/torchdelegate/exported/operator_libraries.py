@@ -19,18 +19,20 @@ LIBRARY_MODULES = {"torchao": "torchao.quantization"}
 """Operator namespace -> the module whose import registers it."""
 
 
-def library_namespaces(graph: torch.fx.Graph) -> list[str]:
-    """The namespaces of ``LIBRARY_MODULES`` that ``graph`` (and the graphs it calls) call operators of, sorted."""
-    found = set()
-    for node in graph.nodes:
-        target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
-            found.add(target.namespace)
-        if node.op == "get_attr" and isinstance(owner := graph.owning_module, torch.nn.Module):
-            called = getattr(owner, str(target), None)
-            if isinstance(called, torch.fx.GraphModule):
-                found.update(library_namespaces(called.graph))
-    return sorted(found & LIBRARY_MODULES.keys())
+def operators_called(root: torch.fx.GraphModule) -> set[torch._ops.OpOverload]:
+    """The operators ``root``'s graph and the graphs it holds (control-flow branches) call."""
+    return {
+        node.target
+        for module in root.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    }
+
+
+def library_namespaces(root: torch.fx.GraphModule) -> list[str]:
+    """The namespaces of ``LIBRARY_MODULES`` whose operators ``root`` calls, sorted."""
+    return sorted({operator.namespace for operator in operators_called(root)} & LIBRARY_MODULES.keys())
 
 
 def import_libraries(namespaces: Iterable[str]) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdelegate.errors import CheckpointError, first_line
+from torchdelegate.exported.operator_libraries import operators_called
 from torchdelegate.exported.structural_copy import copy_program
 from torchdelegate.exported.torch_warnings import IMPORT_NOISE, import_noise_quieted, loggers_quieted
 from torchdelegate.llm.assets import read_chat_template, read_tokenizer
@@ -213,15 +214,8 @@ def _refuse_library_operators(architecture: str, methods: dict[str, ExportedProg
     transformers defines for its own kernels): a file calling it would run only where that library is
     imported, and ``llm generate`` in a fresh process could not run it."""
     for method, program in methods.items():
-        foreign = sorted(
-            {
-                str(node.target)
-                for module in program.graph_module.modules()
-                if isinstance(module, torch.fx.GraphModule)
-                for node in module.graph.nodes
-                if isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in TORCH_NAMESPACES
-            }
-        )
+        called = operators_called(program.graph_module)
+        foreign = sorted(str(operator) for operator in called if operator.namespace not in TORCH_NAMESPACES)
         if foreign:
             raise CheckpointError(
                 f"{architecture}'s exported {method} calls {', '.join(foreign)}, which another library registers: "

@@ -18,6 +18,7 @@ import torch
 from torchdelegate.errors import QuantizationError, first_line
 from torchdelegate.exported.freed_memory import return_freed_memory
 from torchdelegate.exported.mapped_pages import release_buffer
+from torchdelegate.exported.operator_libraries import LIBRARY_MODULES
 from torchdelegate.exported.spilled_tensors import SpilledTensors
 from torchdelegate.exported.torch_warnings import import_noise_quieted
 from torchdelegate.quantization.recipe_table import Recipe
@@ -100,7 +101,7 @@ def torchao_quantization() -> ModuleType:
     CPU build cannot load; an ``ImportError`` saying what to install."""
     try:
         with import_noise_quieted():
-            return importlib.import_module("torchao.quantization")
+            return importlib.import_module(LIBRARY_MODULES["torchao"])
     except ImportError as e:
         raise ImportError(
             "quantizing needs torchao: pip install 'torchdelegate[quantize]' (a lowered file runs without it)"

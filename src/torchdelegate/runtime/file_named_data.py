@@ -40,9 +40,6 @@ class FileNamedDataMap(NamedDataMap):
     def reading(self, keys: Iterable[str], *, unread: bool = False) -> Iterator[dict[str, memoryview]]:
         keys = list(keys)
         views = {key: self._file.data(self.digest(key), f"named data {key!r}", verify=False) for key in keys}
-        if unread and file_checked(self._file.identity()):
-            yield {key: view.toreadonly() for key, view in views.items()}
-            return
         failed: list[BaseException] = []
 
         def check() -> None:
@@ -55,11 +52,14 @@ class FileNamedDataMap(NamedDataMap):
                 failed.append(e)
 
         checking = threading.Thread(target=check, name="torchdelegate-checksums", daemon=True)
-        checking.start()
+        checked_before = unread and file_checked(self._file.identity())  # by prepare: this very file, unchanged
+        if not checked_before:
+            checking.start()
         try:
             yield {key: view.toreadonly() for key, view in views.items()}
         finally:
-            checking.join()
+            if not checked_before:
+                checking.join()
             if failed:
                 raise failed[0]
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from torchdelegate.errors import FormatError
-from torchdelegate.exported.mapped_pages import release_pages, sha256_releasing, write_releasing
+from torchdelegate.exported.mapped_pages import CHUNK, release_pages, sha256_releasing, write_releasing
 from torchdelegate.serialize.bounded_json import JsonLimitError, bounded_json
 from torchdelegate.serialize.foreign_files import EXPORTED_PROGRAM, PICKLED, TORCH_SAVE_ADVICE, zip_kind
 
@@ -44,7 +44,6 @@ MAX_MANIFEST_BYTES = 1 << 30
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
 
 
-_CHECK_CHUNK = 16 << 20  # bytes hashed between releases of their pages
 _TRUNCATED = "it is truncated; copy it again, or save it again from its program"
 _CORRUPT = "it is corrupt; copy it again, or save it again from its program"
 
@@ -60,6 +59,7 @@ def _zip_hint(path: str | os.PathLike[str]) -> str:
     if kind == PICKLED:
         return f"; {TORCH_SAVE_ADVICE}"
     return "; it is a zip archive, not a program file"
+
 
 class ChangedDataError(ValueError):
     """A segment's bytes no longer have the digest they were added with."""
@@ -337,8 +337,8 @@ class Container:
     def _digest_letting_go(self, start: int, length: int) -> bytes:
         """The SHA-256 of ``[start, start + length)``, a chunk at a time, each chunk's pages released after."""
         digest = hashlib.sha256()
-        for offset in range(start, start + length, _CHECK_CHUNK):
-            end = min(offset + _CHECK_CHUNK, start + length)
+        for offset in range(start, start + length, CHUNK):
+            end = min(offset + CHUNK, start + length)
             digest.update(self._view[offset:end])
             if self._mapping is not None:
                 release_pages(self._mapping, offset, end - offset)

@@ -104,7 +104,7 @@ class WorkerPool:
         queue: int,
         report: Callable[[str], None] = lambda line: None,
     ) -> None:
-        self.file, self.path, self.size, self.queue_limit = file, file.path, workers, queue
+        self.file, self.size, self.queue_limit = file, workers, queue
         self.report = report
         self.context = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
@@ -262,7 +262,7 @@ class WorkerPool:
                 self._started.set_result(None)
             self._dispatch()
         elif kind == "failed":
-            self._lost(worker, f"a worker could not load {self.path}: {message[1]}")
+            self._lost(worker, f"a worker could not load {self.file.path}: {message[1]}")
         elif worker.job is not None and message[1] == worker.job.number:
             job = worker.job
             if kind == "token":
@@ -282,7 +282,7 @@ class WorkerPool:
         if worker not in self.workers:
             return
         worker.process.join(timeout=1)
-        self._lost(worker, f"a worker stopped while loading {self.path} (exit code {worker.process.exitcode})")
+        self._lost(worker, f"a worker stopped while loading {self.file.path} (exit code {worker.process.exitcode})")
 
     def _lost(self, worker: _Worker, why: str) -> None:
         """``worker`` is gone (``why``, if it never got ready): its job failed, a replacement started
