@@ -142,3 +142,23 @@ def test_a_record_that_prepare_checked_a_file_moved_to_a_damaged_file_is_refused
     shutil.copytree(checked, record_of(tmp_path / "m.tdp"))
     with td.load(tmp_path / "m.tdp") as program, pytest.raises(td.FormatError, match="checksum mismatch"):
         program.run("forward", X)
+
+
+def test_a_file_changed_within_its_file_systems_tick_of_the_check_is_not_recorded_as_checked(
+    tmp_path: Path, cache_directory: Path
+) -> None:
+    """Where change times keep whole seconds, a write in the same second as the check would leave the
+    identity as it was: such a file is not recorded, so its loads keep checking it."""
+    from torchdelegate.cache.machine_cache import file_checked, remember_checked
+
+    seconds = 1_700_000_000 * 1_000_000_000
+    coarse = [[1, 2, 3, seconds, seconds, "header"]]
+    remember_checked(coarse, seconds + 1_500_000_000)  # within two seconds of its change
+    assert not file_checked(coarse)
+    remember_checked(coarse, seconds + 2_500_000_000)
+    assert file_checked(coarse)
+    fine = [[1, 2, 3, seconds + 7, seconds + 7, "header"]]  # nanoseconds kept: any later write moves it
+    remember_checked(fine, seconds + 7)
+    assert not file_checked(fine)
+    remember_checked(fine, seconds + 8)
+    assert file_checked(fine)

@@ -161,8 +161,15 @@ def file_checked(identity: list[Any]) -> bool:
     return find_entry(CHECKED_FILE, _checked_file_key(identity), quiet=True) is not None
 
 
-def remember_checked(identity: list[Any]) -> None:
-    """Record that every segment of the file(s) of ``identity`` matched its checksum just now."""
+def remember_checked(identity: list[Any], checked_from_ns: int) -> None:
+    """Record that every segment of the file(s) of ``identity`` matched its checksum, in a check begun at
+    ``checked_from_ns`` (``time.time_ns()``). Not recorded when a file changed too close to the check for
+    its change time to tell a later write apart (a file system keeping whole seconds, or two)."""
+    for file in identity:
+        change = file[4]
+        tick = 2_000_000_000 if change % 1_000_000_000 == 0 else 0
+        if change + tick >= checked_from_ns:
+            return
     key = _checked_file_key(identity)
     with entry_lock(CHECKED_FILE, key), new_entry(CHECKED_FILE, key) as scratch:
         (scratch / "files.json").write_text(json.dumps(identity))

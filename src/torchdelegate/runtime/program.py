@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -228,8 +229,9 @@ class Program:
                 if line is not None and line not in lines:
                     lines.append(line)
             if lines:  # what was prepared stands in for bytes later loads need not read: check them all once
+                started = time.time_ns()
                 self.verify()
-                remember_checked(self._file.identity())
+                remember_checked(self._file.identity(), started)
             return lines
         finally:
             self._gate.leave()
