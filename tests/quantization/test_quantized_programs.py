@@ -195,7 +195,7 @@ def test_quantize_matches_torchao_and_leaves_the_callers_programs_as_they_were()
 
 def test_the_command_offers_every_recipe_and_the_default_first() -> None:
     from torchdelegate.cli.lower import QUANTIZE_RECIPES
-    from torchdelegate.quantization.recipes import DEFAULT_RECIPE, RECIPES
+    from torchdelegate.quantization.recipe_table import DEFAULT_RECIPE, RECIPES
 
     assert set(QUANTIZE_RECIPES) == set(RECIPES) and QUANTIZE_RECIPES[0] == DEFAULT_RECIPE
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 import warnings
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ class EntryInfo:
     damage: str | None = None  # why an entry in place (not a scratch folder) with a manifest cannot be used
 
 
-class StoreHousekeeping:
+class StoreHousekeeping(ABC):
     """Listing, eviction and clearing of a store's entries; :class:`~torchdelegate.cache.store.Store` is one."""
 
     name: str
@@ -43,9 +44,9 @@ class StoreHousekeeping:
     _root: str
     _fs: Any
 
+    @abstractmethod
     def problem(self, kind: str, key: str, *, verify: bool) -> str | None:
         """Why an entry cannot be used, or None: the store's reading half says."""
-        raise NotImplementedError
 
     def entries(self, kind: str | None = None) -> list[EntryInfo]:
         """Every entry (of ``kind``, or of every kind), whole or left by a crash, in a stable order."""

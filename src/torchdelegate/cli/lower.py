@@ -27,6 +27,7 @@ from torchdelegate.cli.command import (
 from torchdelegate.delegate.progress import PreprocessProgress
 from torchdelegate.errors import BackendNotFoundError, FormatError
 from torchdelegate.exported.torch_warnings import loggers_quieted
+from torchdelegate.quantization.recipe_table import DEFAULT_RECIPE, RECIPES
 from torchdelegate.report.terminal import human_bytes
 from torchdelegate.serialize.foreign_files import PICKLED, TORCH_SAVE_ADVICE, zip_kind
 
@@ -68,8 +69,8 @@ def define(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=lower_command)
 
 
-QUANTIZE_RECIPES = ("8da4w-asym", "8da4w", "8da8w", "int4", "int8")
-"""``quantization.recipes.RECIPES``' names, the default first (named here so that parsing imports no torch)."""
+QUANTIZE_RECIPES = (DEFAULT_RECIPE, *(name for name in RECIPES if name != DEFAULT_RECIPE))
+"""The recipes' names, the default first (``recipe_table`` imports no torch: parsing stays quick)."""
 
 
 def add_lowering_options(parser: argparse.ArgumentParser) -> None:

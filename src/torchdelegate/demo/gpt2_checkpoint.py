@@ -9,21 +9,18 @@ demo model reads text. Needs the ``llm`` extra (transformers, tokenizers).
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchdelegate.demo.model import DecoderLM
-from torchdelegate.exported.torch_warnings import loggers_quieted
+from torchdelegate.exported.torch_warnings import import_noise_quieted
 
 
 def save_transformers_checkpoint(model: DecoderLM, directory: Path) -> None:
     """``model`` in ``directory`` as ``save_pretrained`` writes a GPT-2, with its tokenizer."""
-    from torchdelegate.llm.checkpoint import QUIET_WHILE_LOADING
-
-    with loggers_quieted(QUIET_WHILE_LOADING, logging.ERROR):
+    with import_noise_quieted():
         _save(model, directory)
 
 

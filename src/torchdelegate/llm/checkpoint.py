@@ -23,7 +23,7 @@ import torch
 from torchdelegate.errors import CheckpointError, first_line
 from torchdelegate.exported.operator_libraries import operators_called
 from torchdelegate.exported.structural_copy import copy_program
-from torchdelegate.exported.torch_warnings import IMPORT_NOISE, import_noise_quieted, loggers_quieted
+from torchdelegate.exported.torch_warnings import import_noise_quieted, loggers_quieted
 from torchdelegate.llm.assets import read_chat_template, read_tokenizer
 from torchdelegate.llm.checkpoint_code import allowed, checkpoint_code
 from torchdelegate.serialize.operator_list import TORCH_NAMESPACES
@@ -292,11 +292,6 @@ def _generation_config(transformers: Any, directory: Path) -> Any:
         raise CheckpointError(
             f"{directory}/generation_config.json cannot be read ({type(e).__name__}: {first_line(e)})"
         ) from e
-
-
-QUIET_WHILE_LOADING = list(IMPORT_NOISE)
-"""transformers imports torchao where installed, which logs about GPU kernels a CPU build lacks
-(``torch_warnings.IMPORT_NOISE``; this name is kept for its importers)."""
 
 
 def quiet_transformers() -> Any:

@@ -30,15 +30,9 @@ from torchdelegate.exported.structural_copy import (
     with_state,
 )
 from torchdelegate.lowering.gc_pause import cyclic_gc_paused
-from torchdelegate.lowering.lowering_report import (
-    Boundary,
-    DeferredReport,
-    LoweringReport,
-    ReportedProgram,
-    held_state,
-    method_report,
-    state_totals,
-)
+from torchdelegate.lowering.held_state import held_state, state_totals
+from torchdelegate.lowering.lowering_report import DeferredReport
+from torchdelegate.lowering.method_report import Boundary, ReportedProgram, method_report
 from torchdelegate.lowering.partitions import GraphPartitions, Partition, find_partitions
 from torchdelegate.lowering.preprocess import (
     PartitionJob,
@@ -47,6 +41,7 @@ from torchdelegate.lowering.preprocess import (
     merge_named_data,
     preprocess_jobs,
 )
+from torchdelegate.lowering.report_data import LoweringReport
 from torchdelegate.lowering.run_partitioner import PartitionerLike, partition_method, proposing_backends
 from torchdelegate.lowering.splice import dropped_targets, rename_signature, splice
 from torchdelegate.lowering.subprogram import build_subprogram

@@ -29,7 +29,8 @@ from torchdelegate.exported.structural_copy import MutableStateCopies, with_stat
 from torchdelegate.lowering.batch import lower
 from torchdelegate.lowering.decomposition import KeepFilters, any_accepts, asked_overloads, decompose, wanted_whole
 from torchdelegate.lowering.equal_programs import once_per_program
-from torchdelegate.lowering.lowering_report import DeferredReport, LoweringReport, attached_report
+from torchdelegate.lowering.lowering_report import DeferredReport, attached_report
+from torchdelegate.lowering.report_data import LoweringReport
 from torchdelegate.lowering.run_partitioner import PartitionerLike
 from torchdelegate.lowering.transform_passes import Pass, run_passes
 from torchdelegate.partition.contract import Partitioner

@@ -18,34 +18,28 @@ from dataclasses import replace
 
 from torch.export import ExportedProgram
 
-from torchdelegate.lowering.held_state import Memory, held_state, state_bytes, state_totals
-from torchdelegate.lowering.method_report import Boundary, ReportedProgram, method_report
+from torchdelegate.lowering.held_state import Memory, state_bytes, state_totals
+from torchdelegate.lowering.method_report import method_report
 from torchdelegate.lowering.report_data import (
     LoweringReport,
     MethodReport,
     NodeRow,
     PartitionRow,
-    as_report,
     short_op,
 )
 
-__all__ = [
-    "Boundary",
+__all__ = [  # its own, and the report's public names as the deprecated torchdelegate.report.data served them
     "DeferredReport",
     "LoweringReport",
     "MethodReport",
     "NodeRow",
     "PartitionRow",
-    "ReportedProgram",
-    "as_report",
     "attach_report",
     "attached_report",
-    "held_state",
     "lowering_report",
     "method_report",
     "short_op",
     "state_bytes",
-    "state_totals",
 ]
 
 

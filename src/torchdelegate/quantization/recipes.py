@@ -36,9 +36,7 @@ from torchdelegate.quantization.experts import float_experts_note
 from torchdelegate.quantization.layer_choice import KeptFloat, RecipeChoice
 from torchdelegate.quantization.linear import affine_ops
 from torchdelegate.quantization.quantized_graph import QuantizedGraph, weight_placeholder
-from torchdelegate.quantization.recipe_table import DEFAULT_RECIPE as DEFAULT_RECIPE
 from torchdelegate.quantization.recipe_table import EMBEDDING_RECIPES, RECIPES, recipe_named
-from torchdelegate.quantization.recipe_table import Recipe as Recipe
 from torchdelegate.quantization.torchao_weights import QuantizedWeights, WeightsMade, torchao_quantization
 
 _aten = torch.ops.aten

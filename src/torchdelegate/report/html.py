@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from importlib.resources import files
 from typing import Any
 
-from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, as_report
+from torchdelegate.lowering.report_data import LoweringReport, MethodReport, as_report
 from torchdelegate.partition.modules import call_label
 from torchdelegate.report.terminal import coverage_line, delegate_info_text, human_bytes, human_flops
 

@@ -13,8 +13,10 @@ from torch.export import ExportedProgram
 
 from torchdelegate.delegate.specs import DelegationSpec
 from torchdelegate.lowering.edge_program_manager import EdgeProgramManager
-from torchdelegate.lowering.lowering_report import Boundary, LoweringReport, method_report, state_bytes
+from torchdelegate.lowering.held_state import state_bytes
+from torchdelegate.lowering.method_report import Boundary, method_report
 from torchdelegate.lowering.partitions import find_partitions
+from torchdelegate.lowering.report_data import LoweringReport
 from torchdelegate.partition.capability import CapabilityPartitioner
 from torchdelegate.partition.plan import PartitionPlan
 from torchdelegate.partition.tagging import constant_data_tags

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, as_report, short_op
+from torchdelegate.lowering.report_data import LoweringReport, MethodReport, as_report, short_op
 from torchdelegate.partition.modules import call_label
 from torchdelegate.report.html import LEFT_OUT, OUTPUTS, colours_of
 

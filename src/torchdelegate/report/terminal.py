@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torchdelegate.lowering.lowering_report import LoweringReport, MethodReport, PartitionRow
+    from torchdelegate.lowering.report_data import LoweringReport, MethodReport, PartitionRow
 
 
 def human_bytes(count: int | None) -> str:
@@ -39,7 +39,7 @@ def coverage_line(method: MethodReport) -> str:
 def render_text(report: LoweringReport | Mapping[str, Any], *, reasons: int = 12) -> str:
     """Every method's coverage and partitions, and up to ``reasons`` lines of what was left, by op and reason;
     ``report`` is a ``LoweringReport`` or its JSON data (``Program.report``)."""
-    from torchdelegate.lowering.lowering_report import as_report
+    from torchdelegate.lowering.report_data import as_report
 
     report = as_report(report)
     lines = [f"backends, in priority order: {', '.join(report.backends)}"]

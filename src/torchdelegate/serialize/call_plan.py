@@ -21,7 +21,8 @@ from torchdelegate.serialize.tree_specs import MAX_SPEC_CHARACTERS
 TENSOR, SIZE = "T", "S"  # a delegate input's kind, in a delegate record's input_kinds
 CALL_DELEGATE = "torch.ops.torchdelegate.call_delegate.default"
 SYM_SIZE = "torch.ops.aten.sym_size.int"
-_STATE_FIELDS = {"parameter": "parameter_name", "buffer": "buffer_name", "tensor_constant": "tensor_constant_name"}
+# A state input's kind in torch.export's serialized signature, and the field naming its entry.
+STATE_FIELDS = {"parameter": "parameter_name", "buffer": "buffer_name", "tensor_constant": "tensor_constant_name"}
 _SYMBOL = re.compile(r"Symbol\('([a-z]+\d+)'(?:,[^)]*)?\)|([a-z]+\d+)")
 _CONTAINERS = {"builtins.tuple": "tuple", "builtins.list": "list", "builtins.dict": "dict"}
 
@@ -127,18 +128,18 @@ def _int(value: Any) -> int | None:
 
 def _input(spec: dict[str, Any], argument: dict[str, Any], values: dict[str, Any]) -> PlanInput:
     ((kind, entry),) = spec.items()
-    if kind not in ("user_input", *_STATE_FIELDS):
+    if kind not in ("user_input", *STATE_FIELDS):
         raise NeedsTorch(f"it has an input of kind {kind!r}")
-    target = entry[_STATE_FIELDS[kind]] if kind in _STATE_FIELDS else None
+    target = entry[STATE_FIELDS[kind]] if kind in STATE_FIELDS else None
     if "as_tensor" in argument:
         name = argument["as_tensor"]["name"]
-    elif kind in _STATE_FIELDS and "name" in argument:
+    elif kind in STATE_FIELDS and "name" in argument:
         name = argument["name"]
     elif kind == "user_input" and "as_name" in argument.get("as_sym_int", {}):
         return PlanInput(kind, argument["as_sym_int"]["as_name"], None, None, scalar="int")
     else:
         raise NeedsTorch(f"its input {argument!r:.80} is neither a tensor nor a symbolic int")
-    meta = values.get(name) if kind in _STATE_FIELDS else values[name]
+    meta = values.get(name) if kind in STATE_FIELDS else values[name]
     if meta is None:  # state the graph records no metadata for: its own record says its dtype and shape
         return PlanInput(kind, name, target, None)
     dtype = SCALAR_TYPES.get(meta["dtype"])

@@ -15,13 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from torchdelegate.errors import FormatError, OperatorNotFoundError
 from torchdelegate.serialize.allow_list import check_graph_document, namespace_of, unregistered_operators
+from torchdelegate.serialize.call_plan import STATE_FIELDS
 from torchdelegate.serialize.tree_specs import with_plain_containers
 
 if TYPE_CHECKING:
     import torch
-
-# A state input's kind in torch.export's serialized signature, and the field naming its entry.
-STATE_FIELDS = {"parameter": "parameter_name", "buffer": "buffer_name", "tensor_constant": "tensor_constant_name"}
 
 
 def checked_document(

@@ -26,7 +26,8 @@ from torch.fx import Graph, GraphModule, Node
 
 from torchdelegate.errors import FormatError
 from torchdelegate.serialize import call_delegate as _call_delegate  # noqa: F401 - registers the operator graphs call
-from torchdelegate.serialize.graph_document import STATE_FIELDS, checked_document
+from torchdelegate.serialize.call_plan import STATE_FIELDS
+from torchdelegate.serialize.graph_document import checked_document
 from torchdelegate.serialize.runnable_graph import (
     GraphInput,
     GraphOutput,

@@ -30,10 +30,10 @@ in the blob's header.
 
 Needs ``pip install torchdelegate[onnxruntime]``.
 
-The package's modules, in the order a blob meets them: ``settings`` (compile specs, the blob
-version, the optional dependencies), ``backend_id`` (the id its delegates are filed under),
-``partitioner``, ``cache_writes`` (a KV cache's writes where it lies), ``attention`` (attention over
-that cache on ``GroupQueryAttention``), ``onnx_export`` (a partition's model: ``blockwise_translation``
+The package's modules, in the order a blob meets them: ``settings`` (the id its delegates are
+filed under, compile specs, the blob version, the optional dependencies), ``partitioner``,
+``cache_writes`` (a KV cache's writes where it lies), ``attention`` (attention over that cache on
+``GroupQueryAttention``), ``onnx_export`` (a partition's model: ``blockwise_translation``
 exports quantized layers as private nodes, ``initializers`` keeps the weights out of what the optimizer
 computes, ``blockwise`` and ``nbits_packing`` put the private nodes on the integer kernels),
 ``linking`` and ``branches`` (partitions joined into one model), ``blob_header`` (what a blob

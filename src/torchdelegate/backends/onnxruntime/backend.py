@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdelegate.backends.onnxruntime.array_hooks import OnnxRuntimeArrays
-from torchdelegate.backends.onnxruntime.backend_id import BACKEND_ID
 from torchdelegate.backends.onnxruntime.blob_header import blob_description, named_data_keys, unpacked
 from torchdelegate.backends.onnxruntime.branches import branch_name
 from torchdelegate.backends.onnxruntime.session import branch_seconds, check_blob, delegate_handle, prepare_model
-from torchdelegate.backends.onnxruntime.settings import BLOB_VERSION
+from torchdelegate.backends.onnxruntime.settings import BACKEND_ID, BLOB_VERSION
 from torchdelegate.delegate.backend_details import BackendDetails, PreprocessResult, shared_named_data, with_named_data
 from torchdelegate.delegate.compile_units import current_partition
 from torchdelegate.delegate.named_data import NamedDataMap

@@ -13,9 +13,8 @@ from torch._ops import OpOverload
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from torchdelegate.backends.onnxruntime.backend_id import BACKEND_ID
 from torchdelegate.backends.onnxruntime.blockwise import lookup_runs_on_kernel, runs_on_kernel
-from torchdelegate.backends.onnxruntime.settings import require
+from torchdelegate.backends.onnxruntime.settings import BACKEND_ID, require
 from torchdelegate.backends.onnxruntime.translation import onnx_registry
 from torchdelegate.delegate.specs import CompileSpec, DelegationSpec
 from torchdelegate.partition.capability import (

@@ -77,7 +77,7 @@ def _blocks(ir: ModuleType, model: Any, weight: Any, blocks: dict[str, RowBlock]
 
 def _large_weight(ir: ModuleType, node: Any) -> Any:
     """The weight of ``node`` if it is a ``FusedMatMul`` reading a 2-D float initializer past
-    ``LARGEST_PACKED`` transposed (as ``_read_weights_in_place`` makes them); None otherwise."""
+    ``LARGEST_PACKED`` transposed (as ``initializers.read_weights_in_place`` makes them); None otherwise."""
     if node.op_type != "FusedMatMul" or node.domain != "com.microsoft" or len(node.inputs) != 2:
         return None
     attributes = {key: attribute.value for key, attribute in node.attributes.items()}

@@ -12,6 +12,7 @@ from typing import Any
 
 from torchdelegate.delegate.specs import CompileSpec
 
+BACKEND_ID = "onnxruntime"  # the partitioner tags for it, the backend registers under it
 BLOB_VERSION = 3
 OLDER_BLOB_VERSIONS = (1, 2)  # still read
 DYNAMIC_BLOCK_BASE = 4  # a parallel loop is split into up to 4 blocks per thread, taken as threads come free
