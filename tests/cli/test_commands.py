@@ -234,7 +234,9 @@ def test_a_torch_save_file_is_told_apart_from_a_torch_export_one(exported: Path)
     assert "lower it first" not in inspected.stderr and not (exported / "p.tdp").exists()
 
 
-def test_every_command_treats_an_output_path_by_one_rule(exported: Path) -> None:
+def test_every_command_treats_an_output_path_by_one_rule(
+    exported: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Missing directories are made and said so as the file is written, and only then; a path under a file,
     or a directory given as the file, is a usage error naming the flag before any work, and nothing is written."""
     lower = ("lower", "forward=model.pt2", "-b", "reference")
@@ -248,26 +250,19 @@ def test_every_command_treats_an_output_path_by_one_rule(exported: Path) -> None
         assert finished.returncode == 0, finished.stderr
         assert f"made directory {Path(written).parent} (for {flag})" in finished.stdout
         assert (exported / written).is_file()
+    monkeypatch.chdir(exported)  # the refusals come before any work: run in this process
     refused = [
-        (_command(*lower, "-o", "model.pt2/m.tdp", cwd=exported), "-o model.pt2: model.pt2 is a file, not a directory"),
-        (
-            _command(*lower, "-o", "new", cwd=exported),
-            "-o new is a directory: give the file to write, e.g. new/model.tdp",
-        ),
-        (
-            _command("inspect", "new/a/m.tdp", "--html", "x.npy/r.html", cwd=exported),
-            "--html x.npy: x.npy is a file, not a directory",
-        ),
-        (
-            _command("run", "new/a/m.tdp", "--input", "x.npy", "--save", "x.npy/o.npz", cwd=exported),
-            "--save x.npy: x.npy is a file, not a directory",
-        ),
+        ([*lower, "-o", "model.pt2/m.tdp"], "-o model.pt2: model.pt2 is a file, not a directory"),
+        ([*lower, "-o", "new"], "-o new is a directory: give the file to write, e.g. new/model.tdp"),
+        (["inspect", "new/a/m.tdp", "--html", "x.npy/r.html"], "--html x.npy: x.npy is a file, not a directory"),
+        (["run", "new/a/m.tdp", "--input", "x.npy", "--save", "x.npy/o.npz"], "--save x.npy: x.npy is a file"),
     ]
-    for finished, message in refused:
-        assert finished.returncode == 2 and message in finished.stderr, finished.stderr
-        assert "Traceback" not in finished.stderr and finished.stdout == ""
-    failed = _command("lower", "forward=x.npy", "-b", "reference", "-o", "never/m.tdp", cwd=exported)
-    assert failed.returncode == 1 and not (exported / "never").exists()  # a command that fails makes nothing
+    for args, message in refused:
+        assert main(args) == 2
+        printed = capsys.readouterr()
+        assert message in printed.err and "Traceback" not in printed.err and printed.out == "", printed
+    assert main(["lower", "forward=x.npy", "-b", "reference", "-o", "never/m.tdp"]) == 1
+    assert not (exported / "never").exists()  # a command that fails makes nothing
 
 
 @pytest.fixture(scope="module")
